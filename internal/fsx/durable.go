@@ -1,0 +1,261 @@
+package fsx
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"strings"
+	"syscall"
+)
+
+// TempPrefix and TempSuffix frame the name of a staged, unpublished write.
+const (
+	TempPrefix = "."
+	TempSuffix = ".tmp"
+)
+
+// TempName returns a fresh ".<uuid>.tmp" name (a random version-4 UUID).
+func TempName() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("fsx: crypto/rand failed: " + err.Error()) // never happens on Linux
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return TempPrefix + h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32] + TempSuffix
+}
+
+// IsTempName reports whether base has the shape of a staged write's name.
+func IsTempName(base string) bool {
+	if !strings.HasPrefix(base, TempPrefix) || !strings.HasSuffix(base, TempSuffix) {
+		return false
+	}
+	return isUUID(base[len(TempPrefix) : len(base)-len(TempSuffix)])
+}
+
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Staged is a written and fsynced temp file that is not yet published. Cleanup is
+// always safe to defer: after Publish it does nothing, so a newer file is never removed.
+type Staged struct {
+	fsys      FS
+	Dir       string // directory of the temp and of its destination
+	Temp      string // full name of the temp, relative to the root
+	published bool
+	removed   bool
+}
+
+// Stage creates a fresh temp in dir with mode 0600, writes data, fsyncs and closes it.
+// On any error the temp is removed (best effort) and nothing is staged. A failed fsync
+// is reported, never retried.
+func Stage(fsys FS, dir string, data []byte) (*Staged, error) {
+	name := path.Join(dir, TempName())
+	f, err := fsys.OpenFile(name, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	s := &Staged{fsys: fsys, Dir: dir, Temp: name}
+	err = writeSyncClose(f, data)
+	if err != nil {
+		_ = s.Cleanup()
+		return nil, err
+	}
+	return s, nil
+}
+
+func writeSyncClose(f File, data []byte) error {
+	n, err := f.Write(data)
+	if err == nil && n != len(data) {
+		err = &fs.PathError{Op: "write", Path: f.Name(), Err: io.ErrShortWrite}
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Publish renames the temp over dir/base. The rename is atomic but not yet durable:
+// the caller must SyncDir(Dir) before acknowledging.
+func (s *Staged) Publish(base string) error {
+	if s.published || s.removed {
+		return errors.New("fsx: staged file already published or cleaned up")
+	}
+	if err := s.fsys.Rename(s.Temp, path.Join(s.Dir, base)); err != nil {
+		return err
+	}
+	s.published = true
+	return nil
+}
+
+// Published reports whether Publish succeeded.
+func (s *Staged) Published() bool { return s.published }
+
+// Cleanup removes the temp unless it was published or already removed. A missing temp
+// is not an error.
+func (s *Staged) Cleanup() error {
+	if s == nil || s.published || s.removed {
+		return nil
+	}
+	err := s.fsys.Remove(s.Temp)
+	if err != nil && !IsNotExist(err) {
+		return err
+	}
+	s.removed = true
+	return nil
+}
+
+// WriteFile durably replaces dir/base with data: stage, rename, fsync dir. When it
+// returns nil the new contents survive a power cut; on error the old file is intact
+// unless the error came from the final directory fsync (then either version may
+// survive, and the write must be treated as not acknowledged).
+func WriteFile(fsys FS, dir, base string, data []byte) error {
+	s, err := Stage(fsys, dir, data)
+	if err != nil {
+		return err
+	}
+	if err := s.Publish(base); err != nil {
+		_ = s.Cleanup()
+		return err
+	}
+	return fsys.SyncDir(dir)
+}
+
+// RemoveFile durably unlinks dir/base: unlink, fsync dir.
+func RemoveFile(fsys FS, dir, base string) error {
+	if err := fsys.Remove(path.Join(dir, base)); err != nil {
+		return err
+	}
+	return fsys.SyncDir(dir)
+}
+
+// ErrTooLarge is returned by ReadFile for a file larger than its bound; the file was
+// not read.
+var ErrTooLarge = errors.New("fsx: file exceeds its size limit")
+
+// ErrNotRegular is returned for a file that is not a regular file.
+var ErrNotRegular = errors.New("fsx: not a regular file")
+
+// ReadFile reads a regular file of at most max bytes. It opens with
+// O_RDONLY|O_NONBLOCK|O_NOFOLLOW, so a FIFO or device never blocks and a symlink is
+// refused (ELOOP), checks the type and size with fstat before reading, and returns the
+// fstat Info taken before reading.
+func ReadFile(fsys FS, name string, max int64) ([]byte, Info, error) {
+	f, err := fsys.OpenFile(name, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, Info{}, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, Info{}, err
+	}
+	if !info.IsRegular() {
+		return nil, info, &fs.PathError{Op: "read", Path: name, Err: ErrNotRegular}
+	}
+	if info.Size > max {
+		return nil, info, &fs.PathError{Op: "read", Path: name, Err: ErrTooLarge}
+	}
+	buf := make([]byte, info.Size+1)
+	n, err := io.ReadFull(f, buf)
+	switch {
+	case err == io.ErrUnexpectedEOF || err == io.EOF:
+		return buf[:n], info, nil
+	case err != nil:
+		return nil, info, err
+	default:
+		// The file grew past its stat size while we read: refuse rather than guess.
+		return nil, info, &fs.PathError{Op: "read", Path: name, Err: fmt.Errorf("file changed while reading")}
+	}
+}
+
+// ErrNotPrivate is returned for a file or directory with a wrong owner, a
+// group/other permission bit, extra links, or the wrong type.
+var ErrNotPrivate = errors.New("fsx: not private to this user")
+
+// CheckPrivateFile checks that info describes a regular file with exactly one link,
+// owned by the effective user, with no group or other permission bits.
+func CheckPrivateFile(name string, info Info) error {
+	switch {
+	case info.IsSymlink():
+		return &fs.PathError{Op: "check", Path: name, Err: syscall.ELOOP}
+	case !info.IsRegular():
+		return &fs.PathError{Op: "check", Path: name, Err: ErrNotRegular}
+	case info.Nlink != 1:
+		return &fs.PathError{Op: "check", Path: name, Err: fmt.Errorf("%w: %d links", ErrNotPrivate, info.Nlink)}
+	}
+	return checkOwnerMode(name, info)
+}
+
+// CheckPrivateDir checks that info describes a directory (not a symlink) owned by the
+// effective user with no group or other permission bits.
+func CheckPrivateDir(name string, info Info) error {
+	switch {
+	case info.IsSymlink():
+		return &fs.PathError{Op: "check", Path: name, Err: syscall.ELOOP}
+	case !info.IsDir():
+		return &fs.PathError{Op: "check", Path: name, Err: syscall.ENOTDIR}
+	}
+	return checkOwnerMode(name, info)
+}
+
+func checkOwnerMode(name string, info Info) error {
+	if int(info.Uid) != os.Geteuid() {
+		return &fs.PathError{Op: "check", Path: name, Err: fmt.Errorf("%w: owned by uid %d", ErrNotPrivate, info.Uid)}
+	}
+	if info.Perm()&0o077 != 0 {
+		return &fs.PathError{Op: "check", Path: name, Err: fmt.Errorf("%w: mode %04o", ErrNotPrivate, info.Perm())}
+	}
+	return nil
+}
+
+// MkdirPrivate makes sure directory name exists, is private (CheckPrivateDir), and — if
+// this call created it — that its entry is durable (the parent is fsynced). It reports
+// whether it created the directory. A concurrent creator is tolerated.
+func MkdirPrivate(fsys FS, name string) (created bool, err error) {
+	info, err := fsys.Lstat(name)
+	if IsNotExist(err) {
+		err = fsys.Mkdir(name, 0o700)
+		switch {
+		case err == nil:
+			created = true
+			if err := fsys.SyncDir(path.Dir(name)); err != nil {
+				return created, err
+			}
+		case IsExist(err):
+		default:
+			return false, err
+		}
+		info, err = fsys.Lstat(name)
+	}
+	if err != nil {
+		return created, err
+	}
+	return created, CheckPrivateDir(name, info)
+}

@@ -1,0 +1,390 @@
+//go:build linux
+
+package fsx
+
+import (
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// OS is the real FS, rooted at an absolute directory path. The root is opened afresh
+// (O_PATH|O_DIRECTORY|O_NOFOLLOW) by every call, so an OS may be created before its
+// root exists and never holds a descriptor between calls.
+type OS struct {
+	root string
+}
+
+var _ FS = (*OS)(nil)
+
+// NewOS returns the real FS rooted at dir (made absolute; not required to exist yet).
+func NewOS(dir string) *OS {
+	if abs, err := absPath(dir); err == nil {
+		dir = abs
+	}
+	return &OS{root: dir}
+}
+
+func absPath(dir string) (string, error) {
+	if path.IsAbs(dir) {
+		return path.Clean(dir), nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	return path.Join(wd, dir), nil
+}
+
+// Root returns the absolute root path.
+func (o *OS) Root() string { return o.root }
+
+// noOpenat2 is set once the kernel (or a seccomp filter) refuses openat2.
+var noOpenat2 atomic.Bool
+
+func retryEINTR(f func() error) error {
+	for {
+		err := f()
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+func (o *OS) openRoot() (int, error) {
+	var fd int
+	err := retryEINTR(func() (err error) {
+		fd, err = unix.Open(o.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		return err
+	})
+	return fd, err
+}
+
+// openBeneath opens name beneath the directory dirfd, refusing symlinks everywhere.
+func openBeneath(dirfd int, name string, flag int, perm uint32) (int, error) {
+	flag |= unix.O_NOFOLLOW | unix.O_CLOEXEC
+	if name == "." {
+		return unix.Openat(dirfd, ".", flag, perm)
+	}
+	if !noOpenat2.Load() {
+		how := unix.OpenHow{
+			Flags:   uint64(flag),
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		}
+		if flag&(unix.O_CREAT|unix.O_TMPFILE) != 0 {
+			how.Mode = uint64(perm)
+		}
+		var fd int
+		err := retryEINTR(func() (err error) {
+			fd, err = unix.Openat2(dirfd, name, &how)
+			return err
+		})
+		switch err {
+		case unix.ENOSYS, unix.EPERM:
+			// No openat2 here (old kernel or seccomp): fall back to the walk. EPERM is
+			// not a permission answer for a path lookup under our own root.
+			noOpenat2.Store(true)
+		case unix.EXDEV:
+			// RESOLVE_BENEATH refuses "..": our names never contain it.
+			return -1, unix.EXDEV
+		default:
+			return fd, err
+		}
+	}
+	return walkBeneath(dirfd, name, flag, perm)
+}
+
+// walkBeneath opens name one component at a time with O_NOFOLLOW. Names are clean and
+// local (CheckName), so the walk cannot leave dirfd.
+func walkBeneath(dirfd int, name string, flag int, perm uint32) (int, error) {
+	dir, base := path.Split(name)
+	cur := dirfd
+	closeCur := func() {
+		if cur != dirfd {
+			unix.Close(cur)
+		}
+	}
+	for _, comp := range splitPath(dir) {
+		var next int
+		err := retryEINTR(func() (err error) {
+			next, err = unix.Openat(cur, comp, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			return err
+		})
+		closeCur()
+		if err != nil {
+			if err == unix.ENOTDIR {
+				err = unix.ELOOP // a symlink where a directory should be
+			}
+			return -1, err
+		}
+		cur = next
+	}
+	var fd int
+	err := retryEINTR(func() (err error) {
+		fd, err = unix.Openat(cur, base, flag, perm)
+		return err
+	})
+	closeCur()
+	return fd, err
+}
+
+func splitPath(dir string) []string {
+	var out []string
+	for _, c := range splitSlash(dir) {
+		if c != "" && c != "." {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func splitSlash(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == '/' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return append(out, s[start:])
+}
+
+// withParent opens name's parent directory beneath the root (O_PATH) and calls f with
+// it and name's last component.
+func (o *OS) withParent(op, name string, f func(pfd int, base string) error) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	rfd, err := o.openRoot()
+	if err != nil {
+		return &fs.PathError{Op: op, Path: o.root, Err: err}
+	}
+	defer unix.Close(rfd)
+	dir, base := path.Split(name)
+	pfd := rfd
+	if dir != "" {
+		pfd, err = openBeneath(rfd, path.Clean(dir), unix.O_PATH|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return &fs.PathError{Op: op, Path: name, Err: err}
+		}
+		defer unix.Close(pfd)
+	}
+	if err := retryEINTR(func() error { return f(pfd, base) }); err != nil {
+		return &fs.PathError{Op: op, Path: name, Err: err}
+	}
+	return nil
+}
+
+func (o *OS) open(op, name string, flag int, perm uint32) (int, error) {
+	if err := CheckName(name); err != nil {
+		return -1, err
+	}
+	rfd, err := o.openRoot()
+	if err != nil {
+		return -1, &fs.PathError{Op: op, Path: o.root, Err: err}
+	}
+	defer unix.Close(rfd)
+	fd, err := openBeneath(rfd, name, flag, perm)
+	if err != nil {
+		return -1, &fs.PathError{Op: op, Path: name, Err: err}
+	}
+	return fd, nil
+}
+
+// OpenFile implements FS.
+func (o *OS) OpenFile(name string, flag int, perm uint32) (File, error) {
+	fd, err := o.open("open", name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &osFile{fd: fd, name: name}, nil
+}
+
+// Lstat implements FS.
+func (o *OS) Lstat(name string) (Info, error) {
+	var st unix.Stat_t
+	if name == "." {
+		fd, err := o.openRoot()
+		if err != nil {
+			return Info{}, &fs.PathError{Op: "lstat", Path: o.root, Err: err}
+		}
+		defer unix.Close(fd)
+		if err := unix.Fstat(fd, &st); err != nil {
+			return Info{}, &fs.PathError{Op: "lstat", Path: o.root, Err: err}
+		}
+		return infoOf(&st), nil
+	}
+	err := o.withParent("lstat", name, func(pfd int, base string) error {
+		return unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
+	})
+	if err != nil {
+		return Info{}, err
+	}
+	return infoOf(&st), nil
+}
+
+// Mkdir implements FS.
+func (o *OS) Mkdir(name string, perm uint32) error {
+	return o.withParent("mkdir", name, func(pfd int, base string) error {
+		return unix.Mkdirat(pfd, base, perm)
+	})
+}
+
+// twoParents resolves the parents of two names and calls f.
+func (o *OS) twoParents(op, a, b string, f func(pa int, ba string, pb int, bb string) error) error {
+	return o.withParent(op, a, func(pa int, ba string) error {
+		var inner error
+		err := o.withParent(op, b, func(pb int, bb string) error {
+			inner = f(pa, ba, pb, bb)
+			return nil
+		})
+		if err != nil {
+			return Errno(err)
+		}
+		return inner
+	})
+}
+
+// Rename implements FS.
+func (o *OS) Rename(oldname, newname string) error {
+	return o.twoParents("rename", oldname, newname, func(pa int, ba string, pb int, bb string) error {
+		return unix.Renameat(pa, ba, pb, bb)
+	})
+}
+
+// Link implements FS.
+func (o *OS) Link(oldname, newname string) error {
+	return o.twoParents("link", oldname, newname, func(pa int, ba string, pb int, bb string) error {
+		return unix.Linkat(pa, ba, pb, bb, 0)
+	})
+}
+
+// Remove implements FS.
+func (o *OS) Remove(name string) error {
+	return o.withParent("unlink", name, func(pfd int, base string) error {
+		return unix.Unlinkat(pfd, base, 0)
+	})
+}
+
+// RemoveDir implements FS.
+func (o *OS) RemoveDir(name string) error {
+	return o.withParent("rmdir", name, func(pfd int, base string) error {
+		return unix.Unlinkat(pfd, base, unix.AT_REMOVEDIR)
+	})
+}
+
+// ReadDir implements FS.
+func (o *OS) ReadDir(name string) ([]DirEntry, error) {
+	fd, err := o.open("readdir", name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	ents, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, &fs.PathError{Op: "readdir", Path: name, Err: Errno(err)}
+	}
+	out := make([]DirEntry, len(ents))
+	for i, e := range ents {
+		out[i] = DirEntry{Name: e.Name(), Type: e.Type()}
+	}
+	return out, nil
+}
+
+// SyncDir implements FS.
+func (o *OS) SyncDir(name string) error {
+	fd, err := o.open("syncdir", name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := retryEINTR(func() error { return unix.Fsync(fd) }); err != nil {
+		return &fs.PathError{Op: "fsync", Path: name, Err: err}
+	}
+	return nil
+}
+
+func infoOf(st *unix.Stat_t) Info {
+	return Info{
+		Dev: st.Dev, Ino: st.Ino, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid,
+		Nlink: uint64(st.Nlink), Size: st.Size,
+		MtimeNs: st.Mtim.Nano(), CtimeNs: st.Ctim.Nano(),
+	}
+}
+
+// osFile is a File over a raw descriptor (no runtime poller, so a FIFO opened with
+// O_NONBLOCK is never waited on).
+type osFile struct {
+	fd   int
+	name string
+}
+
+func (f *osFile) Name() string { return f.name }
+func (f *osFile) Fd() uintptr  { return uintptr(f.fd) }
+
+func (f *osFile) Read(p []byte) (int, error) {
+	for {
+		n, err := unix.Read(f.fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, &fs.PathError{Op: "read", Path: f.name, Err: err}
+		}
+		if n == 0 && len(p) > 0 {
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func (f *osFile) Write(p []byte) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := unix.Write(f.fd, p[done:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, &fs.PathError{Op: "write", Path: f.name, Err: err}
+		}
+		if n == 0 {
+			return done, &fs.PathError{Op: "write", Path: f.name, Err: io.ErrShortWrite}
+		}
+		done += n
+	}
+	return done, nil
+}
+
+func (f *osFile) Sync() error {
+	if err := retryEINTR(func() error { return unix.Fsync(f.fd) }); err != nil {
+		return &fs.PathError{Op: "fsync", Path: f.name, Err: err}
+	}
+	return nil
+}
+
+func (f *osFile) Stat() (Info, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(f.fd, &st); err != nil {
+		return Info{}, &fs.PathError{Op: "fstat", Path: f.name, Err: err}
+	}
+	return infoOf(&st), nil
+}
+
+func (f *osFile) Close() error {
+	if f.fd < 0 {
+		return &fs.PathError{Op: "close", Path: f.name, Err: fs.ErrClosed}
+	}
+	err := unix.Close(f.fd)
+	f.fd = -1
+	if err != nil {
+		return &fs.PathError{Op: "close", Path: f.name, Err: err}
+	}
+	return nil
+}

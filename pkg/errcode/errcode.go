@@ -1,0 +1,150 @@
+// Package errcode is the catalogue of sealbridge's stable error codes (DESIGN §9).
+//
+// It is a leaf package: the store, the daemon and the daemon's Go client all use the
+// same sentinels, so a caller can write errors.Is(err, errcode.OutboxFull) without
+// linking the store.
+//
+// Every sentinel is a *Code. An error returned by sealbridge carries one of them, some
+// human context (an id or a path, never key material or payload contents), and
+// optionally a cause that stays reachable through errors.Unwrap for logs:
+//
+//	err := errcode.New(errcode.OutboxStoreInvalid, "outbox/1b4e…json", cause)
+//	errors.Is(err, errcode.OutboxStoreInvalid) // true
+//	errcode.Of(err)                            // "OUTBOX_STORE_INVALID"
+package errcode
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is one stable error code. Codes are compared by identity; use errors.Is.
+type Code struct {
+	name string
+	desc string
+}
+
+// String returns the stable code string, e.g. "OUTBOX_FULL".
+func (c *Code) String() string { return c.name }
+
+// Error returns the stable code string followed by its meaning.
+func (c *Code) Error() string { return c.name + ": " + c.desc }
+
+// The codes of DESIGN §9. Each is returned when the condition in its comment holds.
+var (
+	// OutboxFull: a capacity limit (records, bytes, pending envelopes, messages,
+	// receipts) would be exceeded; nothing was written.
+	OutboxFull = &Code{"OUTBOX_FULL", "outbox capacity limit reached"}
+	// OutboxStoreBusy: the store lock could not be taken within its bound, or a
+	// prepared transaction's plan was invalidated more times than allowed.
+	OutboxStoreBusy = &Code{"OUTBOX_STORE_BUSY", "outbox store is busy"}
+	// OutboxStoreInvalid: a record or directory failed validation (tampered,
+	// truncated, planted, wrong owner or mode, symlink, unknown file).
+	OutboxStoreInvalid = &Code{"OUTBOX_STORE_INVALID", "outbox store record is invalid"}
+	// OutboxStoreUnwritable: the file system refused a write, fsync, rename or
+	// removal (ENOSPC, EIO, EACCES, …); the operation was not acknowledged.
+	OutboxStoreUnwritable = &Code{"OUTBOX_STORE_UNWRITABLE", "outbox store is not writable"}
+	// OutboxDeadlineExpired: the delivery deadline passed before the envelope was relayed.
+	OutboxDeadlineExpired = &Code{"OUTBOX_DEADLINE_EXPIRED", "delivery deadline expired"}
+	// DeliveryRecordConflict: a write would change an immutable field (an outbox
+	// envelope or digest, a receipt's envelope identity, an observation's fixed fields).
+	DeliveryRecordConflict = &Code{"DELIVERY_RECORD_CONFLICT", "delivery record conflicts with the stored one"}
+	// InvalidDeliveryStatus: a status value is unknown or the transition goes backwards.
+	InvalidDeliveryStatus = &Code{"INVALID_DELIVERY_STATUS", "invalid delivery status"}
+	// DeliveryStatusConflict: a status update disagrees with a terminal status already stored.
+	DeliveryStatusConflict = &Code{"DELIVERY_STATUS_CONFLICT", "delivery status conflicts with the stored one"}
+	// IdempotencyStoreFull: the operations capacity or cached-result bytes are exhausted.
+	IdempotencyStoreFull = &Code{"IDEMPOTENCY_STORE_FULL", "idempotency store is full"}
+	// IdempotencyStoreBusy: the idempotency indexes are stale and must be prepared
+	// outside the lock before the operation can be decided.
+	IdempotencyStoreBusy = &Code{"IDEMPOTENCY_STORE_BUSY", "idempotency store is busy"}
+	// IdempotencyKeyReused: the key is bound to a different request.
+	IdempotencyKeyReused = &Code{"IDEMPOTENCY_KEY_REUSED", "idempotency key reused with another request"}
+	// IdempotencyInProgress: the first request with this key is still in flight.
+	IdempotencyInProgress = &Code{"IDEMPOTENCY_IN_PROGRESS", "request with this idempotency key is in progress"}
+)
+
+// All lists every code, in catalogue order.
+var All = []*Code{
+	OutboxFull, OutboxStoreBusy, OutboxStoreInvalid, OutboxStoreUnwritable,
+	OutboxDeadlineExpired, DeliveryRecordConflict, InvalidDeliveryStatus,
+	DeliveryStatusConflict, IdempotencyStoreFull, IdempotencyStoreBusy,
+	IdempotencyKeyReused, IdempotencyInProgress,
+}
+
+// Lookup returns the code with the given string, or nil.
+func Lookup(name string) *Code {
+	for _, c := range All {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Error is a coded error: a code, human context and an optional cause.
+type Error struct {
+	Code    *Code
+	Context string // an id or path; never secrets or payload bytes
+	Cause   error
+}
+
+// New returns an error with code c, context (an id or a path) and an optional cause.
+func New(c *Code, context string, cause error) error {
+	return &Error{Code: c, Context: context, Cause: cause}
+}
+
+// Errorf returns an error with code c and a formatted context.
+func Errorf(c *Code, format string, args ...any) error {
+	return &Error{Code: c, Context: fmt.Sprintf(format, args...)}
+}
+
+func (e *Error) Error() string {
+	s := e.Code.name
+	if e.Context != "" {
+		s += ": " + e.Context
+	}
+	if e.Cause != nil {
+		s += ": " + e.Cause.Error()
+	}
+	return s
+}
+
+// Is reports whether target is this error's code.
+func (e *Error) Is(target error) bool {
+	c, ok := target.(*Code)
+	return ok && c == e.Code
+}
+
+// Unwrap returns the cause, for logs.
+func (e *Error) Unwrap() error { return e.Cause }
+
+// Of returns the code string of the first coded error in err's chain, or "".
+func Of(err error) string {
+	if c := CodeOf(err); c != nil {
+		return c.name
+	}
+	return ""
+}
+
+// CodeOf returns the code of the first coded error in err's chain, or nil.
+func CodeOf(err error) *Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	var c *Code
+	if errors.As(err, &c) {
+		return c
+	}
+	return nil
+}
+
+// Ensure returns err unchanged if it already carries a code, and otherwise wraps it
+// in code c with the given context. A nil err stays nil.
+func Ensure(err error, c *Code, context string) error {
+	if err == nil || CodeOf(err) != nil {
+		return err
+	}
+	return New(c, context, err)
+}
