@@ -1,0 +1,73 @@
+package identity
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"fmt"
+
+	"filippo.io/edwards25519"
+)
+
+// PublicKey is an Ed25519 public key as its 32-byte encoding. A PublicKey
+// obtained from ParseDID or an Identity has been validated; one built by
+// conversion from bytes has not, and every function here that relies on it
+// validates it again.
+type PublicKey ed25519.PublicKey
+
+// ValidatePublicKey reports whether pub is a strictly valid Ed25519 public
+// key: 32 bytes (ErrKeyLength) decoding to a point of edwards25519
+// (ErrKeyNotOnCurve), canonically encoded (ErrKeyNonCanonical), and not of
+// small order (ErrKeySmallOrder).
+func ValidatePublicKey(pub []byte) error {
+	_, err := decodePoint(pub)
+	return err
+}
+
+// decodePoint validates pub as ValidatePublicKey does and returns its point.
+func decodePoint(pub []byte) (*edwards25519.Point, error) {
+	if len(pub) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("%w (got %d bytes)", ErrKeyLength, len(pub))
+	}
+	p, err := new(edwards25519.Point).SetBytes(pub)
+	if err != nil {
+		return nil, ErrKeyNotOnCurve
+	}
+	// SetBytes accepts y ≥ 2²⁵⁵−19 and x = 0 with the sign bit set; Bytes
+	// always produces the canonical encoding.
+	if !bytes.Equal(p.Bytes(), pub) {
+		return nil, ErrKeyNonCanonical
+	}
+	// [8]P is the identity exactly for the eight points of small order.
+	if new(edwards25519.Point).MultByCofactor(p).Equal(edwards25519.NewIdentityPoint()) == 1 {
+		return nil, ErrKeySmallOrder
+	}
+	return p, nil
+}
+
+// Validate is ValidatePublicKey(pub).
+func (pub PublicKey) Validate() error { return ValidatePublicKey(pub) }
+
+// Equal reports whether pub and other are the same bytes.
+func (pub PublicKey) Equal(other PublicKey) bool { return bytes.Equal(pub, other) }
+
+// Ed25519 returns a copy of pub as an ed25519.PublicKey.
+func (pub PublicKey) Ed25519() ed25519.PublicKey {
+	return bytes.Clone(ed25519.PublicKey(pub))
+}
+
+// DID returns the did:key name of pub, or "" if pub is not 32 bytes. It does
+// not validate the point; ParseDID refuses the result if it is invalid.
+func (pub PublicKey) DID() DID { return FormatDID(ed25519.PublicKey(pub)) }
+
+// String returns the DID of pub.
+func (pub PublicKey) String() string { return string(pub.DID()) }
+
+// X25519 returns the X25519 (Montgomery u) form of pub, the key to seal
+// payloads to. It refuses a key that ValidatePublicKey refuses.
+func (pub PublicKey) X25519() ([]byte, error) {
+	p, err := decodePoint(pub)
+	if err != nil {
+		return nil, err
+	}
+	return p.BytesMontgomery(), nil
+}
