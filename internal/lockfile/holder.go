@@ -1,0 +1,164 @@
+package lockfile
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Holder is the holder info written into a lock file, one JSON object:
+// {"pid":…,"host":…,"boot":…,"procStart":…,"time":"<RFC 3339, ns>"}.
+// Boot and ProcStart are empty/zero where /proc is not readable.
+type Holder struct {
+	Pid  int    `json:"pid"`
+	Host string `json:"host"`
+	// Boot is /proc/sys/kernel/random/boot_id of the holder's host.
+	Boot string `json:"boot,omitempty"`
+	// ProcStart is field 22 (starttime, clock ticks since boot) of /proc/<pid>/stat of
+	// the holder: with Pid, it identifies the process across pid reuse.
+	ProcStart uint64 `json:"procStart,omitempty"`
+	// Time is when the holder created the lock (its Options.Now).
+	Time time.Time `json:"time"`
+}
+
+func newHolder(o Options) Holder {
+	self := selfInfo()
+	return Holder{
+		Pid:       os.Getpid(),
+		Host:      o.Host,
+		Boot:      self.boot,
+		ProcStart: self.start,
+		Time:      o.Now().UTC(), // no monotonic reading: Time is what the file says
+	}
+}
+
+// parseHolder parses holder info; nil if empty or not ours.
+func parseHolder(data []byte) *Holder {
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 {
+		return nil
+	}
+	var h Holder
+	if err := json.Unmarshal(data, &h); err != nil {
+		return nil
+	}
+	return &h
+}
+
+type self struct {
+	boot     string
+	start    uint64
+	procOK   bool // /proc/self/stat was readable: /proc is mounted
+	hostname string
+}
+
+var selfOnce = sync.OnceValue(func() self {
+	var s self
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		s.boot = string(bytes.TrimSpace(b))
+	}
+	if st, ok := readProcStat("self"); ok {
+		s.start, s.procOK = st.start, true
+	}
+	if h, err := os.Hostname(); err == nil {
+		s.hostname = h
+	}
+	return s
+})
+
+func selfInfo() self { return selfOnce() }
+
+func hostname() string { return selfInfo().hostname }
+
+type procStat struct {
+	state byte
+	start uint64
+}
+
+// readProcStat reads the state (field 3) and starttime (field 22) of /proc/<pid>/stat.
+// Field 2 is the command in parentheses and may contain anything, so fields are
+// counted after its last ')'.
+func readProcStat(pid string) (procStat, bool) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return procStat{}, false
+	}
+	return parseProcStat(b)
+}
+
+func parseProcStat(b []byte) (procStat, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 {
+		return procStat{}, false
+	}
+	start, err := strconv.ParseUint(string(f[19]), 10, 64)
+	if err != nil {
+		return procStat{}, false
+	}
+	return procStat{state: f[0][0], start: start}, true
+}
+
+// holderGone reports whether the holder, recorded on this host, is certainly not
+// running any more. It is only ever asked about a lock whose flock nobody holds.
+func holderGone(h *Holder) bool {
+	s := selfInfo()
+	if h.Boot != "" && s.boot != "" && h.Boot != s.boot {
+		return true // this host rebooted since
+	}
+	if h.Pid == os.Getpid() {
+		// Either this process — which holds the flock of every lock it holds, so a
+		// free flock means a leaked lock — or an earlier process with our pid.
+		return true
+	}
+	switch err := syscall.Kill(h.Pid, 0); err {
+	case syscall.ESRCH:
+		return true
+	case nil, syscall.EPERM:
+	default:
+		return false
+	}
+	st, ok := readProcStat(strconv.Itoa(h.Pid))
+	if !ok {
+		if !s.procOK {
+			return false // no /proc here: kill(2) said it exists
+		}
+		_, err := os.Stat("/proc/" + strconv.Itoa(h.Pid))
+		return os.IsNotExist(err) // exited between kill and read
+	}
+	if st.state == 'Z' || st.state == 'X' || st.state == 'x' {
+		return true // exited, not yet reaped
+	}
+	if h.ProcStart != 0 && s.procOK && st.start != h.ProcStart {
+		return true // the pid was reused
+	}
+	return false
+}
+
+// isStale applies the staleness rule to a probed lock whose flock we hold.
+func isStale(p probed, o Options) bool {
+	if p.live || !p.present {
+		return false
+	}
+	h := p.holder
+	if h != nil && h.Pid > 0 && h.Host != "" && h.Host == o.Host && holderGone(h) {
+		return true
+	}
+	return age(p, o) > o.Stale
+}
+
+// age is the lock's age: from the recorded time, else from the file's mtime.
+func age(p probed, o Options) time.Duration {
+	ref := time.Unix(0, p.info.MtimeNs)
+	if p.holder != nil && !p.holder.Time.IsZero() {
+		ref = p.holder.Time
+	}
+	return o.Now().Sub(ref)
+}
