@@ -33,7 +33,8 @@ func TempName() string {
 
 // IsTempName reports whether base has the shape of a staged write's name.
 func IsTempName(base string) bool {
-	if !strings.HasPrefix(base, TempPrefix) || !strings.HasSuffix(base, TempSuffix) {
+	// The length check comes first: in ".tmp" the prefix and the suffix overlap.
+	if len(base) < len(TempPrefix)+len(TempSuffix) || !strings.HasPrefix(base, TempPrefix) || !strings.HasSuffix(base, TempSuffix) {
 		return false
 	}
 	return isUUID(base[len(TempPrefix) : len(base)-len(TempSuffix)])
@@ -71,8 +72,11 @@ type Staged struct {
 
 // Stage creates a fresh temp in dir with mode 0600, writes data, fsyncs and closes it.
 // On any error the temp is removed (best effort) and nothing is staged. A failed fsync
-// is reported, never retried.
+// is reported, never retried. dir must pass CheckName ("." for the root).
 func Stage(fsys FS, dir string, data []byte) (*Staged, error) {
+	if err := CheckName(dir); err != nil {
+		return nil, err
+	}
 	name := path.Join(dir, TempName())
 	f, err := fsys.OpenFile(name, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, 0o600)
 	if err != nil {
@@ -102,10 +106,13 @@ func writeSyncClose(f File, data []byte) error {
 }
 
 // Publish renames the temp over dir/base. The rename is atomic but not yet durable:
-// the caller must SyncDir(Dir) before acknowledging.
+// the caller must SyncDir(Dir) before acknowledging. base is a single name (CheckBase).
 func (s *Staged) Publish(base string) error {
 	if s.published || s.removed {
 		return errors.New("fsx: staged file already published or cleaned up")
+	}
+	if err := CheckBase(base); err != nil {
+		return err
 	}
 	if err := s.fsys.Rename(s.Temp, path.Join(s.Dir, base)); err != nil {
 		return err
@@ -134,8 +141,12 @@ func (s *Staged) Cleanup() error {
 // WriteFile durably replaces dir/base with data: stage, rename, fsync dir. When it
 // returns nil the new contents survive a power cut; on error the old file is intact
 // unless the error came from the final directory fsync (then either version may
-// survive, and the write must be treated as not acknowledged).
+// survive, and the write must be treated as not acknowledged). dir must pass CheckName
+// and base CheckBase (else ErrNotLocal, and nothing is written).
 func WriteFile(fsys FS, dir, base string, data []byte) error {
+	if err := CheckBase(base); err != nil {
+		return err
+	}
 	s, err := Stage(fsys, dir, data)
 	if err != nil {
 		return err
@@ -147,8 +158,15 @@ func WriteFile(fsys FS, dir, base string, data []byte) error {
 	return fsys.SyncDir(dir)
 }
 
-// RemoveFile durably unlinks dir/base: unlink, fsync dir.
+// RemoveFile durably unlinks dir/base: unlink, fsync dir. dir must pass CheckName and
+// base CheckBase.
 func RemoveFile(fsys FS, dir, base string) error {
+	if err := CheckName(dir); err != nil {
+		return err
+	}
+	if err := CheckBase(base); err != nil {
+		return err
+	}
 	if err := fsys.Remove(path.Join(dir, base)); err != nil {
 		return err
 	}
@@ -163,11 +181,12 @@ var ErrTooLarge = errors.New("fsx: file exceeds its size limit")
 var ErrNotRegular = errors.New("fsx: not a regular file")
 
 // ReadFile reads a regular file of at most max bytes. It opens with
-// O_RDONLY|O_NONBLOCK|O_NOFOLLOW, so a FIFO or device never blocks and a symlink is
-// refused (ELOOP), checks the type and size with fstat before reading, and returns the
-// fstat Info taken before reading.
+// O_RDONLY|O_NONBLOCK|O_NOCTTY|O_NOFOLLOW, so a FIFO or device never blocks, a planted
+// terminal never becomes our controlling terminal, and a symlink is refused (ELOOP),
+// checks the type and size with fstat before reading, and returns the fstat Info taken
+// before reading.
 func ReadFile(fsys FS, name string, max int64) ([]byte, Info, error) {
-	f, err := fsys.OpenFile(name, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+	f, err := fsys.OpenFile(name, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, Info{}, err
 	}

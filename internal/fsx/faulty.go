@@ -202,6 +202,13 @@ type faultyFile struct {
 	offset     int64
 }
 
+// Read passes through, keeping the offset that the next write is recorded at.
+func (ff *faultyFile) Read(p []byte) (int, error) {
+	n, err := ff.File.Read(p)
+	ff.offset += int64(n)
+	return n, err
+}
+
 func (ff *faultyFile) Write(p []byte) (int, error) {
 	off := ff.offset
 	if ff.appendMode {
@@ -214,6 +221,9 @@ func (ff *faultyFile) Write(p []byte) (int, error) {
 	err := ff.fs.doWrite(&op, func(injected error) (err error) {
 		if injected == nil {
 			n, err = ff.File.Write(p)
+			if err != nil {
+				op.Data = op.Data[:n] // record what really reached the file
+			}
 			return err
 		}
 		n, _ = ff.File.Write(p[:len(p)/2])

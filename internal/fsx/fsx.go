@@ -148,6 +148,16 @@ func CheckName(name string) error {
 	return nil
 }
 
+// CheckBase reports whether base is a single name within a directory: not empty, not
+// "." or "..", without a slash or NUL. WriteFile, RemoveFile and Publish require it, so
+// the entry they change is always in the directory they fsync.
+func CheckBase(base string) error {
+	if base == "" || base == "." || base == ".." || strings.ContainsAny(base, "/\x00") {
+		return &fs.PathError{Op: "check", Path: base, Err: ErrNotLocal}
+	}
+	return nil
+}
+
 // Errno returns the syscall.Errno inside err, or 0.
 func Errno(err error) syscall.Errno {
 	var e syscall.Errno

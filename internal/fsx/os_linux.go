@@ -43,8 +43,19 @@ func absPath(dir string) (string, error) {
 // Root returns the absolute root path.
 func (o *OS) Root() string { return o.root }
 
-// noOpenat2 is set once the kernel (or a seccomp filter) refuses openat2.
+// noOpenat2 is set when the kernel (or a seccomp filter) has no openat2. It is decided
+// once, by a probe at start-up, so an ordinary EPERM from a later open (an immutable
+// file, say) never switches the process to the walk.
 var noOpenat2 atomic.Bool
+
+func init() {
+	fd, err := unix.Openat2(unix.AT_FDCWD, "/", &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC})
+	if err != nil {
+		noOpenat2.Store(true)
+		return
+	}
+	unix.Close(fd)
+}
 
 func retryEINTR(f func() error) error {
 	for {
@@ -75,7 +86,9 @@ func openBeneath(dirfd int, name string, flag int, perm uint32) (int, error) {
 			Flags:   uint64(flag),
 			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 		}
-		if flag&(unix.O_CREAT|unix.O_TMPFILE) != 0 {
+		// openat2 refuses a mode without O_CREAT or O_TMPFILE. O_TMPFILE includes the
+		// O_DIRECTORY bit, so it must be tested as a whole.
+		if flag&unix.O_CREAT != 0 || flag&unix.O_TMPFILE == unix.O_TMPFILE {
 			how.Mode = uint64(perm)
 		}
 		var fd int
@@ -83,17 +96,7 @@ func openBeneath(dirfd int, name string, flag int, perm uint32) (int, error) {
 			fd, err = unix.Openat2(dirfd, name, &how)
 			return err
 		})
-		switch err {
-		case unix.ENOSYS, unix.EPERM:
-			// No openat2 here (old kernel or seccomp): fall back to the walk. EPERM is
-			// not a permission answer for a path lookup under our own root.
-			noOpenat2.Store(true)
-		case unix.EXDEV:
-			// RESOLVE_BENEATH refuses "..": our names never contain it.
-			return -1, unix.EXDEV
-		default:
-			return fd, err
-		}
+		return fd, err
 	}
 	return walkBeneath(dirfd, name, flag, perm)
 }
@@ -114,13 +117,14 @@ func walkBeneath(dirfd int, name string, flag int, perm uint32) (int, error) {
 			next, err = unix.Openat(cur, comp, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			return err
 		})
-		closeCur()
 		if err != nil {
-			if err == unix.ENOTDIR {
-				err = unix.ELOOP // a symlink where a directory should be
+			if err == unix.ENOTDIR && isSymlinkAt(cur, comp) {
+				err = unix.ELOOP // a symlink where a directory should be, as openat2 says
 			}
+			closeCur()
 			return -1, err
 		}
+		closeCur()
 		cur = next
 	}
 	var fd int
@@ -130,6 +134,13 @@ func walkBeneath(dirfd int, name string, flag int, perm uint32) (int, error) {
 	})
 	closeCur()
 	return fd, err
+}
+
+// isSymlinkAt reports whether name in directory dirfd is a symbolic link.
+func isSymlinkAt(dirfd int, name string) bool {
+	var st unix.Stat_t
+	err := retryEINTR(func() error { return unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) })
+	return err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK
 }
 
 func splitPath(dir string) []string {
@@ -235,19 +246,27 @@ func (o *OS) Mkdir(name string, perm uint32) error {
 	})
 }
 
-// twoParents resolves the parents of two names and calls f.
+// twoParents resolves the parents of two names and calls f. An error resolving b
+// (including a refused name) is returned as it is, naming b; an error from f names a.
 func (o *OS) twoParents(op, a, b string, f func(pa int, ba string, pb int, bb string) error) error {
-	return o.withParent(op, a, func(pa int, ba string) error {
+	for _, name := range []string{a, b} {
+		if err := CheckName(name); err != nil {
+			return err
+		}
+	}
+	var resolveB error
+	err := o.withParent(op, a, func(pa int, ba string) error {
 		var inner error
-		err := o.withParent(op, b, func(pb int, bb string) error {
+		resolveB = o.withParent(op, b, func(pb int, bb string) error {
 			inner = f(pa, ba, pb, bb)
 			return nil
 		})
-		if err != nil {
-			return Errno(err)
-		}
 		return inner
 	})
+	if resolveB != nil {
+		return resolveB
+	}
+	return err
 }
 
 // Rename implements FS.
