@@ -1,0 +1,110 @@
+// Package archtest holds the test that keeps the package map of DESIGN §2: imports
+// point down only, and every package uses only the dependencies it is allowed.
+package archtest
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/sealbridge/sealbridge"
+
+// allowed lists, per package, the module packages and third-party modules its
+// non-test code may import. The standard library is always allowed.
+var allowed = map[string][]string{
+	"pkg/errcode":        {},
+	"internal/lru":       {},
+	"internal/fsx":       {"golang.org/x/sys"},
+	"internal/lockfile":  {"internal/fsx", "github.com/gofrs/flock", "golang.org/x/sys"},
+	"internal/crashtest": {"internal/fsx"},
+	// identity: its key-file system calls use x/sys directly (renameat2 NOREPLACE).
+	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58", "golang.org/x/sys"},
+	"pkg/envelope": {"pkg/identity"},
+	"pkg/store": {"internal/fsx", "internal/lockfile", "internal/lru", "pkg/identity", "pkg/envelope",
+		"pkg/errcode", "github.com/google/uuid"},
+	"pkg/fsck":    {"pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "pkg/errcode"},
+	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "github.com/google/uuid", "golang.org/x/sys"},
+	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "github.com/google/uuid"},
+	"pkg/client":  {"pkg/errcode"},
+	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode",
+		"github.com/google/uuid"},
+	"fsfixtures": {"pkg/store", "pkg/identity", "pkg/envelope", "internal/fsx", "github.com/google/uuid"},
+}
+
+func TestImportEdges(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}|{{join .Imports \" \"}}", module+"/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imports, _ := strings.Cut(line, "|")
+		rel := strings.TrimPrefix(strings.TrimPrefix(pkg, module), "/")
+		for _, imp := range strings.Fields(imports) {
+			if !isThirdPartyOrModule(imp) {
+				continue // standard library
+			}
+			if err := checkEdge(rel, imp); err != "" {
+				t.Errorf("%s imports %s: %s", rel, imp, err)
+			}
+		}
+	}
+}
+
+func isThirdPartyOrModule(imp string) bool {
+	first, _, _ := strings.Cut(imp, "/")
+	return strings.Contains(first, ".")
+}
+
+// checkEdge returns why pkg may not import imp, or "".
+func checkEdge(pkg, imp string) string {
+	inModule := strings.HasPrefix(imp, module+"/")
+	target := strings.TrimPrefix(imp, module+"/")
+	if strings.HasPrefix(pkg, "cmd/") {
+		switch {
+		case !inModule:
+			return ""
+		case strings.HasPrefix(target, "cmd/"):
+			return "commands never import each other"
+		case target == "fsfixtures" || target == "internal/crashtest" || target == "internal/archtest":
+			return "test-only packages"
+		}
+		return ""
+	}
+	list, ok := allowed[pkg]
+	if !ok {
+		return "package is not in the package map (add it to archtest with its allowed imports)"
+	}
+	for _, a := range list {
+		if target == a || (!inModule && (imp == a || strings.HasPrefix(imp, a+"/"))) {
+			return ""
+		}
+	}
+	return "not an allowed edge (DESIGN §2)"
+}
+
+func TestCheckEdgeRefusesUpwardImports(t *testing.T) {
+	for _, c := range []struct{ pkg, imp string }{
+		{"pkg/store", module + "/pkg/carrier"},
+		{"pkg/identity", module + "/pkg/store"},
+		{"internal/fsx", module + "/pkg/errcode"},
+		{"pkg/client", module + "/pkg/store"},
+		{"cmd/sealbridge", module + "/cmd/sealbridged"},
+		{"cmd/sealbridge", module + "/fsfixtures"},
+		{"pkg/store", "github.com/some/thing"},
+		{"pkg/unknown", module + "/pkg/errcode"},
+	} {
+		if checkEdge(c.pkg, c.imp) == "" {
+			t.Errorf("%s → %s was allowed", c.pkg, c.imp)
+		}
+	}
+	for _, c := range []struct{ pkg, imp string }{
+		{"pkg/store", module + "/internal/fsx"},
+		{"internal/fsx", "golang.org/x/sys/unix"},
+		{"cmd/sealbridge", module + "/pkg/store"},
+	} {
+		if why := checkEdge(c.pkg, c.imp); why != "" {
+			t.Errorf("%s → %s refused: %s", c.pkg, c.imp, why)
+		}
+	}
+}

@@ -1,0 +1,57 @@
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"sort"
+)
+
+// cloneRecord returns a deep copy of r, so callers never share the cache's values.
+func cloneRecord(r Record) Record {
+	switch v := r.(type) {
+	case *Outbox:
+		c := *v
+		c.Envelope = bytes.Clone(v.Envelope)
+		if v.Lease != nil {
+			l := *v.Lease
+			c.Lease = &l
+		}
+		return &c
+	case *Batch:
+		c := *v
+		c.EnvelopeIDs = slices.Clone(v.EnvelopeIDs)
+		return &c
+	case *Message:
+		c := *v
+		return &c
+	case *Receipt:
+		c := *v
+		return &c
+	case *Observation:
+		c := *v
+		c.Facts = make([]json.RawMessage, len(v.Facts))
+		for i, f := range v.Facts {
+			c.Facts[i] = bytes.Clone(f)
+		}
+		c.Published = slices.Clone(v.Published)
+		return &c
+	case *Operation:
+		c := *v
+		c.Response = bytes.Clone(v.Response)
+		return &c
+	case *Binding:
+		c := *v
+		return &c
+	}
+	return r
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

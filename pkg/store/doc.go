@@ -1,0 +1,39 @@
+// Package store is sealbridge's per-identity, signed, file-backed outbox store.
+//
+// One identity owns one store directory. Every record — an outgoing envelope (outbox),
+// a batch marker (batches), a message's status (messages), a receipt, an observation,
+// an operation and its idempotency binding — is its own one-line JSON file signed by
+// the owner. docs/FORMAT.md is the byte-level specification; EncodeRecord and
+// ParseRecord implement it, and fsck uses ParseRecord rather than re-coding validity.
+//
+// # Durability
+//
+// A write returns only once durable: the record is staged in a fresh temp file,
+// fsynced, renamed over its name, and its directory fsynced. A removal is an unlink
+// followed by a directory fsync. Every publication also grows the generation file by
+// one byte, so listing stamps change even when two changes share a timestamp tick.
+// A failed fsync is never retried; the write fails and nothing is acknowledged.
+//
+// # Concurrency
+//
+// A Store is safe for concurrent use by many goroutines, and many processes may open
+// the same store: every change happens under the store lock (internal/lockfile),
+// taken with a bounded wait (then OUTBOX_STORE_BUSY) and never held across network
+// I/O. Within one process, lock holds are serialized. Reads take no lock: they check
+// the file's fingerprint, read it bounded and without following links, verify the
+// signature and the schema, and cache the verified record only if the file did not
+// change while it was read. Callers always receive copies.
+//
+// # Transactions
+//
+// Transaction runs fn once under the lock with a read-your-writes view; each Put or
+// Delete inside it is durable when it returns. Enqueue writes a message's outbox
+// members and message record, then its batch marker, in one transaction; a member is
+// dispatchable only while its marker lists it.
+//
+// # Errors
+//
+// Every error carries one of the codes of pkg/errcode (test with errors.Is), the kind
+// and id or path involved, and the cause (errors.Unwrap) — never key material or
+// payload contents.
+package store

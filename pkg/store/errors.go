@@ -1,0 +1,61 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/sealbridge/sealbridge/internal/lockfile"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+)
+
+// Errors returned by the store are *errcode.Error values: test them with errors.Is
+// against the sentinels of pkg/errcode (re-exported here for convenience). Their text
+// names the kind and id or path involved, never key material or payload contents.
+var (
+	ErrOutboxFull             = errcode.OutboxFull
+	ErrStoreBusy              = errcode.OutboxStoreBusy
+	ErrStoreInvalid           = errcode.OutboxStoreInvalid
+	ErrStoreUnwritable        = errcode.OutboxStoreUnwritable
+	ErrDeadlineExpired        = errcode.OutboxDeadlineExpired
+	ErrRecordConflict         = errcode.DeliveryRecordConflict
+	ErrInvalidDeliveryStatus  = errcode.InvalidDeliveryStatus
+	ErrDeliveryStatusConflict = errcode.DeliveryStatusConflict
+	ErrIdempotencyFull        = errcode.IdempotencyStoreFull
+	ErrIdempotencyBusy        = errcode.IdempotencyStoreBusy
+	ErrIdempotencyKeyReused   = errcode.IdempotencyKeyReused
+	ErrIdempotencyInProgress  = errcode.IdempotencyInProgress
+)
+
+func where(r Record) string { return fmt.Sprintf("%s/%s", r.Kind(), r.RecordID()) }
+
+func conflict(r Record, format string, args ...any) error {
+	return errcode.New(errcode.DeliveryRecordConflict, where(r), fmt.Errorf(format, args...))
+}
+
+func statusErr(r Record, format string, args ...any) error {
+	return errcode.New(errcode.InvalidDeliveryStatus, where(r), fmt.Errorf(format, args...))
+}
+
+func statusConflict(r Record, format string, args ...any) error {
+	return errcode.New(errcode.DeliveryStatusConflict, where(r), fmt.Errorf(format, args...))
+}
+
+func invalidAt(path string, cause error) error {
+	return errcode.New(errcode.OutboxStoreInvalid, path, cause)
+}
+
+func unwritable(path string, cause error) error {
+	return errcode.New(errcode.OutboxStoreUnwritable, path, cause)
+}
+
+// lockError maps a lockfile error to its code.
+func lockError(root string, err error) error {
+	switch {
+	case errors.Is(err, lockfile.ErrBusy):
+		return errcode.New(errcode.OutboxStoreBusy, root, err)
+	case errors.Is(err, lockfile.ErrInvalid):
+		return errcode.New(errcode.OutboxStoreInvalid, root+"/.lock", err)
+	default:
+		return errcode.Ensure(err, errcode.OutboxStoreUnwritable, root)
+	}
+}

@@ -1,0 +1,237 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+)
+
+// OutboxSummary is the outbox index's metadata of one envelope (no envelope bytes).
+type OutboxSummary struct {
+	EnvelopeID       string
+	MessageID        string
+	BatchID          string
+	EnvelopeKind     string
+	State            string
+	Ordinal          int
+	RelayURL         string
+	PeerOwnerDID     string
+	DeliveryDeadline int64
+	NextAttemptAt    int64
+	Attempts         int
+	Lease            *Lease
+	Bytes            int64 // size of the signed envelope
+	RetainUntil      int64
+}
+
+// MessageSummary is the messages index's metadata of one message.
+type MessageSummary struct {
+	MessageID        string
+	Status           string
+	ClosedBy         string
+	PeerOwnerDID     string
+	RelayURL         string
+	DeliveryDeadline int64
+	CreatedAt        int64
+	UpdatedAt        int64
+	RetainUntil      int64
+}
+
+// index is a kind's metadata index, valid for one listing stamp. It is guarded by
+// Store.mu.
+type index struct {
+	stamp    Stamp
+	fps      map[string]fsx.Fingerprint // the file each entry summarizes
+	outbox   map[string]OutboxSummary
+	messages map[string]MessageSummary
+}
+
+func summarizeOutbox(r *Outbox) OutboxSummary {
+	var lease *Lease
+	if r.Lease != nil {
+		l := *r.Lease
+		lease = &l
+	}
+	return OutboxSummary{EnvelopeID: r.EnvelopeID, MessageID: r.MessageID, BatchID: r.BatchID,
+		EnvelopeKind: r.EnvelopeKind, State: r.State, Ordinal: r.Ordinal, RelayURL: r.RelayURL,
+		PeerOwnerDID: r.PeerOwnerDID, DeliveryDeadline: r.DeliveryDeadline, NextAttemptAt: r.NextAttemptAt,
+		Attempts: r.Attempts, Lease: lease, Bytes: int64(len(r.Envelope)), RetainUntil: r.RetainUntil}
+}
+
+func summarizeMessage(r *Message) MessageSummary {
+	return MessageSummary{MessageID: r.MessageID, Status: r.Status, ClosedBy: r.ClosedBy,
+		PeerOwnerDID: r.PeerOwnerDID, RelayURL: r.RelayURL, DeliveryDeadline: r.DeliveryDeadline,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RetainUntil: r.RetainUntil}
+}
+
+func newIndex(k Kind, st Stamp) *index {
+	ix := &index{stamp: st, fps: map[string]fsx.Fingerprint{}}
+	if k == KindOutbox {
+		ix.outbox = map[string]OutboxSummary{}
+	} else {
+		ix.messages = map[string]MessageSummary{}
+	}
+	return ix
+}
+
+// apply records rec (nil: removed), read from the file with fingerprint fp, under id.
+func (ix *index) apply(id string, rec Record, fp fsx.Fingerprint) {
+	ix.fps[id] = fp
+	switch r := rec.(type) {
+	case *Outbox:
+		ix.outbox[id] = summarizeOutbox(r)
+	case *Message:
+		ix.messages[id] = summarizeMessage(r)
+	case nil:
+		delete(ix.fps, id)
+		delete(ix.outbox, id)
+		delete(ix.messages, id)
+	}
+}
+
+// copyEntry copies id's entry from old.
+func (ix *index) copyEntry(old *index, id string) {
+	ix.fps[id] = old.fps[id]
+	if e, ok := old.outbox[id]; ok {
+		ix.outbox[id] = e
+	}
+	if e, ok := old.messages[id]; ok {
+		ix.messages[id] = e
+	}
+}
+
+// maxIndexRounds bounds how often an index build restarts because the stamp moved.
+const maxIndexRounds = 8
+
+// prepareIndex makes k's index current. If k's stamp moved, it reconciles the index
+// with the directory: one lstat per record, and a verified read only of records whose
+// file fingerprint changed, checking ctx between records. The result is adopted only
+// if the stamp did not move meanwhile; else it starts over, at most maxIndexRounds
+// times, then OUTBOX_STORE_BUSY.
+func (s *Store) prepareIndex(ctx context.Context, k Kind) error {
+	for round := 0; round < maxIndexRounds; round++ {
+		st, err := s.ListingStamp(k)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		old := s.indexes[k]
+		s.mu.Unlock()
+		if old != nil && old.stamp == st {
+			return nil
+		}
+		ids, lst, err := s.list(k)
+		if err != nil {
+			return err
+		}
+		if lst != st {
+			continue
+		}
+		fresh, err := s.reconcile(ctx, k, st, ids, old)
+		if err != nil {
+			return err
+		}
+		again, err := s.ListingStamp(k)
+		if err != nil {
+			return err
+		}
+		if again == st {
+			s.mu.Lock()
+			s.indexes[k] = fresh
+			s.mu.Unlock()
+			return nil
+		}
+	}
+	return errcode.New(errcode.OutboxStoreBusy, string(k), errors.New("index preparation kept being invalidated"))
+}
+
+// reconcile builds k's index for ids, reusing old's entries whose file is unchanged.
+// old is only read: entries are copied under s.mu.
+func (s *Store) reconcile(ctx context.Context, k Kind, st Stamp, ids []string, old *index) (*index, error) {
+	fresh := newIndex(k, st)
+	for _, id := range ids {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		info, err := s.fs.Lstat(recordPath(k, id))
+		if fsx.IsNotExist(err) {
+			continue // removed meanwhile: the stamp check will notice
+		}
+		if err != nil {
+			return nil, invalidAt(recordPath(k, id), err)
+		}
+		fp := info.Fingerprint()
+		if old != nil {
+			s.mu.Lock()
+			known, ok := old.fps[id]
+			if ok && known == fp {
+				fresh.copyEntry(old, id)
+			}
+			s.mu.Unlock()
+			if ok && known == fp {
+				continue
+			}
+		}
+		r, err := s.read(k, id)
+		if err != nil {
+			return nil, err
+		}
+		if r != nil {
+			fresh.apply(id, r, fp)
+		}
+	}
+	return fresh, nil
+}
+
+// Prepare makes the outbox and messages indexes current, in bounded slices that honour
+// ctx, so later operations (and capacity checks under the lock) need no scan.
+func (s *Store) Prepare(ctx context.Context) error {
+	if err := s.prepareIndex(ctx, KindMessages); err != nil {
+		return err
+	}
+	return s.prepareIndex(ctx, KindOutbox)
+}
+
+// OutboxSummaries returns the outbox index entries sorted by (messageId, ordinal),
+// preparing the index first if its stamp moved.
+func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
+	if err := s.prepareIndex(ctx, KindOutbox); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	out := make([]OutboxSummary, 0, len(s.indexes[KindOutbox].outbox))
+	for _, e := range s.indexes[KindOutbox].outbox {
+		if e.Lease != nil {
+			l := *e.Lease
+			e.Lease = &l
+		}
+		out = append(out, e)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b OutboxSummary) int {
+		if c := strings.Compare(a.MessageID, b.MessageID); c != 0 {
+			return c
+		}
+		return a.Ordinal - b.Ordinal
+	})
+	return out, nil
+}
+
+// MessageSummaries returns the messages index entries sorted by id.
+func (s *Store) MessageSummaries(ctx context.Context) ([]MessageSummary, error) {
+	if err := s.prepareIndex(ctx, KindMessages); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	out := make([]MessageSummary, 0, len(s.indexes[KindMessages].messages))
+	for _, e := range s.indexes[KindMessages].messages {
+		out = append(out, e)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b MessageSummary) int { return strings.Compare(a.MessageID, b.MessageID) })
+	return out, nil
+}

@@ -1,0 +1,110 @@
+package store
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+)
+
+// Kind names a record kind and its directory.
+type Kind string
+
+// The seven record kinds (DESIGN §4).
+const (
+	KindObservations Kind = "observations"
+	KindMessages     Kind = "messages"
+	KindOutbox       Kind = "outbox"
+	KindBatches      Kind = "batches"
+	KindReceipts     Kind = "receipts"
+	KindOperations   Kind = "operations"
+	KindIdempotency  Kind = "idempotency"
+)
+
+// Kinds lists every kind, in directory order.
+var Kinds = []Kind{KindObservations, KindMessages, KindOutbox, KindBatches, KindReceipts, KindOperations, KindIdempotency}
+
+// Valid reports whether k is one of the seven kinds.
+func (k Kind) Valid() bool {
+	for _, x := range Kinds {
+		if k == x {
+			return true
+		}
+	}
+	return false
+}
+
+// ValidID reports whether id may name a record of kind k: a lower-case UUID, or for
+// idempotency 64 lower-case hex digits. Any other file name is invalid.
+func ValidID(k Kind, id string) bool {
+	if k == KindIdempotency {
+		return isHex(id, 64)
+	}
+	return IsUUID(id)
+}
+
+// IsUUID reports whether s is a lower-case hyphenated UUID.
+func IsUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < 36; i++ {
+		c := s[i]
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			if c != '-' {
+				return false
+			}
+		} else if !isLowerHex(c) {
+			return false
+		}
+	}
+	return true
+}
+
+func isLowerHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' }
+
+func isHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < n; i++ {
+		if !isLowerHex(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// ReceiptID returns the file id of the receipt for an inbound envelope: a UUID (version
+// 8, RFC 9562) made from SHA-256("sealbridge/receipt-id/v1" 0x00 envelopeID). A
+// sender's envelope id therefore never chooses a file name by itself.
+func ReceiptID(envelopeID string) string {
+	sum := sha256.Sum256([]byte("sealbridge/receipt-id/v1\x00" + envelopeID))
+	b := sum[:16]
+	b[6] = b[6]&0x0f | 0x80
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b)
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+// IdempotencyID returns the file id of an Idempotency-Key: hex SHA-256 of the key.
+func IdempotencyID(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// fileName returns the record file name of id.
+func fileName(id string) string { return id + ".json" }
+
+// recordPath returns "<kind>/<id>.json".
+func recordPath(k Kind, id string) string { return string(k) + "/" + fileName(id) }
+
+// checkKindID refuses an unknown kind or a malformed id.
+func checkKindID(k Kind, id string) error {
+	if !k.Valid() {
+		return fmt.Errorf("unknown kind %q", k)
+	}
+	if !ValidID(k, id) {
+		return fmt.Errorf("malformed %s id %q", k, id)
+	}
+	return nil
+}

@@ -1,0 +1,206 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"path"
+	"slices"
+	"time"
+
+	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+)
+
+// TempMaxAge is the age after which maintenance removes a leftover staged temp.
+const TempMaxAge = time.Hour
+
+// MaintenanceReport counts what one maintenance pass did.
+type MaintenanceReport struct {
+	ClosedByDeadline int // pending members closed because their deadline passed
+	BatchesFinished  int // settled batches removed (marker first, then members)
+	OrphansRemoved   int // outbox records that no marker lists
+	ExpiredRemoved   int // records past retainUntil
+	TempsRemoved     int // staged temps older than TempMaxAge
+	Errors           []error
+}
+
+// Maintain runs every maintenance step of DESIGN §8, each in its own short
+// transaction that rechecks its condition under the lock, checking ctx between steps.
+// A step that fails is recorded in the report and the pass goes on; ctx cancellation
+// stops the pass and is returned.
+func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
+	var rep MaintenanceReport
+	step := func(fn func(tx *Tx) error) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := s.Transaction(ctx, fn); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			rep.Errors = append(rep.Errors, err)
+		}
+		return nil
+	}
+	// 1. Batches: close members past their deadline; finish settled batches.
+	batches, err := s.listLenient(KindBatches, &rep)
+	if err != nil {
+		return rep, err
+	}
+	for _, id := range batches {
+		if err := step(func(tx *Tx) error { return s.maintainBatch(tx, id, &rep) }); err != nil {
+			return rep, err
+		}
+	}
+	// 2. Orphan outbox records, and 3. records past retainUntil, one record a step.
+	for _, k := range Kinds {
+		ids, err := s.listLenient(k, &rep)
+		if err != nil {
+			return rep, err
+		}
+		for _, id := range ids {
+			if err := step(func(tx *Tx) error { return s.maintainRecord(tx, k, id, &rep) }); err != nil {
+				return rep, err
+			}
+		}
+	}
+	// 4. Leftover temps.
+	for _, k := range Kinds {
+		if err := step(func(tx *Tx) error { return s.removeOldTemps(tx, k, &rep) }); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// listLenient lists a kind, recording (not returning) an invalid directory.
+func (s *Store) listLenient(k Kind, rep *MaintenanceReport) ([]string, error) {
+	ids, err := s.List(k)
+	if err != nil {
+		if errors.Is(err, errcode.OutboxStoreInvalid) {
+			rep.Errors = append(rep.Errors, err)
+			return nil, nil
+		}
+		return nil, err
+	}
+	return ids, nil
+}
+
+func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) error {
+	members, err := tx.Committed(id)
+	if err != nil || members == nil {
+		return err
+	}
+	now := s.nowMs()
+	for _, m := range members {
+		if m.State != StatePending || m.DeliveryDeadline > now {
+			continue
+		}
+		m.State, m.LastError, m.Lease = StateClosed, errcode.OutboxDeadlineExpired.String(), nil
+		if err := tx.Put(m); err != nil {
+			return err
+		}
+		rep.ClosedByDeadline++
+		msg, err := TxGet[*Message](tx, m.MessageID)
+		if err != nil {
+			return err
+		}
+		if msg != nil && (msg.Status == StatusQueued || msg.Status == StatusRelayed) && m.EnvelopeKind == EnvelopeMessage {
+			msg.Status, msg.ClosedBy, msg.LastError, msg.UpdatedAt = StatusClosed, ClosedByDeadline, errcode.OutboxDeadlineExpired.String(), now
+			if err := tx.Put(msg); err != nil {
+				return err
+			}
+		}
+	}
+	return s.finishBatch(tx, id, members, rep)
+}
+
+// finishBatch removes a batch whose members are all settled: the marker first, so an
+// interrupted cleanup can never make a member dispatchable again.
+func (s *Store) finishBatch(tx *Tx, id string, members []*Outbox, rep *MaintenanceReport) error {
+	if slices.ContainsFunc(members, func(m *Outbox) bool { return m.State == StatePending }) {
+		return nil
+	}
+	if err := tx.Delete(KindBatches, id); err != nil {
+		return err
+	}
+	for _, m := range members {
+		if err := tx.Delete(KindOutbox, m.EnvelopeID); err != nil {
+			return err
+		}
+	}
+	rep.BatchesFinished++
+	return nil
+}
+
+func (s *Store) maintainRecord(tx *Tx, k Kind, id string, rep *MaintenanceReport) error {
+	r, err := tx.get(k, id)
+	if err != nil || r == nil {
+		return err
+	}
+	if o, ok := r.(*Outbox); ok {
+		b, err := TxGet[*Batch](tx, o.BatchID)
+		if err != nil {
+			return err
+		}
+		if b == nil || !slices.Contains(b.EnvelopeIDs, id) {
+			rep.OrphansRemoved++
+			return tx.Delete(k, id)
+		}
+	}
+	if retainUntil(r) <= s.nowMs() {
+		rep.ExpiredRemoved++
+		return tx.Delete(k, id)
+	}
+	return nil
+}
+
+func retainUntil(r Record) int64 {
+	switch v := r.(type) {
+	case *Outbox:
+		return v.RetainUntil
+	case *Batch:
+		return v.RetainUntil
+	case *Message:
+		return v.RetainUntil
+	case *Receipt:
+		return v.RetainUntil
+	case *Observation:
+		return v.RetainUntil
+	case *Operation:
+		return v.RetainUntil
+	case *Binding:
+		return v.RetainUntil
+	}
+	return 0
+}
+
+func (s *Store) removeOldTemps(tx *Tx, k Kind, rep *MaintenanceReport) error {
+	ents, err := s.fs.ReadDir(string(k))
+	if fsx.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return invalidAt(string(k), err)
+	}
+	now := s.now().UnixNano()
+	removed := false
+	for _, e := range ents {
+		if !fsx.IsTempName(e.Name) {
+			continue
+		}
+		info, err := s.fs.Lstat(path.Join(string(k), e.Name))
+		if err != nil || now-info.MtimeNs < int64(TempMaxAge) {
+			continue
+		}
+		if err := tx.removeFile(string(k), e.Name); err != nil {
+			return err
+		}
+		removed = true
+		rep.TempsRemoved++
+	}
+	if removed {
+		return s.fs.SyncDir(string(k))
+	}
+	return nil
+}

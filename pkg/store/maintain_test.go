@@ -1,0 +1,146 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// testClock is a clock the test moves by hand.
+type testClock struct{ ns atomic.Int64 }
+
+func newTestClock(t time.Time) *testClock {
+	c := &testClock{}
+	c.ns.Store(t.UnixNano())
+	return c
+}
+func (c *testClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *testClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+func maintain(t *testing.T, s *store.Store) store.MaintenanceReport {
+	t.Helper()
+	rep, err := s.Maintain(context.Background())
+	if err != nil || len(rep.Errors) > 0 {
+		t.Fatalf("Maintain: %v %v", err, rep.Errors)
+	}
+	return rep
+}
+
+func TestMaintenanceClosesPastDeadlineAndFinishesBatch(t *testing.T) {
+	clock := newTestClock(time.Now())
+	s := openStore(t, store.Options{Now: clock.Now})
+	req := sendRequest(t, 2)
+	req.DeliveryDeadline = clock.Now().Add(time.Minute)
+	if _, err := s.Enqueue(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if rep := maintain(t, s); rep.ClosedByDeadline != 0 || rep.BatchesFinished != 0 {
+		t.Fatalf("nothing is due yet: %+v", rep)
+	}
+	clock.Advance(2 * time.Minute)
+	rep := maintain(t, s)
+	if rep.ClosedByDeadline != 2 || rep.BatchesFinished != 1 {
+		t.Fatalf("report %+v, want 2 closed and 1 batch finished", rep)
+	}
+	m, err := s.Message(req.MessageID)
+	if err != nil || m == nil || m.Status != store.StatusClosed || m.ClosedBy != store.ClosedByDeadline ||
+		m.LastError != errcode.OutboxDeadlineExpired.String() {
+		t.Fatalf("message after deadline: %+v %v", m, err)
+	}
+	for _, k := range []store.Kind{store.KindOutbox, store.KindBatches} {
+		if ids, _ := s.List(k); len(ids) != 0 {
+			t.Fatalf("%s left after the batch finished: %v", k, ids)
+		}
+	}
+}
+
+func TestMaintenanceFinishesSettledBatchOnly(t *testing.T) {
+	s := openStore(t, store.Options{})
+	req, _ := enqueue(t, s, 2)
+	relay := func(id string) {
+		o, _ := store.GetAs[*store.Outbox](s, id)
+		o.State = store.StateRelayed
+		mustPut(t, s, o)
+	}
+	relay(req.Envelopes[0].EnvelopeID)
+	if rep := maintain(t, s); rep.BatchesFinished != 0 {
+		t.Fatal("a batch with a pending member was finished")
+	}
+	if p, _ := s.Pending(context.Background(), req.MessageID); len(p) != 1 {
+		t.Fatalf("pending after partial relay: %d", len(p))
+	}
+	relay(req.Envelopes[1].EnvelopeID)
+	if rep := maintain(t, s); rep.BatchesFinished != 1 {
+		t.Fatalf("settled batch not finished: %+v", rep)
+	}
+	// the message record stays (until its retention) with its own status
+	if ids, _ := s.List(store.KindMessages); len(ids) != 1 {
+		t.Fatalf("messages: %v", ids)
+	}
+}
+
+func TestMaintenanceRemovesOrphansExpiredAndOldTemps(t *testing.T) {
+	clock := newTestClock(time.Now())
+	s := openStore(t, store.Options{Now: clock.Now})
+	req, _ := enqueue(t, s, 1)
+	// An outbox record that no marker lists (an interrupted enqueue).
+	env := json.RawMessage(`{"orphan":true}`)
+	now := clock.Now()
+	orphan := &store.Outbox{EnvelopeID: uuid.NewString(), MessageID: uuid.NewString(), BatchID: uuid.NewString(),
+		EnvelopeKind: store.EnvelopeMessage, State: store.StatePending, RelayURL: "http://127.0.0.1:9/",
+		PeerOwnerDID: string(peerDID(t)), DeliveryDeadline: ms(now.Add(time.Hour)), NextAttemptAt: ms(now),
+		Envelope: env, EnvelopeDigest: store.Digest(env), RetainUntil: ms(now.Add(2 * time.Hour))}
+	mustPut(t, s, orphan)
+	// A receipt whose retention ends in a minute.
+	r := &store.Receipt{EnvelopeID: uuid.NewString(), SenderDID: string(peerDID(t)), EnvelopeDigest: store.Digest(env),
+		State: store.ReceiptTerminal, ReceivedAt: ms(now), RetainUntil: ms(now.Add(time.Minute))}
+	mustPut(t, s, r)
+	// Two temps: one old, one fresh.
+	dir := filepath.Join(s.Dir(), "outbox")
+	oldTemp := filepath.Join(dir, "."+uuid.NewString()+".tmp")
+	freshTemp := filepath.Join(dir, "."+uuid.NewString()+".tmp")
+	for _, p := range []string{oldTemp, freshTemp} {
+		if err := os.WriteFile(p, []byte("partial"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := clock.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(oldTemp, old, old); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Minute)
+	rep := maintain(t, s)
+	if rep.OrphansRemoved != 1 || rep.ExpiredRemoved != 1 || rep.TempsRemoved != 1 {
+		t.Fatalf("report %+v, want 1 orphan, 1 expired, 1 temp", rep)
+	}
+	if o, _ := s.Get(store.KindOutbox, orphan.EnvelopeID); o != nil {
+		t.Fatal("orphan kept")
+	}
+	if o, _ := s.Get(store.KindOutbox, req.Envelopes[0].EnvelopeID); o == nil {
+		t.Fatal("a committed member was removed")
+	}
+	if _, err := os.Stat(oldTemp); !os.IsNotExist(err) {
+		t.Fatal("old temp kept")
+	}
+	if _, err := os.Stat(freshTemp); err != nil {
+		t.Fatal("a fresh temp (maybe a write in progress) was removed")
+	}
+}
+
+func TestMaintenanceStopsOnCancel(t *testing.T) {
+	s := openStore(t, store.Options{})
+	enqueue(t, s, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Maintain(ctx); err != context.Canceled {
+		t.Fatalf("Maintain with a cancelled context: %v", err)
+	}
+}

@@ -1,0 +1,506 @@
+package store
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"slices"
+
+	"github.com/sealbridge/sealbridge/pkg/identity"
+)
+
+// Record is one typed record. Times are Unix milliseconds.
+type Record interface {
+	// Kind returns the record's kind.
+	Kind() Kind
+	// RecordID returns the id the record's file must have.
+	RecordID() string
+	// Validate checks the record's own fields (not its relation to other records).
+	Validate() error
+}
+
+// Lease marks envelopes (or an operation) as taken by a holder until a time.
+type Lease struct {
+	Holder string `json:"holder"`
+	Until  int64  `json:"until"`
+}
+
+// Outbox states.
+const (
+	StatePending = "pending"
+	StateRelayed = "relayed"
+	StateClosed  = "closed"
+)
+
+// Outbox envelope kinds.
+const (
+	EnvelopeMessage        = "message"
+	EnvelopeDeliveryStatus = "delivery-status"
+)
+
+// Outbox is one envelope to deliver. Envelope and EnvelopeDigest never change once written.
+type Outbox struct {
+	EnvelopeID       string          `json:"envelopeId"`
+	MessageID        string          `json:"messageId"`
+	BatchID          string          `json:"batchId"`
+	EnvelopeKind     string          `json:"kind"`
+	State            string          `json:"state"`
+	Ordinal          int             `json:"ordinal"`
+	RelayURL         string          `json:"relayUrl"`
+	PeerOwnerDID     string          `json:"peerOwnerDid"`
+	DeliveryDeadline int64           `json:"deliveryDeadline"`
+	NextAttemptAt    int64           `json:"nextAttemptAt"`
+	Attempts         int             `json:"attempts"`
+	LastError        string          `json:"lastError,omitempty"`
+	Lease            *Lease          `json:"lease,omitempty"`
+	Envelope         json.RawMessage `json:"envelope"`
+	EnvelopeDigest   string          `json:"envelopeDigest"`
+	RetainUntil      int64           `json:"retainUntil"`
+}
+
+// Batch is the commit marker of 1..N outbox members of one message.
+type Batch struct {
+	BatchID          string   `json:"batchId"`
+	MessageID        string   `json:"messageId"`
+	EnvelopeIDs      []string `json:"envelopeIds"`
+	PeerOwnerDID     string   `json:"peerOwnerDid"`
+	RelayURL         string   `json:"relayUrl"`
+	DeliveryDeadline int64    `json:"deliveryDeadline"`
+	CreatedAt        int64    `json:"createdAt"`
+	RetainUntil      int64    `json:"retainUntil"`
+}
+
+// Message statuses and closers.
+const (
+	StatusQueued    = "queued"
+	StatusRelayed   = "relayed"
+	StatusDelivered = "delivered"
+	StatusClosed    = "closed"
+
+	ClosedByDeadline = "deadline"
+	ClosedByRefused  = "refused"
+	ClosedByExpired  = "expired"
+)
+
+// Message is a sent message's status.
+type Message struct {
+	MessageID        string `json:"messageId"`
+	Status           string `json:"status"`
+	ClosedBy         string `json:"closedBy,omitempty"`
+	LastError        string `json:"lastError,omitempty"`
+	PeerOwnerDID     string `json:"peerOwnerDid"`
+	RelayURL         string `json:"relayUrl"`
+	EnvelopeDigest   string `json:"envelopeDigest"`
+	DeliveryDeadline int64  `json:"deliveryDeadline"`
+	CreatedAt        int64  `json:"createdAt"`
+	UpdatedAt        int64  `json:"updatedAt"`
+	Attempts         int    `json:"attempts"`
+	RetainUntil      int64  `json:"retainUntil"`
+}
+
+// Receipt states, in rank order.
+const (
+	ReceiptPersisted = "persisted"
+	ReceiptProcessed = "processed"
+	ReceiptTerminal  = "terminal"
+)
+
+// Receipt is an inbound envelope's local receipt.
+type Receipt struct {
+	EnvelopeID     string `json:"envelopeId"`
+	SenderDID      string `json:"senderDid"`
+	EnvelopeDigest string `json:"envelopeDigest"`
+	State          string `json:"state"`
+	OutcomeCode    string `json:"outcomeCode,omitempty"`
+	ReceivedAt     int64  `json:"receivedAt"`
+	RetainUntil    int64  `json:"retainUntil"`
+}
+
+// Observation is an inbound message as observed. Its fixed fields never change and
+// Facts and Published only grow.
+type Observation struct {
+	MessageID        string            `json:"messageId"`
+	SenderDID        string            `json:"senderDid"`
+	EnvelopeDigest   string            `json:"envelopeDigest"`
+	CreatedAt        int64             `json:"createdAt"`
+	DeliveryDeadline int64             `json:"deliveryDeadline"`
+	Facts            []json.RawMessage `json:"facts"`
+	Published        []string          `json:"published"`
+	RetainUntil      int64             `json:"retainUntil"`
+}
+
+// Operation states.
+const (
+	OperationInFlight = "in-flight"
+	OperationDone     = "done"
+)
+
+// Operation is the result of an API operation, with a lease while in flight.
+type Operation struct {
+	OperationID   string          `json:"operationId"`
+	RequestDigest string          `json:"requestDigest"`
+	State         string          `json:"state"`
+	CreatedAt     int64           `json:"createdAt"`
+	LeaseUntil    int64           `json:"leaseUntil"`
+	Response      json.RawMessage `json:"response,omitempty"`
+	RetainUntil   int64           `json:"retainUntil"`
+}
+
+// Binding binds sha256(Idempotency-Key) to an operation.
+type Binding struct {
+	KeyHash       string `json:"keyHash"`
+	OperationID   string `json:"operationId"`
+	RequestDigest string `json:"requestDigest"`
+	CreatedAt     int64  `json:"createdAt"`
+	RetainUntil   int64  `json:"retainUntil"`
+}
+
+func (*Outbox) Kind() Kind      { return KindOutbox }
+func (*Batch) Kind() Kind       { return KindBatches }
+func (*Message) Kind() Kind     { return KindMessages }
+func (*Receipt) Kind() Kind     { return KindReceipts }
+func (*Observation) Kind() Kind { return KindObservations }
+func (*Operation) Kind() Kind   { return KindOperations }
+func (*Binding) Kind() Kind     { return KindIdempotency }
+
+func (r *Outbox) RecordID() string      { return r.EnvelopeID }
+func (r *Batch) RecordID() string       { return r.BatchID }
+func (r *Message) RecordID() string     { return r.MessageID }
+func (r *Receipt) RecordID() string     { return ReceiptID(r.EnvelopeID) }
+func (r *Observation) RecordID() string { return r.MessageID }
+func (r *Operation) RecordID() string   { return r.OperationID }
+func (r *Binding) RecordID() string     { return r.KeyHash }
+
+// newRecord returns an empty record of kind k.
+func newRecord(k Kind) Record {
+	switch k {
+	case KindOutbox:
+		return new(Outbox)
+	case KindBatches:
+		return new(Batch)
+	case KindMessages:
+		return new(Message)
+	case KindReceipts:
+		return new(Receipt)
+	case KindObservations:
+		return new(Observation)
+	case KindOperations:
+		return new(Operation)
+	case KindIdempotency:
+		return new(Binding)
+	}
+	return nil
+}
+
+// invalid is the error of a failed field validation.
+func invalid(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+func checkUUID(field, v string) error {
+	if !IsUUID(v) {
+		return invalid("%s is not a lower-case UUID", field)
+	}
+	return nil
+}
+
+func checkDigest(field, v string) error {
+	if !isHex(v, 64) {
+		return invalid("%s is not 64 lower-case hex digits", field)
+	}
+	return nil
+}
+
+func checkDID(field, v string) error {
+	if _, err := identity.ParseDID(v); err != nil {
+		return invalid("%s: %v", field, err)
+	}
+	return nil
+}
+
+func checkRelayURL(v string) error {
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || len(v) > 2048 {
+		return invalid("relayUrl is not an http(s) URL")
+	}
+	return nil
+}
+
+func checkTime(field string, v int64) error {
+	if v <= 0 || v > 1<<53 {
+		return invalid("%s is not a positive millisecond time", field)
+	}
+	return nil
+}
+
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// Digest returns the hex SHA-256 of b (envelope digests, request digests).
+func Digest(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// checkCompactObject refuses raw JSON that is not a compact object.
+func checkCompactObject(field string, raw json.RawMessage) error {
+	if len(raw) == 0 || raw[0] != '{' || !json.Valid(raw) {
+		return invalid("%s is not a JSON object", field)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil || !bytes.Equal(buf.Bytes(), raw) {
+		return invalid("%s is not compact JSON", field)
+	}
+	return nil
+}
+
+func (r *Outbox) Validate() error {
+	if err := firstErr(checkUUID("envelopeId", r.EnvelopeID), checkUUID("messageId", r.MessageID),
+		checkUUID("batchId", r.BatchID), checkRelayURL(r.RelayURL), checkDID("peerOwnerDid", r.PeerOwnerDID),
+		checkTime("deliveryDeadline", r.DeliveryDeadline), checkTime("retainUntil", r.RetainUntil),
+		checkDigest("envelopeDigest", r.EnvelopeDigest), checkCompactObject("envelope", r.Envelope)); err != nil {
+		return err
+	}
+	if r.EnvelopeKind != EnvelopeMessage && r.EnvelopeKind != EnvelopeDeliveryStatus {
+		return invalid("kind %q is not message or delivery-status", r.EnvelopeKind)
+	}
+	if r.State != StatePending && r.State != StateRelayed && r.State != StateClosed {
+		return invalid("state %q is not pending, relayed or closed", r.State)
+	}
+	if r.Ordinal < 0 || r.Attempts < 0 || r.NextAttemptAt < 0 {
+		return invalid("ordinal, attempts and nextAttemptAt must not be negative")
+	}
+	if Digest(r.Envelope) != r.EnvelopeDigest {
+		return invalid("envelopeDigest does not match the envelope bytes")
+	}
+	if r.Lease != nil && (r.Lease.Holder == "" || len(r.Lease.Holder) > 256 || r.Lease.Until <= 0) {
+		return invalid("lease needs a holder and a time")
+	}
+	if len(r.LastError) > 1024 {
+		return invalid("lastError is too long")
+	}
+	return nil
+}
+
+func (r *Batch) Validate() error {
+	if err := firstErr(checkUUID("batchId", r.BatchID), checkUUID("messageId", r.MessageID),
+		checkRelayURL(r.RelayURL), checkDID("peerOwnerDid", r.PeerOwnerDID),
+		checkTime("deliveryDeadline", r.DeliveryDeadline), checkTime("createdAt", r.CreatedAt),
+		checkTime("retainUntil", r.RetainUntil)); err != nil {
+		return err
+	}
+	if len(r.EnvelopeIDs) == 0 || len(r.EnvelopeIDs) > MaxBatchMembers {
+		return invalid("envelopeIds must list 1..%d members", MaxBatchMembers)
+	}
+	seen := map[string]bool{}
+	for _, id := range r.EnvelopeIDs {
+		if err := checkUUID("envelopeIds", id); err != nil {
+			return err
+		}
+		if seen[id] {
+			return invalid("envelopeIds lists %s twice", id)
+		}
+		seen[id] = true
+	}
+	return nil
+}
+
+// MaxBatchMembers bounds the envelopes of one batch.
+const MaxBatchMembers = 64
+
+var messageStatusRank = map[string]int{StatusQueued: 0, StatusRelayed: 1, StatusDelivered: 2, StatusClosed: 2}
+
+func (r *Message) Validate() error {
+	if err := firstErr(checkUUID("messageId", r.MessageID), checkRelayURL(r.RelayURL),
+		checkDID("peerOwnerDid", r.PeerOwnerDID), checkDigest("envelopeDigest", r.EnvelopeDigest),
+		checkTime("deliveryDeadline", r.DeliveryDeadline), checkTime("createdAt", r.CreatedAt),
+		checkTime("updatedAt", r.UpdatedAt), checkTime("retainUntil", r.RetainUntil)); err != nil {
+		return err
+	}
+	if _, ok := messageStatusRank[r.Status]; !ok {
+		return invalid("status %q is unknown", r.Status)
+	}
+	switch {
+	case r.Status == StatusClosed && r.ClosedBy != ClosedByDeadline && r.ClosedBy != ClosedByRefused && r.ClosedBy != ClosedByExpired:
+		return invalid("closed message needs closedBy deadline, refused or expired")
+	case r.Status != StatusClosed && r.ClosedBy != "":
+		return invalid("closedBy is only for closed messages")
+	case r.Attempts < 0:
+		return invalid("attempts must not be negative")
+	case len(r.LastError) > 1024:
+		return invalid("lastError is too long")
+	}
+	return nil
+}
+
+var receiptRank = map[string]int{ReceiptPersisted: 0, ReceiptProcessed: 1, ReceiptTerminal: 2}
+
+func (r *Receipt) Validate() error {
+	if err := firstErr(checkUUID("envelopeId", r.EnvelopeID), checkDID("senderDid", r.SenderDID),
+		checkDigest("envelopeDigest", r.EnvelopeDigest), checkTime("receivedAt", r.ReceivedAt),
+		checkTime("retainUntil", r.RetainUntil)); err != nil {
+		return err
+	}
+	if _, ok := receiptRank[r.State]; !ok {
+		return invalid("state %q is not persisted, processed or terminal", r.State)
+	}
+	if len(r.OutcomeCode) > 64 {
+		return invalid("outcomeCode is too long")
+	}
+	return nil
+}
+
+func (r *Observation) Validate() error {
+	if err := firstErr(checkUUID("messageId", r.MessageID), checkDID("senderDid", r.SenderDID),
+		checkDigest("envelopeDigest", r.EnvelopeDigest), checkTime("createdAt", r.CreatedAt),
+		checkTime("deliveryDeadline", r.DeliveryDeadline), checkTime("retainUntil", r.RetainUntil)); err != nil {
+		return err
+	}
+	if r.Facts == nil || r.Published == nil {
+		return invalid("facts and published must be lists")
+	}
+	for _, f := range r.Facts {
+		if err := checkCompactObject("facts", f); err != nil {
+			return err
+		}
+	}
+	for _, p := range r.Published {
+		if err := checkUUID("published", p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Operation) Validate() error {
+	if err := firstErr(checkUUID("operationId", r.OperationID), checkDigest("requestDigest", r.RequestDigest),
+		checkTime("createdAt", r.CreatedAt), checkTime("leaseUntil", r.LeaseUntil),
+		checkTime("retainUntil", r.RetainUntil)); err != nil {
+		return err
+	}
+	switch r.State {
+	case OperationInFlight:
+		if len(r.Response) != 0 {
+			return invalid("an in-flight operation has no response")
+		}
+	case OperationDone:
+		if err := checkCompactObject("response", r.Response); err != nil {
+			return err
+		}
+	default:
+		return invalid("state %q is not in-flight or done", r.State)
+	}
+	return nil
+}
+
+func (r *Binding) Validate() error {
+	if !isHex(r.KeyHash, 64) {
+		return invalid("keyHash is not 64 lower-case hex digits")
+	}
+	return firstErr(checkUUID("operationId", r.OperationID), checkDigest("requestDigest", r.RequestDigest),
+		checkTime("createdAt", r.CreatedAt), checkTime("retainUntil", r.RetainUntil))
+}
+
+// checkReplacement enforces the write invariants of DESIGN §4 when next replaces prev
+// (prev may be nil). It returns a coded error.
+func checkReplacement(prev, next Record) error {
+	switch n := next.(type) {
+	case *Outbox:
+		if p, ok := prev.(*Outbox); ok {
+			if p.EnvelopeDigest != n.EnvelopeDigest || !bytes.Equal(p.Envelope, n.Envelope) ||
+				p.MessageID != n.MessageID || p.BatchID != n.BatchID || p.Ordinal != n.Ordinal ||
+				p.EnvelopeKind != n.EnvelopeKind || p.PeerOwnerDID != n.PeerOwnerDID || p.RelayURL != n.RelayURL {
+				return conflict(n, "outbox envelope, digest and routing never change")
+			}
+			if p.State != StatePending && n.State != p.State {
+				return statusErr(n, "outbox state %s is final", p.State)
+			}
+		}
+	case *Batch:
+		if p, ok := prev.(*Batch); ok && !batchEqual(p, n) {
+			return conflict(n, "a batch marker never changes")
+		}
+	case *Message:
+		if p, ok := prev.(*Message); ok {
+			if p.PeerOwnerDID != n.PeerOwnerDID || p.RelayURL != n.RelayURL || p.EnvelopeDigest != n.EnvelopeDigest ||
+				p.CreatedAt != n.CreatedAt || p.DeliveryDeadline != n.DeliveryDeadline {
+				return conflict(n, "message routing fields never change")
+			}
+			if err := checkMessageTransition(p, n); err != nil {
+				return err
+			}
+		}
+	case *Receipt:
+		if p, ok := prev.(*Receipt); ok {
+			if p.EnvelopeID != n.EnvelopeID || p.SenderDID != n.SenderDID || p.EnvelopeDigest != n.EnvelopeDigest || p.ReceivedAt != n.ReceivedAt {
+				return conflict(n, "a receipt's envelope identity never changes")
+			}
+			if receiptRank[n.State] < receiptRank[p.State] {
+				return statusErr(n, "receipt state cannot go from %s back to %s", p.State, n.State)
+			}
+		}
+	case *Observation:
+		if p, ok := prev.(*Observation); ok {
+			if p.SenderDID != n.SenderDID || p.EnvelopeDigest != n.EnvelopeDigest || p.CreatedAt != n.CreatedAt ||
+				p.DeliveryDeadline != n.DeliveryDeadline || p.RetainUntil != n.RetainUntil {
+				return conflict(n, "an observation's fixed fields never change")
+			}
+			if len(n.Facts) < len(p.Facts) || len(n.Published) < len(p.Published) ||
+				!slices.EqualFunc(p.Facts, n.Facts[:len(p.Facts)], func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) ||
+				!slices.Equal(p.Published, n.Published[:len(p.Published)]) {
+				return conflict(n, "an observation's facts and published lists only grow")
+			}
+		}
+	case *Operation:
+		if p, ok := prev.(*Operation); ok {
+			if p.RequestDigest != n.RequestDigest || p.CreatedAt != n.CreatedAt {
+				return conflict(n, "an operation's request never changes")
+			}
+			if p.State == OperationDone && (n.State != OperationDone || !bytes.Equal(p.Response, n.Response)) {
+				return conflict(n, "a finished operation's response never changes")
+			}
+		}
+	case *Binding:
+		if p, ok := prev.(*Binding); ok && (p.OperationID != n.OperationID || p.RequestDigest != n.RequestDigest) {
+			return conflict(n, "an idempotency binding never changes")
+		}
+	}
+	return nil
+}
+
+// checkMessageTransition allows only forward moves: queued → relayed → delivered, and
+// queued|relayed → closed. A backward move is INVALID_DELIVERY_STATUS; a second,
+// different terminal outcome (delivered vs closed, or another closer) is
+// DELIVERY_STATUS_CONFLICT.
+func checkMessageTransition(p, n *Message) error {
+	switch {
+	case p.Status == n.Status && (p.Status != StatusClosed || p.ClosedBy == n.ClosedBy):
+		return nil
+	case messageStatusRank[n.Status] < messageStatusRank[p.Status]:
+		return statusErr(n, "message status cannot go from %s back to %s", p.Status, n.Status)
+	case p.Status == StatusDelivered || p.Status == StatusClosed:
+		// Two different terminal outcomes.
+		return statusConflict(n, "message is already %s", p.Status)
+	}
+	return nil
+}
+
+// memberOf reports whether o is a consistent i-th member of batch b: same batch,
+// message, peer, relay and deadline, and ordinal i.
+func memberOf(b *Batch, i int, o *Outbox) bool {
+	return o != nil && o.BatchID == b.BatchID && o.MessageID == b.MessageID && o.PeerOwnerDID == b.PeerOwnerDID &&
+		o.RelayURL == b.RelayURL && o.DeliveryDeadline == b.DeliveryDeadline && o.Ordinal == i
+}
+
+func batchEqual(a, b *Batch) bool {
+	return a.BatchID == b.BatchID && a.MessageID == b.MessageID && slices.Equal(a.EnvelopeIDs, b.EnvelopeIDs) &&
+		a.PeerOwnerDID == b.PeerOwnerDID && a.RelayURL == b.RelayURL && a.DeliveryDeadline == b.DeliveryDeadline &&
+		a.CreatedAt == b.CreatedAt && a.RetainUntil == b.RetainUntil
+}

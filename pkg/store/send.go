@@ -1,0 +1,245 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+)
+
+// OutgoingEnvelope is one signed wire envelope of a message to send.
+type OutgoingEnvelope struct {
+	EnvelopeID string          // lower-case UUID
+	Kind       string          // EnvelopeMessage or EnvelopeDeliveryStatus
+	Envelope   json.RawMessage // the signed envelope, compact JSON, exact bytes
+}
+
+// SendRequest is a message accepted for delivery: its 1..N envelopes go to one peer
+// through one relay before one deadline.
+type SendRequest struct {
+	MessageID        string
+	PeerOwnerDID     identity.DID
+	RelayURL         string
+	DeliveryDeadline time.Time
+	Envelopes        []OutgoingEnvelope
+}
+
+// Enqueue accepts a message: in one transaction it checks capacity under the lock,
+// then durably writes the outbox members, the message record and — last — the batch
+// marker that makes the members dispatchable. When it returns nil the message is
+// accepted: it will be delivered or explicitly expired. Enqueueing the same message
+// again (same id and envelopes) returns the stored message without writing.
+func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*Message, error) {
+	if err := s.checkSendRequest(req); err != nil {
+		return nil, err
+	}
+	// Bring the outbox index up to date outside the lock, so the capacity check under
+	// the lock usually finds it current. Losing this race only costs that check a
+	// reconciliation; a cancelled ctx stops here.
+	if err := s.prepareIndex(ctx, KindOutbox); err != nil && ctx.Err() != nil {
+		return nil, err
+	}
+	var out *Message
+	err := s.Transaction(ctx, func(tx *Tx) error {
+		m, err := s.enqueueLocked(tx, req)
+		out = m
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (s *Store) checkSendRequest(req SendRequest) error {
+	bad := func(format string, args ...any) error {
+		return errcode.New(errcode.OutboxStoreInvalid, "message "+req.MessageID, fmt.Errorf(format, args...))
+	}
+	switch {
+	case !IsUUID(req.MessageID):
+		return bad("message id is not a lower-case UUID")
+	case len(req.Envelopes) == 0 || len(req.Envelopes) > MaxBatchMembers:
+		return bad("a message has 1..%d envelopes", MaxBatchMembers)
+	case req.DeliveryDeadline.UnixMilli() <= s.nowMs():
+		return errcode.New(errcode.OutboxDeadlineExpired, "message "+req.MessageID, nil)
+	}
+	for _, e := range req.Envelopes {
+		if int64(len(e.Envelope)) > s.limits.WireBytes {
+			return errcode.New(errcode.OutboxFull, "envelope "+e.EnvelopeID, errors.New("envelope exceeds the wire size limit"))
+		}
+	}
+	return nil
+}
+
+func (s *Store) enqueueLocked(tx *Tx, req SendRequest) (*Message, error) {
+	now := s.nowMs()
+	deadline := req.DeliveryDeadline.UnixMilli()
+	retain := deadline + s.retain.Milliseconds()
+	batchID := uuid.NewString()
+	members := make([]Record, len(req.Envelopes))
+	var newBytes int64
+	for i, e := range req.Envelopes {
+		members[i] = &Outbox{EnvelopeID: e.EnvelopeID, MessageID: req.MessageID, BatchID: batchID,
+			EnvelopeKind: e.Kind, State: StatePending, Ordinal: i, RelayURL: req.RelayURL,
+			PeerOwnerDID: string(req.PeerOwnerDID), DeliveryDeadline: deadline, NextAttemptAt: now,
+			Envelope: e.Envelope, EnvelopeDigest: Digest(e.Envelope), RetainUntil: retain}
+		newBytes += int64(len(e.Envelope))
+	}
+	msg := &Message{MessageID: req.MessageID, Status: StatusQueued, PeerOwnerDID: string(req.PeerOwnerDID),
+		RelayURL: req.RelayURL, EnvelopeDigest: Digest(req.Envelopes[0].Envelope), DeliveryDeadline: deadline,
+		CreatedAt: now, UpdatedAt: now, RetainUntil: retain}
+	if prev, err := TxGet[*Message](tx, req.MessageID); err != nil {
+		return nil, err
+	} else if prev != nil {
+		if prev.EnvelopeDigest != msg.EnvelopeDigest {
+			return nil, conflict(msg, "message id already used for another message")
+		}
+		return prev, nil
+	}
+	// Capacity, under the lock, from the outbox index (kept current by our writes).
+	sums, err := s.OutboxSummaries(tx.ctx)
+	if err != nil {
+		return nil, err
+	}
+	pending, total := 0, newBytes
+	for _, e := range sums {
+		if e.State == StatePending {
+			pending++
+		}
+		total += e.Bytes
+	}
+	msgIDs, err := tx.List(KindMessages)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case pending+len(members) > s.limits.PendingEnvelopes:
+		return nil, errcode.New(errcode.OutboxFull, "outbox", fmt.Errorf("%d pending envelopes", pending))
+	case total > s.limits.EnvelopeBytes:
+		return nil, errcode.New(errcode.OutboxFull, "outbox", errors.New("envelope bytes limit reached"))
+	case len(msgIDs) >= s.limits.Messages:
+		return nil, errcode.New(errcode.OutboxFull, "messages", fmt.Errorf("%d messages", len(msgIDs)))
+	}
+	for _, m := range members {
+		if prev, err := tx.get(KindOutbox, m.RecordID()); err != nil {
+			return nil, err
+		} else if prev != nil {
+			return nil, conflict(m, "envelope id already in the outbox")
+		}
+	}
+	batch := &Batch{BatchID: batchID, MessageID: req.MessageID, PeerOwnerDID: string(req.PeerOwnerDID),
+		RelayURL: req.RelayURL, DeliveryDeadline: deadline, CreatedAt: now, RetainUntil: retain}
+	for _, e := range req.Envelopes {
+		batch.EnvelopeIDs = append(batch.EnvelopeIDs, e.EnvelopeID)
+	}
+	if err := batch.Validate(); err != nil {
+		return nil, invalidAt(where(batch), err)
+	}
+	// Members and message first (one fsync per directory), then the marker.
+	if err := tx.PutAll(append(members, msg)...); err != nil {
+		return nil, err
+	}
+	if err := tx.Put(batch); err != nil {
+		return nil, err
+	}
+	return msg, nil
+}
+
+// Committed returns the members of batch id if its marker exists and every member it
+// lists is present and consistent (same message, peer, relay and deadline, ordinals
+// 0..n-1 in order); (nil, nil) if the marker is absent; OUTBOX_STORE_INVALID if the
+// batch is broken.
+func (tx *Tx) Committed(batchID string) ([]*Outbox, error) {
+	return committed(batchID, tx.get)
+}
+
+// Committed is Tx.Committed outside a transaction.
+func (s *Store) Committed(batchID string) ([]*Outbox, error) {
+	return committed(batchID, s.read)
+}
+
+func committed(batchID string, get func(Kind, string) (Record, error)) ([]*Outbox, error) {
+	r, err := get(KindBatches, batchID)
+	if err != nil || r == nil {
+		return nil, err
+	}
+	b := r.(*Batch)
+	members := make([]*Outbox, 0, len(b.EnvelopeIDs))
+	for i, id := range b.EnvelopeIDs {
+		r, err := get(KindOutbox, id)
+		if err != nil {
+			return nil, err
+		}
+		o, _ := r.(*Outbox)
+		if !memberOf(b, i, o) {
+			return nil, invalidAt("batches/"+batchID, fmt.Errorf("member %d is missing or inconsistent", i))
+		}
+		members = append(members, cloneRecord(o).(*Outbox))
+	}
+	return members, nil
+}
+
+// Message returns the status of a sent message, or nil if there is none. A queued
+// message whose batch marker is missing was never accepted and is reported as absent.
+func (s *Store) Message(id string) (*Message, error) {
+	m, err := GetAs[*Message](s, id)
+	if err != nil || m == nil {
+		return nil, err
+	}
+	if m.Status == StatusQueued {
+		ok, err := s.messageCommitted(context.Background(), id)
+		if err != nil || !ok {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (s *Store) messageCommitted(ctx context.Context, id string) (bool, error) {
+	batch, err := s.batchOf(ctx, id)
+	if err != nil || batch == "" {
+		return false, err
+	}
+	mem, err := s.Committed(batch)
+	return len(mem) > 0, err
+}
+
+// batchOf returns the batch id of message id's outbox members, or "".
+func (s *Store) batchOf(ctx context.Context, messageID string) (string, error) {
+	if err := s.prepareIndex(ctx, KindOutbox); err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.indexes[KindOutbox].outbox {
+		if e.MessageID == messageID {
+			return e.BatchID, nil
+		}
+	}
+	return "", nil
+}
+
+// Pending returns the dispatchable envelopes of a message: pending members of a
+// committed batch, in ordinal order.
+func (s *Store) Pending(ctx context.Context, messageID string) ([]*Outbox, error) {
+	batch, err := s.batchOf(ctx, messageID)
+	if err != nil || batch == "" {
+		return nil, err
+	}
+	members, err := s.Committed(batch)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Outbox
+	for _, m := range members {
+		if m.State == StatePending {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}

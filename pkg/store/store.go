@@ -1,0 +1,552 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/internal/lockfile"
+	"github.com/sealbridge/sealbridge/internal/lru"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+)
+
+// Limits are the capacity limits of DESIGN §4, enforced under the lock.
+type Limits struct {
+	RecordBytes       int64 // one record file (default 256 KiB)
+	OperationBytes    int64 // one operations record (default 64 KiB)
+	WireBytes         int64 // one wire envelope (default 128 KiB)
+	PendingEnvelopes  int   // pending outbox records (default 10,000)
+	EnvelopeBytes     int64 // all outbox envelopes (default 256 MiB)
+	Messages          int   // message records (default 100,000)
+	Receipts          int   // receipt records (default 100,000)
+	Operations        int   // operation records (default 10,000)
+	CachedResultBytes int64 // operation responses (default 64 MiB)
+}
+
+// DefaultLimits returns the limits of DESIGN §4.
+func DefaultLimits() Limits {
+	return Limits{
+		RecordBytes: 256 << 10, OperationBytes: 64 << 10, WireBytes: 128 << 10,
+		PendingEnvelopes: 10_000, EnvelopeBytes: 256 << 20, Messages: 100_000,
+		Receipts: 100_000, Operations: 10_000, CachedResultBytes: 64 << 20,
+	}
+}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	pick := func(v, def int64) int64 {
+		if v > 0 {
+			return v
+		}
+		return def
+	}
+	pickInt := func(v, def int) int {
+		if v > 0 {
+			return v
+		}
+		return def
+	}
+	return Limits{
+		RecordBytes: pick(l.RecordBytes, d.RecordBytes), OperationBytes: pick(l.OperationBytes, d.OperationBytes),
+		WireBytes: pick(l.WireBytes, d.WireBytes), PendingEnvelopes: pickInt(l.PendingEnvelopes, d.PendingEnvelopes),
+		EnvelopeBytes: pick(l.EnvelopeBytes, d.EnvelopeBytes), Messages: pickInt(l.Messages, d.Messages),
+		Receipts: pickInt(l.Receipts, d.Receipts), Operations: pickInt(l.Operations, d.Operations),
+		CachedResultBytes: pick(l.CachedResultBytes, d.CachedResultBytes),
+	}
+}
+
+// MaxBytes returns the file size limit of kind k.
+func (l Limits) MaxBytes(k Kind) int64 {
+	if k == KindOperations {
+		return l.OperationBytes
+	}
+	return l.RecordBytes
+}
+
+// Options configure a Store. The zero value is usable.
+type Options struct {
+	// Home is the data root; empty means DataRoot("") (DESIGN §4 resolution order).
+	Home string
+	// Dir, if set, is the store directory itself (overrides Home).
+	Dir    string
+	Limits Limits
+	// CacheEntries and CacheBytes bound the verified-record LRU (defaults 256 and
+	// 4 MiB); a negative CacheEntries disables it.
+	CacheEntries int
+	CacheBytes   int64
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// LockWait and LockStale are the lock's bounds (defaults 2 s and 30 s).
+	LockWait, LockStale time.Duration
+	// Retention is how long settled records are kept (default 7 days).
+	Retention time.Duration
+	// WrapFS, if set, wraps the store's file system (fault injection in tests).
+	WrapFS func(fsx.FS) fsx.FS
+}
+
+// TimestampGranularity is the window within which a file-system timestamp is
+// considered "racy" (git's rule): a stamp or fingerprint taken less than this after the
+// time it records may be followed by a change with the very same timestamp.
+const TimestampGranularity = 20 * time.Millisecond
+
+// Store is one identity's outbox store. It is safe for concurrent use by many
+// goroutines and, through the lock file, by many processes.
+type Store struct {
+	owner    identity.DID
+	ownerKey identity.PublicKey
+	signer   crypto.Signer
+	dataRoot string // "" when opened with Options.Dir
+	dir      string
+	fs       fsx.FS
+	limits   Limits
+	now      func() time.Time
+	lockOpts lockfile.Options
+	retain   time.Duration
+
+	txSem    chan struct{}  // one lock holder per process at a time
+	heldLock *lockfile.Lock // the lock while held (guarded by txSem)
+
+	mu       sync.Mutex // guards the fields below
+	listings map[Kind]*listing
+	indexes  map[Kind]*index
+	cache    *lru.Cache[string, *cached]
+}
+
+// DataRoot resolves the data root: home if set, else $SEALBRIDGE_HOME, else
+// $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge.
+func DataRoot(home string) (string, error) {
+	switch {
+	case home != "":
+	case os.Getenv("SEALBRIDGE_HOME") != "":
+		home = os.Getenv("SEALBRIDGE_HOME")
+	case os.Getenv("XDG_STATE_HOME") != "":
+		home = filepath.Join(os.Getenv("XDG_STATE_HOME"), "sealbridge")
+	default:
+		h, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("no data root: set --home or SEALBRIDGE_HOME: %w", err)
+		}
+		home = filepath.Join(h, ".local", "state", "sealbridge")
+	}
+	return filepath.Abs(home)
+}
+
+// StoreDirName returns the store directory of did relative to the data root:
+// "delivery/<hex sha256(did)>".
+func StoreDirName(did identity.DID) string {
+	sum := sha256.Sum256([]byte(did))
+	return "delivery/" + hex.EncodeToString(sum[:])
+}
+
+// Open returns the store of the identity whose key signer holds. It has no side
+// effects on disk: directories are created by the first write.
+func Open(signer crypto.Signer, opts Options) (*Store, error) {
+	pub, ok := signer.Public().(ed25519.PublicKey)
+	if !ok {
+		return nil, errcode.New(errcode.OutboxStoreInvalid, "owner", errors.New("signer does not hold an Ed25519 key"))
+	}
+	owner := identity.FormatDID(pub)
+	key, err := identity.ParseDID(string(owner))
+	if err != nil {
+		return nil, errcode.New(errcode.OutboxStoreInvalid, "owner", err)
+	}
+	s := &Store{owner: owner, ownerKey: key, signer: signer, limits: opts.Limits.withDefaults(),
+		now: opts.Now, retain: opts.Retention, listings: map[Kind]*listing{}, indexes: map[Kind]*index{},
+		txSem: make(chan struct{}, 1)}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.retain <= 0 {
+		s.retain = 7 * 24 * time.Hour
+	}
+	if opts.Dir != "" {
+		s.dir, err = filepath.Abs(opts.Dir)
+	} else {
+		s.dataRoot, err = DataRoot(opts.Home)
+		s.dir = filepath.Join(s.dataRoot, filepath.FromSlash(StoreDirName(owner)))
+	}
+	if err != nil {
+		return nil, errcode.New(errcode.OutboxStoreUnwritable, "data root", err)
+	}
+	var fsys fsx.FS = fsx.NewOS(s.dir)
+	if opts.WrapFS != nil {
+		fsys = opts.WrapFS(fsys)
+	}
+	s.fs = fsys
+	entries, bytesMax := opts.CacheEntries, opts.CacheBytes
+	if entries == 0 {
+		entries = 256
+	}
+	if bytesMax <= 0 {
+		bytesMax = 4 << 20
+	}
+	s.cache = lru.New[string, *cached](entries, bytesMax)
+	s.lockOpts = lockfile.Options{Wait: opts.LockWait, Stale: opts.LockStale, Now: s.now}
+	return s, nil
+}
+
+// Owner returns the DID of the store's owner.
+func (s *Store) Owner() identity.DID { return s.owner }
+
+// Dir returns the store directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Limits returns the store's capacity limits.
+func (s *Store) Limits() Limits { return s.limits }
+
+func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
+
+// ensureStoreDir creates the private directory chain down to the store directory.
+func (s *Store) ensureStoreDir() error {
+	if _, err := s.fs.Lstat("."); err == nil {
+		return nil
+	}
+	base := s.dataRoot
+	rel := ""
+	if base == "" {
+		base, rel = filepath.Dir(s.dir), filepath.Base(s.dir)
+	} else {
+		rel = StoreDirName(s.owner)
+	}
+	if err := ensureDataRoot(base); err != nil {
+		return err
+	}
+	rootFS := fsx.NewOS(base)
+	parts := strings.Split(rel, "/")
+	for i := range parts {
+		if _, err := fsx.MkdirPrivate(rootFS, strings.Join(parts[:i+1], "/")); err != nil {
+			return unwritable(base, err)
+		}
+	}
+	return nil
+}
+
+// ensureDataRoot creates the data root (0700, with any missing parents) or checks an
+// existing one: a real directory (not a symlink), owned by us, not writable by group
+// or others. Everything beneath it that the store creates is 0700.
+func ensureDataRoot(base string) error {
+	if err := os.MkdirAll(filepath.Dir(base), 0o700); err != nil {
+		return unwritable(base, err)
+	}
+	parent := fsx.NewOS(filepath.Dir(base))
+	name := filepath.Base(base)
+	info, err := parent.Lstat(name)
+	if fsx.IsNotExist(err) {
+		_, err = fsx.MkdirPrivate(parent, name)
+		if err != nil {
+			return unwritable(base, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return unwritable(base, err)
+	}
+	switch {
+	case !info.IsDir():
+		return invalidAt(base, errors.New("data root is not a directory (symlinks are not followed)"))
+	case int(info.Uid) != os.Geteuid():
+		return invalidAt(base, errors.New("data root is owned by another user"))
+	case info.Perm()&0o022 != 0:
+		return invalidAt(base, errors.New("data root is writable by group or others"))
+	}
+	return nil
+}
+
+// ensureKindDir creates the kind's directory (0700, parent fsynced) if needed.
+func (s *Store) ensureKindDir(k Kind) error {
+	if _, err := fsx.MkdirPrivate(s.fs, string(k)); err != nil {
+		return unwritable(string(k), err)
+	}
+	return nil
+}
+
+// cached is one verified record in the LRU.
+type cached struct {
+	fp   fsx.Fingerprint
+	data []byte
+	rec  Record
+	racy bool // cached within TimestampGranularity of the file's ctime
+}
+
+func (s *Store) isRacy(tsNs int64) bool {
+	return s.now().UnixNano()-tsNs < int64(TimestampGranularity)
+}
+
+func (s *Store) remember(path string, data []byte, fp fsx.Fingerprint, rec Record) {
+	s.cache.Add(path, &cached{fp: fp, data: data, rec: rec, racy: s.isRacy(fp.CtimeNs)}, int64(len(data)))
+}
+
+// read returns the verified record at kind/id, or nil if absent. Any failure evicts
+// the cache entry and returns OUTBOX_STORE_INVALID (or UNWRITABLE for I/O errors
+// other than a refused file).
+func (s *Store) read(k Kind, id string) (Record, error) {
+	if err := checkKindID(k, id); err != nil {
+		return nil, invalidAt(string(k)+"/"+id, err)
+	}
+	path := recordPath(k, id)
+	info, err := s.fs.Lstat(path)
+	if err != nil {
+		s.cache.Remove(path)
+		if fsx.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, invalidAt(path, err)
+	}
+	if err := fsx.CheckPrivateFile(path, info); err != nil {
+		s.cache.Remove(path)
+		return nil, invalidAt(path, err)
+	}
+	fp := info.Fingerprint()
+	if c, ok := s.cache.Get(path); ok && c.fp == fp {
+		if !c.racy {
+			return c.rec, nil
+		}
+		// A racy entry: the inode may have been rewritten within the same tick.
+		// Compare the bytes instead of trusting the fingerprint alone.
+		data, rinfo, err := fsx.ReadFile(s.fs, path, s.limits.MaxBytes(k))
+		if err == nil && rinfo.Fingerprint() == fp && bytes.Equal(data, c.data) {
+			if !s.isRacy(fp.CtimeNs) {
+				s.cache.Add(path, &cached{fp: fp, data: c.data, rec: c.rec}, int64(len(c.data)))
+			}
+			return c.rec, nil
+		}
+	}
+	s.cache.Remove(path)
+	data, rinfo, err := fsx.ReadFile(s.fs, path, s.limits.MaxBytes(k))
+	if err != nil {
+		if fsx.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, invalidAt(path, err)
+	}
+	if err := fsx.CheckPrivateFile(path, rinfo); err != nil {
+		return nil, invalidAt(path, err)
+	}
+	rec, err := ParseRecord(k, id, data, s.owner, s.ownerKey)
+	if err != nil {
+		return nil, invalidAt(path, err)
+	}
+	// Cache only if the path still names the file we read, unchanged.
+	if after, err := s.fs.Lstat(path); err == nil && after.Fingerprint() == rinfo.Fingerprint() {
+		s.remember(path, data, rinfo.Fingerprint(), rec)
+	}
+	return rec, nil
+}
+
+// Get returns a copy of the verified record kind/id, or (nil, nil) if it is absent.
+func (s *Store) Get(k Kind, id string) (Record, error) {
+	r, err := s.read(k, id)
+	if r == nil || err != nil {
+		return nil, err
+	}
+	return cloneRecord(r), nil
+}
+
+// GetAs returns a copy of the record kind/id as its concrete type T, or the zero T
+// (a nil pointer) if absent.
+func GetAs[T Record](s *Store, id string) (T, error) {
+	var zero T
+	r, err := s.Get(zero.Kind(), id)
+	if r == nil || err != nil {
+		return zero, err
+	}
+	t, ok := r.(T)
+	if !ok {
+		return zero, invalidAt(id, errors.New("record has an unexpected type"))
+	}
+	return t, nil
+}
+
+// Stamp is a kind's listing stamp: its directory's dev, ino, mtime and ctime, and the
+// size of the generation file (DESIGN §6).
+type Stamp struct {
+	Dir    fsx.DirStamp
+	Absent bool
+	Gen    int64
+}
+
+// generationName is the generation file, grown by one byte at every publication.
+const generationName = ".generation"
+
+func (s *Store) generation() (int64, error) {
+	info, err := s.fs.Lstat(generationName)
+	if fsx.IsNotExist(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, invalidAt(generationName, err)
+	}
+	if err := fsx.CheckPrivateFile(generationName, info); err != nil {
+		return 0, invalidAt(generationName, err)
+	}
+	return info.Size, nil
+}
+
+// ListingStamp returns the current stamp of kind k.
+func (s *Store) ListingStamp(k Kind) (Stamp, error) {
+	gen, err := s.generation()
+	if err != nil {
+		return Stamp{}, err
+	}
+	info, err := s.fs.Lstat(string(k))
+	if fsx.IsNotExist(err) {
+		return Stamp{Absent: true, Gen: gen}, nil
+	}
+	if err != nil {
+		return Stamp{}, invalidAt(string(k), err)
+	}
+	if err := fsx.CheckPrivateDir(string(k), info); err != nil {
+		return Stamp{}, invalidAt(string(k), err)
+	}
+	return Stamp{Dir: info.DirStamp(), Gen: gen}, nil
+}
+
+// listing is a cached sorted id list of one kind.
+type listing struct {
+	stamp Stamp
+	racy  bool
+	ids   []string
+}
+
+// List returns the sorted ids of kind k. Staged temps are skipped; any other name
+// that is not "<valid id>.json" makes the listing fail with OUTBOX_STORE_INVALID (run
+// sealbridge-fsck). A cached listing is reused while the stamp is unchanged and was not
+// racy when taken.
+func (s *Store) List(k Kind) ([]string, error) {
+	ids, _, err := s.list(k)
+	return slices.Clone(ids), err
+}
+
+// list returns the (shared, read-only) ids and the stamp they belong to.
+func (s *Store) list(k Kind) ([]string, Stamp, error) {
+	if !k.Valid() {
+		return nil, Stamp{}, invalidAt(string(k), errors.New("unknown kind"))
+	}
+	st, err := s.ListingStamp(k)
+	if err != nil {
+		return nil, st, err
+	}
+	s.mu.Lock()
+	c := s.listings[k] // listing values are immutable once stored
+	s.mu.Unlock()
+	if c != nil && c.stamp == st && !c.racy {
+		return c.ids, st, nil
+	}
+	if st.Absent {
+		return nil, st, nil
+	}
+	ids, err := s.readDirIDs(k)
+	if err != nil {
+		return nil, st, err
+	}
+	s.mu.Lock()
+	s.listings[k] = &listing{stamp: st, racy: s.isRacy(st.Dir.MtimeNs) || s.isRacy(st.Dir.CtimeNs), ids: ids}
+	s.mu.Unlock()
+	return ids, st, nil
+}
+
+func (s *Store) readDirIDs(k Kind) ([]string, error) {
+	ents, err := s.fs.ReadDir(string(k))
+	if err != nil {
+		if fsx.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, invalidAt(string(k), err)
+	}
+	ids := make([]string, 0, len(ents))
+	for _, e := range ents {
+		if fsx.IsTempName(e.Name) {
+			continue
+		}
+		id, ok := strings.CutSuffix(e.Name, ".json")
+		if !ok || !ValidID(k, id) {
+			return nil, invalidAt(string(k)+"/"+e.Name, errors.New("unknown file in a record directory"))
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// adoptPublication updates this process's listings and indexes after it published
+// (rec != nil) or removed (rec == nil) kind/id under the lock. The generation moved
+// from oldGen to newGen and only k's directory changed, so k's cached list and index
+// are patched and move to k's new stamp, and every other kind's cached stamp takes
+// the new generation. Anything that was not current before is dropped.
+func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerprint, before Stamp, oldGen, newGen int64) {
+	after, err := s.ListingStamp(k)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for kind, c := range s.listings {
+		if kind != k && c.stamp.Gen == oldGen {
+			st := c.stamp
+			st.Gen = newGen
+			s.listings[kind] = &listing{stamp: st, racy: c.racy, ids: c.ids}
+		}
+	}
+	for kind, ix := range s.indexes {
+		if kind != k && ix.stamp.Gen == oldGen {
+			ix.stamp.Gen = newGen
+		}
+	}
+	if c := s.listings[k]; c != nil {
+		delete(s.listings, k)
+		if err == nil && c.stamp == before {
+			ids := c.ids
+			i, found := slices.BinarySearch(ids, id)
+			switch {
+			case rec != nil && !found:
+				ids = slices.Insert(slices.Clone(ids), i, id)
+			case rec == nil && found:
+				ids = slices.Delete(slices.Clone(ids), i, i+1)
+			}
+			s.listings[k] = &listing{stamp: after, racy: c.racy, ids: ids}
+		}
+	}
+	if ix := s.indexes[k]; ix != nil {
+		if err != nil || ix.stamp != before {
+			delete(s.indexes, k)
+		} else {
+			ix.apply(id, rec, fp)
+			ix.stamp = after
+		}
+	}
+}
+
+// Scan calls fn with a copy of every valid record of kind k, in id order, checking
+// ctx between records. An invalid record stops the scan with its error.
+func (s *Store) Scan(ctx context.Context, k Kind, fn func(Record) error) error {
+	ids, err := s.List(k)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r, err := s.Get(k, id)
+		if err != nil {
+			return err
+		}
+		if r == nil {
+			continue
+		}
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
