@@ -64,6 +64,8 @@ type FS interface {
 type File interface {
 	Name() string
 	Read(p []byte) (int, error)
+	// ReadAt reads len(p) bytes at offset off (pread); it returns io.EOF at the end.
+	ReadAt(p []byte, off int64) (int, error)
 	Write(p []byte) (int, error)
 	// Sync fsyncs the file. After an error the file's state on disk is unknown and
 	// the caller must not rely on any earlier write (Linux reports a write-back error

@@ -363,6 +363,24 @@ func (f *osFile) Read(p []byte) (int, error) {
 	}
 }
 
+func (f *osFile) ReadAt(p []byte, off int64) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := unix.Pread(f.fd, p[done:], off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, &fs.PathError{Op: "pread", Path: f.name, Err: err}
+		}
+		if n == 0 {
+			return done, io.EOF
+		}
+		done += n
+	}
+	return done, nil
+}
+
 func (f *osFile) Write(p []byte) (int, error) {
 	done := 0
 	for done < len(p) {

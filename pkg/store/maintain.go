@@ -52,14 +52,20 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 			return rep, err
 		}
 	}
-	// 2. Orphan outbox records, and 3. records past retainUntil, one record a step.
+	// Operations some binding points to (outside the lock; see maintainRecord).
+	bound, err := s.boundOperations(ctx, &rep)
+	if err != nil {
+		return rep, err
+	}
+	// 2. Orphan outbox records and operations, and 3. records past retainUntil, one
+	// record a step.
 	for _, k := range Kinds {
 		ids, err := s.listLenient(k, &rep)
 		if err != nil {
 			return rep, err
 		}
 		for _, id := range ids {
-			if err := step(func(tx *Tx) error { return s.maintainRecord(tx, k, id, &rep) }); err != nil {
+			if err := step(func(tx *Tx) error { return s.maintainRecord(tx, k, id, bound, &rep) }); err != nil {
 				return rep, err
 			}
 		}
@@ -133,10 +139,42 @@ func (s *Store) finishBatch(tx *Tx, id string, members []*Outbox, rep *Maintenan
 	return nil
 }
 
-func (s *Store) maintainRecord(tx *Tx, k Kind, id string, rep *MaintenanceReport) error {
+// boundOperations returns the ids of the operations that an idempotency binding
+// points to.
+func (s *Store) boundOperations(ctx context.Context, rep *MaintenanceReport) (map[string]bool, error) {
+	bound := map[string]bool{}
+	ids, err := s.listLenient(KindIdempotency, rep)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		b, err := GetAs[*Binding](s, id)
+		if err != nil {
+			rep.Errors = append(rep.Errors, err)
+			continue
+		}
+		if b != nil {
+			bound[b.OperationID] = true
+		}
+	}
+	return bound, nil
+}
+
+// maintainRecord removes kind/id if it is an orphan or past its retention. An
+// operation is an orphan when no binding pointed to it (bound, listed before the
+// steps) and its lease has run out since its creation: new bindings only ever point
+// to operations created with them, so an aged operation cannot gain one later.
+func (s *Store) maintainRecord(tx *Tx, k Kind, id string, bound map[string]bool, rep *MaintenanceReport) error {
 	r, err := tx.get(k, id)
 	if err != nil || r == nil {
 		return err
+	}
+	if op, ok := r.(*Operation); ok && !bound[id] && op.CreatedAt+s.leaseMs() <= s.nowMs() {
+		rep.OrphansRemoved++
+		return tx.Delete(k, id)
 	}
 	if o, ok := r.(*Outbox); ok {
 		b, err := TxGet[*Batch](tx, o.BatchID)

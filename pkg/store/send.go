@@ -29,11 +29,14 @@ type SendRequest struct {
 	Envelopes        []OutgoingEnvelope
 }
 
-// Enqueue accepts a message: in one transaction it checks capacity under the lock,
-// then durably writes the outbox members, the message record and — last — the batch
-// marker that makes the members dispatchable. When it returns nil the message is
-// accepted: it will be delivered or explicitly expired. Enqueueing the same message
-// again (same id and envelopes) returns the stored message without writing.
+// Enqueue accepts a message. It is a prepared transaction: the plan checks that the
+// message and its envelopes are new; the outbox members, the message record and the
+// batch marker are signed and fsynced outside the lock; then, under the lock and with
+// capacity checked there (§4 limits, OUTBOX_FULL with nothing written), the members
+// and the message are renamed into place and their directories fsynced, and only then
+// the marker that makes the members dispatchable. When Enqueue returns nil the message
+// is accepted: it will be delivered or explicitly expired. Enqueueing the same message
+// again (same id and first envelope) returns the stored message without writing.
 func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*Message, error) {
 	if err := s.checkSendRequest(req); err != nil {
 		return nil, err
@@ -45,11 +48,11 @@ func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*Message, error) 
 		return nil, err
 	}
 	var out *Message
-	err := s.Transaction(ctx, func(tx *Tx) error {
-		m, err := s.enqueueLocked(tx, req)
+	err := s.preparedTx(ctx, func(tx *Tx) error {
+		m, err := s.planEnqueue(tx, req)
 		out = m
 		return err
-	})
+	}, func(pub *Tx) error { return s.checkCapacity(pub.ctx, req) })
 	if err != nil {
 		return nil, err
 	}
@@ -76,78 +79,116 @@ func (s *Store) checkSendRequest(req SendRequest) error {
 	return nil
 }
 
-func (s *Store) enqueueLocked(tx *Tx, req SendRequest) (*Message, error) {
+// planEnqueue plans the records of req. If the message is already accepted (its
+// batch committed) it plans nothing and returns it. If an earlier enqueue of the same
+// message was interrupted after some of its records were published but before the
+// marker, the plan finishes it: it keeps the members already there (same envelopes)
+// and their batch id, and writes what is missing, the marker last.
+func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
 	now := s.nowMs()
 	deadline := req.DeliveryDeadline.UnixMilli()
 	retain := deadline + s.retain.Milliseconds()
-	batchID := uuid.NewString()
-	members := make([]Record, len(req.Envelopes))
-	var newBytes int64
-	for i, e := range req.Envelopes {
-		members[i] = &Outbox{EnvelopeID: e.EnvelopeID, MessageID: req.MessageID, BatchID: batchID,
-			EnvelopeKind: e.Kind, State: StatePending, Ordinal: i, RelayURL: req.RelayURL,
-			PeerOwnerDID: string(req.PeerOwnerDID), DeliveryDeadline: deadline, NextAttemptAt: now,
-			Envelope: e.Envelope, EnvelopeDigest: Digest(e.Envelope), RetainUntil: retain}
-		newBytes += int64(len(e.Envelope))
-	}
 	msg := &Message{MessageID: req.MessageID, Status: StatusQueued, PeerOwnerDID: string(req.PeerOwnerDID),
 		RelayURL: req.RelayURL, EnvelopeDigest: Digest(req.Envelopes[0].Envelope), DeliveryDeadline: deadline,
 		CreatedAt: now, UpdatedAt: now, RetainUntil: retain}
-	if prev, err := TxGet[*Message](tx, req.MessageID); err != nil {
-		return nil, err
-	} else if prev != nil {
-		if prev.EnvelopeDigest != msg.EnvelopeDigest {
-			return nil, conflict(msg, "message id already used for another message")
-		}
-		return prev, nil
-	}
-	// Capacity, under the lock, from the outbox index (kept current by our writes).
-	sums, err := s.OutboxSummaries(tx.ctx)
+	prev, err := TxGet[*Message](tx, req.MessageID)
 	if err != nil {
 		return nil, err
 	}
-	pending, total := 0, newBytes
-	for _, e := range sums {
-		if e.State == StatePending {
-			pending++
-		}
-		total += e.Bytes
+	if prev != nil && prev.EnvelopeDigest != msg.EnvelopeDigest {
+		return nil, conflict(msg, "message id already used for another message")
 	}
-	msgIDs, err := tx.List(KindMessages)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case pending+len(members) > s.limits.PendingEnvelopes:
-		return nil, errcode.New(errcode.OutboxFull, "outbox", fmt.Errorf("%d pending envelopes", pending))
-	case total > s.limits.EnvelopeBytes:
-		return nil, errcode.New(errcode.OutboxFull, "outbox", errors.New("envelope bytes limit reached"))
-	case len(msgIDs) >= s.limits.Messages:
-		return nil, errcode.New(errcode.OutboxFull, "messages", fmt.Errorf("%d messages", len(msgIDs)))
-	}
-	for _, m := range members {
-		if prev, err := tx.get(KindOutbox, m.RecordID()); err != nil {
+	// Members already present (an interrupted enqueue) fix the batch id.
+	batchID := ""
+	existing := make([]*Outbox, len(req.Envelopes))
+	for i, e := range req.Envelopes {
+		r, err := tx.get(KindOutbox, e.EnvelopeID)
+		if err != nil {
 			return nil, err
-		} else if prev != nil {
-			return nil, conflict(m, "envelope id already in the outbox")
 		}
+		o, _ := r.(*Outbox)
+		if o == nil {
+			continue
+		}
+		if o.MessageID != req.MessageID || o.EnvelopeDigest != Digest(e.Envelope) || o.Ordinal != i ||
+			(batchID != "" && o.BatchID != batchID) {
+			return nil, conflict(o, "envelope id already in the outbox for another message")
+		}
+		batchID, existing[i] = o.BatchID, o
+	}
+	if prev != nil && batchID != "" {
+		if members, err := tx.Committed(batchID); err == nil && len(members) == len(req.Envelopes) {
+			return prev, nil // already accepted
+		}
+	}
+	if prev != nil {
+		msg = prev // keep the first attempt's times
+		deadline, retain = prev.DeliveryDeadline, prev.RetainUntil
+	}
+	if batchID == "" {
+		batchID = uuid.NewString()
+	}
+	var writes []Record
+	for i, e := range req.Envelopes {
+		if existing[i] != nil {
+			continue
+		}
+		writes = append(writes, &Outbox{EnvelopeID: e.EnvelopeID, MessageID: req.MessageID, BatchID: batchID,
+			EnvelopeKind: e.Kind, State: StatePending, Ordinal: i, RelayURL: req.RelayURL,
+			PeerOwnerDID: string(req.PeerOwnerDID), DeliveryDeadline: deadline, NextAttemptAt: now,
+			Envelope: e.Envelope, EnvelopeDigest: Digest(e.Envelope), RetainUntil: retain})
+	}
+	if prev == nil {
+		writes = append(writes, msg)
 	}
 	batch := &Batch{BatchID: batchID, MessageID: req.MessageID, PeerOwnerDID: string(req.PeerOwnerDID),
 		RelayURL: req.RelayURL, DeliveryDeadline: deadline, CreatedAt: now, RetainUntil: retain}
 	for _, e := range req.Envelopes {
 		batch.EnvelopeIDs = append(batch.EnvelopeIDs, e.EnvelopeID)
 	}
-	if err := batch.Validate(); err != nil {
-		return nil, invalidAt(where(batch), err)
-	}
-	// Members and message first (one fsync per directory), then the marker.
-	if err := tx.PutAll(append(members, msg)...); err != nil {
+	// Members and message first, then the marker once they are durable.
+	if err := tx.PutAll(writes...); err != nil {
 		return nil, err
 	}
-	if err := tx.Put(batch); err != nil {
+	if err := tx.PutLast(batch); err != nil {
 		return nil, err
 	}
-	return msg, nil
+	return cloneRecord(msg).(*Message), nil
+}
+
+// checkCapacity checks, under the lock, that req's new message fits the §4 limits,
+// from the outbox index and the messages listing (kept current by our publications,
+// reconciled if another process published).
+func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
+	if err := s.prepareIndex(ctx, KindOutbox); err != nil {
+		return err
+	}
+	var newBytes int64
+	for _, e := range req.Envelopes {
+		newBytes += int64(len(e.Envelope))
+	}
+	s.mu.Lock()
+	pending, total := 0, newBytes
+	for _, e := range s.indexes[KindOutbox].outbox {
+		if e.State == StatePending {
+			pending++
+		}
+		total += e.Bytes
+	}
+	s.mu.Unlock()
+	msgIDs, _, err := s.list(KindMessages)
+	if err != nil {
+		return err
+	}
+	switch {
+	case pending+len(req.Envelopes) > s.limits.PendingEnvelopes:
+		return errcode.New(errcode.OutboxFull, "outbox", fmt.Errorf("%d pending envelopes", pending))
+	case total > s.limits.EnvelopeBytes:
+		return errcode.New(errcode.OutboxFull, "outbox", errors.New("envelope bytes limit reached"))
+	case len(msgIDs) >= s.limits.Messages:
+		return errcode.New(errcode.OutboxFull, "messages", fmt.Errorf("%d messages", len(msgIDs)))
+	}
+	return nil
 }
 
 // Committed returns the members of batch id if its marker exists and every member it

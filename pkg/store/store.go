@@ -93,6 +93,11 @@ type Options struct {
 	LockWait, LockStale time.Duration
 	// Retention is how long settled records are kept (default 7 days).
 	Retention time.Duration
+	// OptimisticOnly makes prepared transactions give up with OUTBOX_STORE_BUSY after
+	// MaxPlanRounds invalidated plans instead of running their last round locked.
+	OptimisticOnly bool
+	// OperationLease is the lease of an in-flight idempotent operation (default 120 s).
+	OperationLease time.Duration
 	// WrapFS, if set, wraps the store's file system (fault injection in tests).
 	WrapFS func(fsx.FS) fsx.FS
 }
@@ -115,9 +120,15 @@ type Store struct {
 	now      func() time.Time
 	lockOpts lockfile.Options
 	retain   time.Duration
+	opLease  time.Duration
 
-	txSem    chan struct{}  // one lock holder per process at a time
-	heldLock *lockfile.Lock // the lock while held (guarded by txSem)
+	optimisticOnly bool
+
+	txSem chan struct{} // one lock holder per process at a time
+
+	pubMu     sync.Mutex     // guards the group-commit queue
+	pubQueue  []*publication // prepared publications waiting for a lock hold
+	pubLeader bool           // a goroutine is taking the lock for the queue
 
 	mu       sync.Mutex // guards the fields below
 	listings map[Kind]*listing
@@ -171,6 +182,11 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	}
 	if s.retain <= 0 {
 		s.retain = 7 * 24 * time.Hour
+	}
+	s.optimisticOnly = opts.OptimisticOnly
+	s.opLease = opts.OperationLease
+	if s.opLease <= 0 {
+		s.opLease = DefaultOperationLease
 	}
 	if opts.Dir != "" {
 		s.dir, err = filepath.Abs(opts.Dir)
@@ -290,29 +306,35 @@ func (s *Store) remember(path string, data []byte, fp fsx.Fingerprint, rec Recor
 }
 
 // read returns the verified record at kind/id, or nil if absent. Any failure evicts
-// the cache entry and returns OUTBOX_STORE_INVALID (or UNWRITABLE for I/O errors
-// other than a refused file).
+// the cache entry and returns OUTBOX_STORE_INVALID.
 func (s *Store) read(k Kind, id string) (Record, error) {
+	r, _, err := s.readFP(k, id)
+	return r, err
+}
+
+// readFP is read that also returns the fingerprint of the file the record came from
+// (the zero Fingerprint when absent). The record is shared: callers must not modify it.
+func (s *Store) readFP(k Kind, id string) (Record, fsx.Fingerprint, error) {
 	if err := checkKindID(k, id); err != nil {
-		return nil, invalidAt(string(k)+"/"+id, err)
+		return nil, fsx.Fingerprint{}, invalidAt(string(k)+"/"+id, err)
 	}
 	path := recordPath(k, id)
 	info, err := s.fs.Lstat(path)
 	if err != nil {
 		s.cache.Remove(path)
 		if fsx.IsNotExist(err) {
-			return nil, nil
+			return nil, fsx.Fingerprint{}, nil
 		}
-		return nil, invalidAt(path, err)
+		return nil, fsx.Fingerprint{}, invalidAt(path, err)
 	}
 	if err := fsx.CheckPrivateFile(path, info); err != nil {
 		s.cache.Remove(path)
-		return nil, invalidAt(path, err)
+		return nil, fsx.Fingerprint{}, invalidAt(path, err)
 	}
 	fp := info.Fingerprint()
 	if c, ok := s.cache.Get(path); ok && c.fp == fp {
 		if !c.racy {
-			return c.rec, nil
+			return c.rec, fp, nil
 		}
 		// A racy entry: the inode may have been rewritten within the same tick.
 		// Compare the bytes instead of trusting the fingerprint alone.
@@ -321,29 +343,29 @@ func (s *Store) read(k Kind, id string) (Record, error) {
 			if !s.isRacy(fp.CtimeNs) {
 				s.cache.Add(path, &cached{fp: fp, data: c.data, rec: c.rec}, int64(len(c.data)))
 			}
-			return c.rec, nil
+			return c.rec, fp, nil
 		}
 	}
 	s.cache.Remove(path)
 	data, rinfo, err := fsx.ReadFile(s.fs, path, s.limits.MaxBytes(k))
 	if err != nil {
 		if fsx.IsNotExist(err) {
-			return nil, nil
+			return nil, fsx.Fingerprint{}, nil
 		}
-		return nil, invalidAt(path, err)
+		return nil, fsx.Fingerprint{}, invalidAt(path, err)
 	}
 	if err := fsx.CheckPrivateFile(path, rinfo); err != nil {
-		return nil, invalidAt(path, err)
+		return nil, fsx.Fingerprint{}, invalidAt(path, err)
 	}
 	rec, err := ParseRecord(k, id, data, s.owner, s.ownerKey)
 	if err != nil {
-		return nil, invalidAt(path, err)
+		return nil, fsx.Fingerprint{}, invalidAt(path, err)
 	}
 	// Cache only if the path still names the file we read, unchanged.
 	if after, err := s.fs.Lstat(path); err == nil && after.Fingerprint() == rinfo.Fingerprint() {
 		s.remember(path, data, rinfo.Fingerprint(), rec)
 	}
-	return rec, nil
+	return rec, rinfo.Fingerprint(), nil
 }
 
 // Get returns a copy of the verified record kind/id, or (nil, nil) if it is absent.
@@ -517,7 +539,7 @@ func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerpri
 		}
 	}
 	if ix := s.indexes[k]; ix != nil {
-		if err != nil || ix.stamp != before {
+		if err != nil || !s.indexCurrent(k, ix, before) {
 			delete(s.indexes, k)
 		} else {
 			ix.apply(id, rec, fp)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path"
+	"slices"
 	"syscall"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
@@ -11,38 +12,62 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
-// Tx is the view a Transaction gives its fn: reads see the transaction's own writes,
-// and every Put or Delete is durable (file and directory fsynced) when it returns. A
-// Tx must not be used after fn returns, nor from more than one goroutine.
+// Tx is the view a transaction gives its fn. Reads see the transaction's own writes.
+//
+// In a Transaction, every Put or Delete is durable (file and directory fsynced) when
+// it returns. In a PreparedTransaction, Put and Delete only plan: the records are
+// signed, written and fsynced outside the lock after fn returns, and published
+// together; they are durable when PreparedTransaction returns nil.
+//
+// A Tx must not be used after fn returns, nor from more than one goroutine.
 type Tx struct {
-	s      *Store
-	ctx    context.Context
-	lock   *lockfile.Lock
-	reads  map[string]Record // path → record (nil: absent)
-	gen    fsx.File          // the generation file, opened at the first publication
+	s     *Store
+	ctx   context.Context
+	lock  *lockfile.Lock
+	reads map[string]Record // path → record as this transaction sees it (nil: absent)
+	done  bool
+
+	// Prepared mode: the plan and what it depends on.
+	prepared bool
+	gen0     int64                      // generation when the plan was made
+	deps     map[string]fsx.Fingerprint // path → fingerprint read (zero: absent)
+	listed   map[Kind]bool              // kinds whose listing the plan read
+	writes   []*write
+
+	// Publishing: the generation file, opened at the first publication.
+	gen    fsx.File
 	genLen int64
-	done   bool
 }
 
-// Transaction takes the store lock, runs fn, and releases the lock. fn may read and
-// write records through tx; each write is durable when its call returns, and the
-// writes of fn are visible to other processes in the order fn made them. fn runs
-// exactly once; it must not do network I/O or unbounded work (the lock is held).
-// Errors keep their codes; an error from fn is returned as is, after the lock is
-// released. Transactions of one Store are serialized; ctx bounds the wait for them
-// and for the lock.
+// write is one planned or performed publication: a record to write, or (rec nil) one
+// to remove.
+type write struct {
+	kind   Kind
+	id     string
+	rec    Record
+	last   bool // published only after the transaction's other writes are durable
+	data   []byte
+	staged *fsx.Staged
+}
+
+func (w *write) path() string { return recordPath(w.kind, w.id) }
+
+// Transaction takes the store lock, runs fn once, and releases the lock. fn may read
+// and write records through tx; each write is durable when its call returns, and the
+// writes of fn become visible to other processes in the order fn made them. fn must
+// not do network I/O or unbounded work (the lock is held). Errors keep their codes;
+// fn's error is returned as is, after the lock is released.
+//
+// Transaction fsyncs while holding the lock; hot paths that run concurrently should
+// use PreparedTransaction, which never does.
 func (s *Store) Transaction(ctx context.Context, fn func(tx *Tx) error) error {
-	unlock, err := s.lockStore(ctx)
+	unlock, lock, err := s.lockStore(ctx)
 	if err != nil {
 		return err
 	}
-	tx := &Tx{s: s, ctx: ctx, reads: map[string]Record{}}
-	tx.lock = s.heldLock
+	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]Record{}}
 	err = fn(tx)
-	tx.done = true
-	if tx.gen != nil {
-		_ = tx.gen.Close()
-	}
+	tx.end()
 	if uerr := unlock(); uerr != nil && err == nil {
 		err = uerr
 	}
@@ -51,31 +76,38 @@ func (s *Store) Transaction(ctx context.Context, fn func(tx *Tx) error) error {
 
 // lockStore serializes with this process's other lock holders, creates the store
 // directory if needed, and takes the store lock.
-func (s *Store) lockStore(ctx context.Context) (unlock func() error, err error) {
+func (s *Store) lockStore(ctx context.Context) (unlock func() error, lock *lockfile.Lock, err error) {
 	select {
 	case s.txSem <- struct{}{}:
 	case <-ctx.Done():
-		return nil, errcode.New(errcode.OutboxStoreBusy, s.dir, ctx.Err())
+		return nil, nil, errcode.New(errcode.OutboxStoreBusy, s.dir, ctx.Err())
 	}
 	release := func() { <-s.txSem }
 	if err := s.ensureStoreDir(); err != nil {
 		release()
-		return nil, err
+		return nil, nil, err
 	}
-	lock, err := lockfile.Acquire(ctx, s.fs, s.lockOpts)
+	lock, err = lockfile.Acquire(ctx, s.fs, s.lockOpts)
 	if err != nil {
 		release()
-		return nil, lockError(s.dir, err)
+		return nil, nil, lockError(s.dir, err)
 	}
-	s.heldLock = lock
 	return func() error {
-		s.heldLock = nil
 		defer release()
 		if err := lock.Unlock(); err != nil {
 			return lockError(s.dir, err)
 		}
 		return nil
-	}, nil
+	}, lock, nil
+}
+
+// end closes the transaction's view and its generation handle.
+func (tx *Tx) end() {
+	tx.done = true
+	if tx.gen != nil {
+		_ = tx.gen.Close()
+		tx.gen = nil
+	}
 }
 
 func (tx *Tx) check() error {
@@ -116,126 +148,110 @@ func (tx *Tx) get(k Kind, id string) (Record, error) {
 	if r, ok := tx.reads[p]; ok {
 		return r, nil
 	}
-	r, err := tx.s.read(k, id)
+	r, fp, err := tx.s.readFP(k, id)
 	if err != nil {
 		return nil, err
 	}
 	tx.reads[p] = r
+	if tx.prepared {
+		tx.deps[p] = fp
+	}
 	return r, nil
 }
 
-// List returns the sorted ids of kind k as this transaction sees them.
+// List returns the sorted ids of kind k as this transaction sees them. In a prepared
+// transaction the plan then depends on the whole listing: any publication to k
+// before the plan is published makes it run again.
 func (tx *Tx) List(k Kind) ([]string, error) {
 	if err := tx.check(); err != nil {
 		return nil, err
 	}
-	return tx.s.List(k)
+	ids, err := tx.s.List(k)
+	if err != nil || !tx.prepared {
+		return ids, err
+	}
+	tx.listed[k] = true
+	for _, w := range tx.writes {
+		if w.kind != k {
+			continue
+		}
+		i, found := slices.BinarySearch(ids, w.id)
+		switch {
+		case w.rec != nil && !found:
+			ids = slices.Insert(ids, i, w.id)
+		case w.rec == nil && found:
+			ids = slices.Delete(ids, i, i+1)
+		}
+	}
+	return ids, nil
 }
 
-// Put durably writes r, enforcing the write invariants against the stored version.
+// Put writes r, enforcing the write invariants against the version tx sees.
 func (tx *Tx) Put(r Record) error { return tx.PutAll(r) }
 
-// PutAll durably writes the records: every file is staged and fsynced, then all are
-// renamed, then each directory touched is fsynced once. On error, records renamed
-// before the failure may or may not be durable; none is acknowledged.
-func (tx *Tx) PutAll(recs ...Record) error {
+// PutAll writes the records. In a Transaction every file is staged and fsynced, then
+// all are renamed, then each directory touched is fsynced once; on error, records
+// renamed before the failure may or may not be durable and none is acknowledged.
+func (tx *Tx) PutAll(recs ...Record) error { return tx.putAll(false, recs) }
+
+// PutLast writes r after everything else the transaction writes is durable: in a
+// prepared transaction it is renamed only after the other writes' directories were
+// fsynced (a batch marker after its members). In a Transaction, where each Put is
+// durable on return, it is Put.
+func (tx *Tx) PutLast(r Record) error { return tx.putAll(true, []Record{r}) }
+
+func (tx *Tx) putAll(last bool, recs []Record) error {
 	if err := tx.check(); err != nil {
 		return err
 	}
-	type write struct {
-		rec    Record
-		data   []byte
-		staged *fsx.Staged
-	}
-	writes := make([]write, 0, len(recs))
-	defer func() {
-		for _, w := range writes {
-			if w.staged != nil {
-				_ = w.staged.Cleanup()
-			}
-		}
-	}()
+	ws := make([]*write, 0, len(recs))
 	for _, r := range recs {
-		data, err := tx.prepare(r)
-		if err != nil {
+		if err := tx.checkWrite(r); err != nil {
 			return err
 		}
-		writes = append(writes, write{rec: r, data: data})
+		w := &write{kind: r.Kind(), id: r.RecordID(), rec: cloneRecord(r), last: last}
+		if tx.prepared {
+			tx.writes = append(tx.writes, w)
+			tx.reads[w.path()] = w.rec
+			continue
+		}
+		ws = append(ws, w)
 	}
-	for i := range writes {
-		k := writes[i].rec.Kind()
-		if err := tx.s.ensureKindDir(k); err != nil {
-			return err
-		}
-		st, err := fsx.Stage(tx.s.fs, string(k), writes[i].data)
-		if err != nil {
-			return writeError(string(k), err)
-		}
-		writes[i].staged = st
+	if tx.prepared {
+		return nil
 	}
-	if err := tx.lock.Check(); err != nil {
-		return lockError(tx.s.dir, err)
+	defer discard(ws)
+	if err := tx.s.stage(tx.ctx, ws); err != nil {
+		return err
 	}
-	dirs := map[string]bool{}
-	var pubErr error
-	for _, w := range writes {
-		k, id := w.rec.Kind(), w.rec.RecordID()
-		before, err := tx.s.ListingStamp(k)
-		if err != nil {
-			pubErr = err
-			break
-		}
-		if err := w.staged.Publish(fileName(id)); err != nil {
-			pubErr = writeError(recordPath(k, id), err)
-			break
-		}
-		dirs[string(k)] = true
-		if err := tx.published(k, id, w.rec, w.data, before); err != nil {
-			pubErr = err
-			break
-		}
+	dirs, err := tx.publish(ws)
+	if serr := tx.s.syncDirs(dirs); err == nil {
+		err = serr
 	}
-	for _, d := range sortedKeys(dirs) {
-		if err := tx.s.fs.SyncDir(d); err != nil && pubErr == nil {
-			pubErr = writeError(d, err)
-		}
-	}
-	return pubErr
+	return err
 }
 
-// prepare validates r against the stored version and returns its signed bytes.
-func (tx *Tx) prepare(r Record) ([]byte, error) {
+// checkWrite validates r and enforces the write invariants against the stored
+// version as tx sees it.
+func (tx *Tx) checkWrite(r Record) error {
 	k, id := r.Kind(), r.RecordID()
 	if err := r.Validate(); err != nil {
-		return nil, invalidAt(where(r), err)
+		return invalidAt(where(r), err)
 	}
 	if err := checkKindID(k, id); err != nil {
-		return nil, invalidAt(where(r), err)
+		return invalidAt(where(r), err)
 	}
 	prev, err := tx.get(k, id)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := checkReplacement(prev, r); err != nil {
-		return nil, err
+		return err
 	}
 	if b, ok := r.(*Batch); ok {
-		if err := tx.checkBatchMembers(b); err != nil {
-			return nil, err
-		}
+		return tx.checkBatchMembers(b)
 	}
-	data, err := EncodeRecord(tx.s.signer, tx.s.owner, r)
-	if err != nil {
-		return nil, errcode.New(errcode.OutboxStoreUnwritable, where(r), err)
-	}
-	if int64(len(data)) > tx.s.limits.MaxBytes(k) {
-		code := errcode.OutboxFull
-		if k == KindOperations {
-			code = errcode.IdempotencyStoreFull
-		}
-		return nil, errcode.New(code, where(r), errors.New("record exceeds its size limit"))
-	}
-	return data, nil
+	return nil
 }
 
 // checkBatchMembers refuses a batch marker unless every member it lists is already
@@ -254,28 +270,171 @@ func (tx *Tx) checkBatchMembers(b *Batch) error {
 	return nil
 }
 
-// published runs after a successful rename or unlink of kind/id: it grows the
-// generation and brings this process's caches, listings and indexes up to date.
-func (tx *Tx) published(k Kind, id string, rec Record, data []byte, before Stamp) error {
-	p := recordPath(k, id)
-	oldGen, newGen, err := tx.bumpGeneration()
-	if err != nil {
+// Delete removes record kind/id; removing an absent record does nothing. In a
+// Transaction the removal is durable when Delete returns.
+func (tx *Tx) Delete(k Kind, id string) error {
+	prev, err := tx.get(k, id)
+	if err != nil || prev == nil {
 		return err
 	}
-	tx.reads[p] = rec
-	var fp fsx.Fingerprint
-	if rec == nil {
-		tx.s.cache.Remove(p)
-	} else if info, err := tx.s.fs.Lstat(p); err == nil {
-		fp = info.Fingerprint()
-		tx.s.remember(p, data, fp, rec)
+	w := &write{kind: k, id: id}
+	if tx.prepared {
+		tx.writes = append(tx.writes, w)
+		tx.reads[w.path()] = nil
+		return nil
 	}
-	tx.s.adoptPublication(k, id, rec, fp, before, oldGen, newGen)
+	dirs, err := tx.publish([]*write{w})
+	if serr := tx.s.syncDirs(dirs); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// encode signs w's record and checks its size limit.
+func (s *Store) encode(w *write) error {
+	data, err := EncodeRecord(s.signer, s.owner, w.rec)
+	if err != nil {
+		return errcode.New(errcode.OutboxStoreUnwritable, where(w.rec), err)
+	}
+	if int64(len(data)) > s.limits.MaxBytes(w.kind) {
+		code := errcode.OutboxFull
+		if w.kind == KindOperations {
+			code = errcode.IdempotencyStoreFull
+		}
+		return errcode.New(code, where(w.rec), errors.New("record exceeds its size limit"))
+	}
+	w.data = data
 	return nil
 }
 
-// bumpGeneration appends one byte to the generation file (DESIGN §6).
-func (tx *Tx) bumpGeneration() (oldGen, newGen int64, err error) {
+// stage signs every record write and writes it to a fresh, fsynced temp in its kind's
+// directory, all in parallel. On error every temp staged so far is removed.
+func (s *Store) stage(ctx context.Context, ws []*write) error {
+	errs := make([]error, len(ws))
+	run := func(i int) {
+		w := ws[i]
+		if w.rec == nil {
+			return
+		}
+		if errs[i] = s.encode(w); errs[i] != nil {
+			return
+		}
+		if errs[i] = s.ensureKindDir(w.kind); errs[i] != nil {
+			return
+		}
+		st, err := fsx.Stage(s.fs, string(w.kind), w.data)
+		if err != nil {
+			errs[i] = writeError(string(w.kind), err)
+			return
+		}
+		w.staged = st
+	}
+	if len(ws) == 1 {
+		run(0)
+	} else {
+		done := make(chan int, len(ws))
+		for i := range ws {
+			go func() { run(i); done <- i }()
+		}
+		for range ws {
+			<-done
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		discard(ws)
+		return firstCoded(errs)
+	}
+	return ctx.Err()
+}
+
+// firstCoded returns the first non-nil error of errs.
+func firstCoded(errs []error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// discard removes the temps of writes that were staged but not published.
+func discard(ws []*write) {
+	for _, w := range ws {
+		if w.staged != nil && !w.staged.Published() {
+			_ = w.staged.Cleanup()
+		}
+	}
+}
+
+// publish renames each staged write into place (or removes the record), in order,
+// under the lock held by tx. It returns the directories to fsync. A failure stops at
+// that write and keeps what was published before it.
+func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
+	dirs = map[string]bool{}
+	if err := tx.lock.Check(); err != nil {
+		return dirs, lockError(tx.s.dir, err)
+	}
+	for _, w := range ws {
+		before, err := tx.s.ListingStamp(w.kind)
+		if err != nil {
+			return dirs, err
+		}
+		if w.rec == nil {
+			if err := tx.s.fs.Remove(w.path()); err != nil && !fsx.IsNotExist(err) {
+				return dirs, writeError(w.path(), err)
+			}
+		} else if err := w.staged.Publish(fileName(w.id)); err != nil {
+			return dirs, writeError(w.path(), err)
+		}
+		dirs[string(w.kind)] = true
+		if err := tx.published(w, before); err != nil {
+			return dirs, err
+		}
+	}
+	return dirs, nil
+}
+
+// syncDirs fsyncs each directory once, in name order, and returns the first error.
+func (s *Store) syncDirs(dirs map[string]bool) error {
+	var first error
+	for _, d := range sortedKeys(dirs) {
+		if err := s.fs.SyncDir(d); err != nil && first == nil {
+			first = writeError(d, err)
+		}
+	}
+	return first
+}
+
+// published runs after a successful rename or unlink of w: it grows the generation
+// and brings this process's caches, listings and indexes up to date.
+func (tx *Tx) published(w *write, before Stamp) error {
+	oldGen, newGen, err := tx.bumpGeneration(w.kind)
+	if err != nil {
+		return err
+	}
+	p := w.path()
+	tx.reads[p] = w.rec
+	var fp fsx.Fingerprint
+	if w.rec == nil {
+		tx.s.cache.Remove(p)
+	} else if info, err := tx.s.fs.Lstat(p); err == nil {
+		fp = info.Fingerprint()
+		tx.s.remember(p, w.data, fp, w.rec)
+	}
+	tx.s.adoptPublication(w.kind, w.id, w.rec, fp, before, oldGen, newGen)
+	return nil
+}
+
+// kindMark is the byte the generation file grows by for a publication of each kind.
+// A prepared transaction reads the bytes appended since its plan to learn which kinds
+// changed; any other byte means "unknown: assume every kind changed".
+var kindMark = map[Kind]byte{
+	KindObservations: 'o', KindMessages: 'm', KindOutbox: 'x', KindBatches: 'b',
+	KindReceipts: 'r', KindOperations: 'p', KindIdempotency: 'i',
+}
+
+// bumpGeneration appends k's mark to the generation file (DESIGN §6).
+func (tx *Tx) bumpGeneration(k Kind) (oldGen, newGen int64, err error) {
 	if tx.gen == nil {
 		f, err := tx.s.fs.OpenFile(generationName, syscall.O_WRONLY|syscall.O_APPEND|syscall.O_CREAT, 0o600)
 		if err != nil {
@@ -291,40 +450,14 @@ func (tx *Tx) bumpGeneration() (oldGen, newGen int64, err error) {
 		}
 		tx.gen, tx.genLen = f, info.Size
 	}
-	if _, err := tx.gen.Write([]byte{'\n'}); err != nil {
+	if _, err := tx.gen.Write([]byte{kindMark[k]}); err != nil {
 		return 0, 0, writeError(generationName, err)
 	}
 	tx.genLen++
 	return tx.genLen - 1, tx.genLen, nil
 }
 
-// Delete durably removes record kind/id; removing an absent record does nothing.
-func (tx *Tx) Delete(k Kind, id string) error {
-	prev, err := tx.get(k, id)
-	if err != nil || prev == nil {
-		return err
-	}
-	if err := tx.lock.Check(); err != nil {
-		return lockError(tx.s.dir, err)
-	}
-	before, err := tx.s.ListingStamp(k)
-	if err != nil {
-		return err
-	}
-	p := recordPath(k, id)
-	if err := tx.s.fs.Remove(p); err != nil {
-		return writeError(p, err)
-	}
-	if err := tx.published(k, id, nil, nil, before); err != nil {
-		return err
-	}
-	if err := tx.s.fs.SyncDir(string(k)); err != nil {
-		return writeError(string(k), err)
-	}
-	return nil
-}
-
-// RemoveTemp removes a staged temp file name (maintenance and repair).
+// removeFile removes a file that is not a record (a staged temp) from dir.
 func (tx *Tx) removeFile(dir, base string) error {
 	if err := tx.s.fs.Remove(path.Join(dir, base)); err != nil && !fsx.IsNotExist(err) {
 		return writeError(path.Join(dir, base), err)

@@ -1,0 +1,160 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+)
+
+// Idempotency defaults (DESIGN §7).
+const (
+	DefaultOperationLease     = 120 * time.Second
+	DefaultOperationRetention = 24 * time.Hour
+)
+
+// OperationStart is what BeginOperation found or made for an Idempotency-Key.
+type OperationStart struct {
+	Operation *Operation
+	// Done is true when the operation already finished: Operation.Response is the
+	// stored response to return again. Otherwise the caller holds the operation's
+	// lease and must perform it, then call CompleteOperation.
+	Done bool
+}
+
+// BeginOperation binds sha256(key) to an operation for request, durably, or answers
+// from an existing binding:
+//
+//   - the same key with the same request, finished: the stored response (Done);
+//   - the same key with the same request, in flight under a live lease:
+//     IDEMPOTENCY_IN_PROGRESS;
+//   - in flight but its lease expired (its holder died): the caller takes it over;
+//   - the same key with another request: IDEMPOTENCY_KEY_REUSED;
+//   - a new key, or one whose binding's retention ended: a new in-flight operation
+//     with a lease, and its binding (written after the operation is durable).
+//
+// Capacity (operations count and cached response bytes, §4) is decided under the lock
+// from the operations index, which is prepared outside the lock; if another process
+// published meanwhile the index is re-prepared and the attempt repeated (bounded;
+// then IDEMPOTENCY_STORE_BUSY). Past a limit: IDEMPOTENCY_STORE_FULL, nothing written.
+func (s *Store) BeginOperation(ctx context.Context, key string, request []byte) (OperationStart, error) {
+	keyHash, reqDigest := IdempotencyID(key), Digest(request)
+	var out OperationStart
+	for round := 0; round < maxIndexRounds; round++ {
+		if err := s.prepareIndex(ctx, KindOperations); err != nil {
+			return out, err
+		}
+		err := s.preparedTx(ctx, func(tx *Tx) error {
+			var err error
+			out, err = s.planBegin(tx, keyHash, reqDigest)
+			return err
+		}, func(pub *Tx) error { return s.checkOperationCapacity() })
+		switch {
+		case err == nil:
+			return out, nil
+		case !errors.Is(err, errIndexStale):
+			return OperationStart{}, err
+		}
+	}
+	return OperationStart{}, errcode.New(errcode.IdempotencyStoreBusy, "operations", errors.New("the operations index kept changing"))
+}
+
+var errIndexStale = errcode.New(errcode.IdempotencyStoreBusy, "operations", errors.New("the operations index is stale"))
+
+func (s *Store) planBegin(tx *Tx, keyHash, reqDigest string) (OperationStart, error) {
+	now := s.nowMs()
+	b, err := TxGet[*Binding](tx, keyHash)
+	if err != nil {
+		return OperationStart{}, err
+	}
+	if b != nil && b.RetainUntil > now {
+		if b.RequestDigest != reqDigest {
+			return OperationStart{}, errcode.New(errcode.IdempotencyKeyReused, "idempotency/"+keyHash, nil)
+		}
+		op, err := TxGet[*Operation](tx, b.OperationID)
+		if err != nil {
+			return OperationStart{}, err
+		}
+		switch {
+		case op != nil && op.State == OperationDone:
+			return OperationStart{Operation: op, Done: true}, nil
+		case op != nil && op.LeaseUntil > now:
+			return OperationStart{}, errcode.New(errcode.IdempotencyInProgress, "operations/"+op.OperationID, nil)
+		case op != nil:
+			// The holder's lease ran out: take the operation over.
+			op.LeaseUntil = now + s.leaseMs()
+			return OperationStart{Operation: op}, tx.Put(op)
+		}
+		// The binding's operation is gone: bind afresh below.
+	}
+	if b != nil {
+		if err := tx.Delete(KindIdempotency, keyHash); err != nil {
+			return OperationStart{}, err
+		}
+	}
+	op := &Operation{OperationID: uuid.NewString(), RequestDigest: reqDigest, State: OperationInFlight,
+		CreatedAt: now, LeaseUntil: now + s.leaseMs(), RetainUntil: now + DefaultOperationRetention.Milliseconds()}
+	binding := &Binding{KeyHash: keyHash, OperationID: op.OperationID, RequestDigest: reqDigest,
+		CreatedAt: now, RetainUntil: op.RetainUntil}
+	if err := tx.Put(op); err != nil {
+		return OperationStart{}, err
+	}
+	return OperationStart{Operation: cloneRecord(op).(*Operation)}, tx.PutLast(binding)
+}
+
+func (s *Store) leaseMs() int64 { return s.opLease.Milliseconds() }
+
+// checkOperationCapacity runs under the lock. It never scans: a stale operations
+// index answers errIndexStale (IDEMPOTENCY_STORE_BUSY) and BeginOperation prepares it
+// again outside the lock.
+func (s *Store) checkOperationCapacity() error {
+	st, err := s.ListingStamp(KindOperations)
+	if err != nil {
+		return err
+	}
+	now := s.nowMs()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ix := s.indexes[KindOperations]
+	if !s.indexCurrent(KindOperations, ix, st) {
+		return errIndexStale
+	}
+	count, bytes := 0, int64(0)
+	for _, e := range ix.ops {
+		if e.RetainUntil > now {
+			count++
+			bytes += e.Bytes
+		}
+	}
+	if count >= s.limits.Operations || bytes+s.limits.OperationBytes > s.limits.CachedResultBytes {
+		return errcode.New(errcode.IdempotencyStoreFull, "operations", fmt.Errorf("%d operations, %d response bytes", count, bytes))
+	}
+	return nil
+}
+
+// CompleteOperation durably stores the response of an in-flight operation. Completing
+// it again with the same response does nothing; with another, DELIVERY_RECORD_CONFLICT.
+func (s *Store) CompleteOperation(ctx context.Context, operationID string, response json.RawMessage) error {
+	return s.PreparedTransaction(ctx, func(tx *Tx) error {
+		op, err := TxGet[*Operation](tx, operationID)
+		if err != nil {
+			return err
+		}
+		if op == nil {
+			return errcode.New(errcode.OutboxStoreInvalid, "operations/"+operationID, errors.New("no such operation"))
+		}
+		if op.State == OperationDone && bytes.Equal(op.Response, response) {
+			return nil
+		}
+		op.State, op.Response = OperationDone, response
+		return tx.Put(op)
+	})
+}
+
+// Operation returns the operation with the given id, or nil.
+func (s *Store) Operation(id string) (*Operation, error) { return GetAs[*Operation](s, id) }
