@@ -92,6 +92,16 @@ func IdempotencyID(key string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// Names in a store directory besides the kind directories.
+const (
+	GenerationFile = ".generation"
+	LostAndFound   = "lost+found"
+)
+
+// RecordPath returns the path of record kind/id relative to the store directory:
+// "<kind>/<id>.json".
+func RecordPath(k Kind, id string) string { return recordPath(k, id) }
+
 // fileName returns the record file name of id.
 func fileName(id string) string { return id + ".json" }
 

@@ -492,6 +492,24 @@ func checkMessageTransition(p, n *Message) error {
 	return nil
 }
 
+// CheckBatch reports whether members (as read, nil for a missing one) are exactly the
+// consistent members of marker b, in its order: the rule a marker is written under
+// and that fsck checks.
+func CheckBatch(b *Batch, members []*Outbox) error {
+	if len(members) != len(b.EnvelopeIDs) {
+		return fmt.Errorf("batch lists %d members, %d given", len(b.EnvelopeIDs), len(members))
+	}
+	for i, o := range members {
+		if o == nil {
+			return fmt.Errorf("member %d (%s) is missing", i, b.EnvelopeIDs[i])
+		}
+		if o.EnvelopeID != b.EnvelopeIDs[i] || !memberOf(b, i, o) {
+			return fmt.Errorf("member %d (%s) is inconsistent with the marker", i, b.EnvelopeIDs[i])
+		}
+	}
+	return nil
+}
+
 // memberOf reports whether o is a consistent i-th member of batch b: same batch,
 // message, peer, relay and deadline, and ordinal i.
 func memberOf(b *Batch, i int, o *Outbox) bool {

@@ -401,7 +401,7 @@ type Stamp struct {
 }
 
 // generationName is the generation file, grown by one byte at every publication.
-const generationName = ".generation"
+const generationName = GenerationFile
 
 func (s *Store) generation() (int64, error) {
 	info, err := s.fs.Lstat(generationName)
