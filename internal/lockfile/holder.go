@@ -151,7 +151,25 @@ func isStale(p probed, o Options) bool {
 	if h != nil && h.Pid > 0 && h.Host != "" && h.Host == o.Host && holderGone(h) {
 		return true
 	}
+	if predatesBoot(p.info.MtimeNs) {
+		// Written before this host last booted: whoever made it is gone. This is what
+		// frees a lock after a power cut, when its holder information (never fsynced:
+		// the lock need not survive a crash) may be empty or torn.
+		return true
+	}
 	return age(p, o) > o.Stale
+}
+
+// predatesBoot reports whether a file time lies before this host's last boot (with a
+// margin of a minute for clock adjustments). It answers false when the boot time is
+// unknown.
+func predatesBoot(ns int64) bool {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil || si.Uptime <= 0 {
+		return false
+	}
+	boot := time.Now().Add(-time.Duration(si.Uptime) * time.Second)
+	return time.Unix(0, ns).Before(boot.Add(-time.Minute))
 }
 
 // age is the lock's age: from the recorded time, else from the file's mtime.

@@ -27,7 +27,10 @@
 //     of every lock it holds, so a free flock means a leaked lock); or
 //     (b) it is older than Options.Stale — age from the recorded time, or from the
 //     file's mtime when there is no parseable holder info (an empty ".lock" made with
-//     O_CREAT|O_EXCL by another implementation is honoured until then).
+//     O_CREAT|O_EXCL by another implementation is honoured until then); or
+//     (c) its mtime lies before this host's last boot: after a power cut the lock's
+//     holder info — never fsynced — may be empty or torn, and no holder survives a
+//     reboot.
 //     A lock that is not stale is waited for like a live one. Rule (a) trusts host
 //     names to be unique among the hosts that share a store; it never overrides a
 //     held flock.

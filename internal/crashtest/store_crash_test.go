@@ -1,0 +1,536 @@
+package crashtest_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/internal/crashtest"
+	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+var (
+	ownerSeed = [32]byte{7: 7, 31: 1}
+	peerSeed  = [32]byte{7: 9, 31: 2}
+)
+
+func owner(t testing.TB) *identity.Identity {
+	id, err := identity.FromSeed(ownerSeed[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func peer() identity.DID {
+	return identity.FormatDID(ed25519.NewKeyFromSeed(peerSeed[:]).Public().(ed25519.PublicKey))
+}
+
+// clock is the stores' clock; the maintenance workload moves it.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
+
+// expectation is what the operation under test acknowledged: after the first `at`
+// recorded calls, record path holds rec (nil: absent).
+type expectation struct {
+	at   int
+	path string
+	kind store.Kind
+	id   string
+	rec  store.Record
+}
+
+// workload runs the operation under test on s (over the recording file system) and
+// calls ack for every record state it acknowledged.
+type workload struct {
+	name  string
+	setup func(t *testing.T, s *store.Store, c *clock)
+	run   func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string))
+}
+
+// result of exploring one workload.
+type result struct {
+	states     int
+	violations []string
+}
+
+func openAt(t testing.TB, dir string, c *clock, wrap func(fsx.FS) fsx.FS) *store.Store {
+	s, err := store.Open(owner(t).Signer(), store.Options{Dir: dir, Now: c.Now, WrapFS: wrap, LockWait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newMessage(now time.Time) *store.Message {
+	return &store.Message{MessageID: uuid.NewString(), Status: store.StatusQueued, PeerOwnerDID: string(peer()),
+		RelayURL: "http://127.0.0.1:9/", EnvelopeDigest: store.Digest([]byte("m")), DeliveryDeadline: now.Add(time.Hour).UnixMilli(),
+		CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli(), RetainUntil: now.Add(2 * time.Hour).UnixMilli()}
+}
+
+func sendRequest(now time.Time, n int) store.SendRequest {
+	req := store.SendRequest{MessageID: uuid.NewString(), PeerOwnerDID: peer(), RelayURL: "http://127.0.0.1:9/",
+		DeliveryDeadline: now.Add(time.Hour)}
+	for i := 0; i < n; i++ {
+		id := uuid.NewString()
+		env, _ := json.Marshal(map[string]any{"envelopeId": id, "n": i})
+		kind := store.EnvelopeMessage
+		if i > 0 {
+			kind = store.EnvelopeDeliveryStatus
+		}
+		req.Envelopes = append(req.Envelopes, store.OutgoingEnvelope{EnvelopeID: id, Kind: kind, Envelope: env})
+	}
+	return req
+}
+
+// explore runs w, explores its crash states and checks every invariant on each.
+func explore(t *testing.T, w workload, weaken func(*fsx.Faulty)) result {
+	t.Helper()
+	c := &clock{}
+	c.ns.Store(time.Now().UnixNano())
+	dir := filepath.Join(t.TempDir(), "store")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if w.setup != nil {
+		w.setup(t, openAt(t, dir, c, nil), c)
+	}
+	initial, err := crashtest.Snapshot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var faulty *fsx.Faulty
+	s := openAt(t, dir, c, func(inner fsx.FS) fsx.FS {
+		faulty = fsx.NewFaulty(inner)
+		if weaken != nil {
+			weaken(faulty)
+		}
+		return faulty
+	})
+	var exps []expectation
+	ack := func(r store.Record, more ...store.Record) {
+		for _, r := range append([]store.Record{r}, more...) {
+			exps = append(exps, expectation{at: faulty.Count(), path: store.RecordPath(r.Kind(), r.RecordID()), kind: r.Kind(), id: r.RecordID(), rec: r})
+		}
+	}
+	gone := func(k store.Kind, id string) {
+		exps = append(exps, expectation{at: faulty.Count(), path: store.RecordPath(k, id), kind: k, id: id})
+	}
+	w.run(t, s, c, ack, gone)
+	log := faulty.Log()
+	var bounds []int
+	for _, e := range exps {
+		bounds = append(bounds, e.at)
+	}
+	states, err := crashtest.Explore(initial, log, bounds...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions := attemptedVersions(t, initial, log)
+	res := result{states: len(states)}
+	for i, st := range states {
+		sdir := filepath.Join(t.TempDir(), "state")
+		if err := os.Mkdir(sdir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Tree.Materialize(sdir); err != nil {
+			t.Fatal(err)
+		}
+		ageTree(t, sdir)
+		for _, v := range checkState(t, sdir, c, st, exps, versions) {
+			res.violations = append(res.violations, fmt.Sprintf("state %d (%s): %s", i, st.Desc, v))
+		}
+		os.RemoveAll(sdir)
+	}
+	return res
+}
+
+// ageTree dates every file of a crash state before this host's boot, as a power cut
+// and reboot would leave them.
+func ageTree(t *testing.T, dir string) {
+	long := time.Unix(86400, 0)
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil {
+			os.Chtimes(p, long, long)
+		}
+		return nil
+	})
+}
+
+// attemptedVersions parses every record the log wrote (and the initial tree holds),
+// by path: the only records a crash state may show as valid.
+func attemptedVersions(t *testing.T, initial *crashtest.Tree, log []fsx.Op) map[string][]store.Record {
+	out := map[string][]store.Record{}
+	id := owner(t)
+	parse := func(path string, data []byte) {
+		kind, base, ok := strings.Cut(path, "/")
+		if !ok {
+			return
+		}
+		k := store.Kind(kind)
+		if !k.Valid() {
+			return
+		}
+		// temps carry no id: find it in the header
+		var h struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(data, &h) != nil {
+			return
+		}
+		_ = base
+		r, err := store.ParseRecord(k, h.ID, data, id.DID(), id.Public())
+		if err == nil {
+			p := store.RecordPath(k, h.ID)
+			out[p] = append(out[p], r)
+		}
+	}
+	for _, n := range initial.Files() {
+		parse(n, initial.Inodes[initial.Names[n]])
+	}
+	for _, op := range log {
+		if op.Kind == fsx.OpWrite && op.Offset == 0 {
+			parse(op.Path, op.Data)
+		}
+	}
+	return out
+}
+
+// checkState opens the store in dir and checks the invariants of DESIGN §14.
+func checkState(t *testing.T, dir string, c *clock, st crashtest.State, exps []expectation, versions map[string][]store.Record) []string {
+	var bad []string
+	s := openAt(t, dir, c, nil)
+	// 1. Every acknowledged record state is there (or a later, unacknowledged
+	// change to it persisted).
+	latest := map[string]expectation{}
+	for _, e := range exps {
+		if e.at <= st.Prefix {
+			latest[e.path] = e
+		}
+	}
+	for p, e := range latest {
+		got, err := s.Get(e.kind, e.id)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("acknowledged %s unreadable: %v", p, err))
+			continue
+		}
+		if reflect.DeepEqual(got, e.rec) || (got == nil && e.rec == nil) {
+			continue
+		}
+		if laterChange(exps, e, got, versions) {
+			continue
+		}
+		bad = append(bad, fmt.Sprintf("acknowledged %s lost: got %s", p, summary(got)))
+	}
+	// 2. Nothing invalid is returned as valid: every record that reads is one we wrote.
+	for _, k := range store.Kinds {
+		ids, err := s.List(k)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("list %s: %v", k, err))
+			continue
+		}
+		for _, id := range ids {
+			got, err := s.Get(k, id)
+			if err != nil {
+				if !errors.Is(err, errcode.OutboxStoreInvalid) {
+					bad = append(bad, fmt.Sprintf("%s/%s: unexpected error %v", k, id, err))
+				}
+				continue
+			}
+			if got != nil && !isVersion(got, versions[store.RecordPath(k, id)]) {
+				bad = append(bad, fmt.Sprintf("%s/%s read as a record never written: %s", k, id, summary(got)))
+			}
+		}
+	}
+	// 3. A batch is all or nothing: every marker's members are present and consistent,
+	// and a queued message is visible only with its marker.
+	batches, _ := s.List(store.KindBatches)
+	for _, b := range batches {
+		if _, err := s.Committed(b); err != nil {
+			bad = append(bad, fmt.Sprintf("batch %s: %v", b, err))
+		}
+	}
+	msgs, _ := s.List(store.KindMessages)
+	for _, id := range msgs {
+		m, err := s.Message(id)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("message %s: %v", id, err))
+			continue
+		}
+		if m == nil {
+			continue
+		}
+		pending, err := s.Pending(context.Background(), id)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("pending of %s: %v", id, err))
+		}
+		for _, o := range pending {
+			if members, err := s.Committed(o.BatchID); err != nil || len(members) == 0 {
+				bad = append(bad, fmt.Sprintf("envelope %s dispatchable without its marker", o.EnvelopeID))
+			}
+		}
+	}
+	// 4. The store opens and accepts a new write (no wedge).
+	if _, err := s.Enqueue(context.Background(), sendRequest(c.Now(), 1)); err != nil {
+		bad = append(bad, fmt.Sprintf("store does not accept a new write: %v", err))
+	}
+	return bad
+}
+
+// laterChange reports whether got is the result of a change to e's record made after
+// e was acknowledged (a write or removal whose call had not returned at the crash).
+func laterChange(exps []expectation, e expectation, got store.Record, versions map[string][]store.Record) bool {
+	if got == nil {
+		// absent: allowed only if a removal was attempted after the acknowledgement
+		for _, x := range exps {
+			if x.path == e.path && x.at > e.at && x.rec == nil {
+				return true
+			}
+		}
+		return false
+	}
+	// present with another content: one of the versions written after e
+	vs := versions[e.path]
+	seenAck := false
+	for _, v := range vs {
+		if reflect.DeepEqual(v, e.rec) {
+			seenAck = true
+			continue
+		}
+		if seenAck && reflect.DeepEqual(v, got) {
+			return true
+		}
+	}
+	return false
+}
+
+func isVersion(r store.Record, vs []store.Record) bool {
+	for _, v := range vs {
+		if reflect.DeepEqual(v, r) {
+			return true
+		}
+	}
+	return false
+}
+
+func summary(r store.Record) string {
+	if r == nil {
+		return "<absent>"
+	}
+	b, _ := json.Marshal(r)
+	if len(b) > 160 {
+		b = append(b[:160], "…"...)
+	}
+	return string(b)
+}
+
+func put(ctx context.Context, s *store.Store, recs ...store.Record) error {
+	return s.Transaction(ctx, func(tx *store.Tx) error { return tx.PutAll(recs...) })
+}
+
+// workloads covers the operations of issue 6.
+func workloads() []workload {
+	ctx := context.Background()
+	return []workload{
+		{name: "single-write", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+			m := newMessage(c.Now())
+			if err := put(ctx, s, m); err != nil {
+				t.Fatal(err)
+			}
+			ack(m)
+		}},
+		{name: "removal", setup: func(t *testing.T, s *store.Store, c *clock) {
+			if err := put(ctx, s, fixedMessage(c)); err != nil {
+				t.Fatal(err)
+			}
+		}, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+			id := fixedMessage(c).MessageID
+			if err := s.Transaction(ctx, func(tx *store.Tx) error { return tx.Delete(store.KindMessages, id) }); err != nil {
+				t.Fatal(err)
+			}
+			gone(store.KindMessages, id)
+		}},
+		{name: "enqueue-3-envelopes", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+			req := sendRequest(c.Now(), 3)
+			m, err := s.Enqueue(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ack(m)
+			members, err := s.Pending(ctx, req.MessageID)
+			if err != nil || len(members) != 3 {
+				t.Fatal(members, err)
+			}
+			for _, o := range members {
+				ack(o)
+			}
+			b, _ := store.GetAs[*store.Batch](s, members[0].BatchID)
+			ack(b)
+		}},
+		{name: "prepared-4-records", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+			var recs []store.Record
+			for range 4 {
+				recs = append(recs, newMessage(c.Now()))
+			}
+			if err := s.PreparedTransaction(ctx, func(tx *store.Tx) error { return tx.PutAll(recs...) }); err != nil {
+				t.Fatal(err)
+			}
+			ack(recs[0], recs[1:]...)
+		}},
+		{name: "receipt-state-change", setup: func(t *testing.T, s *store.Store, c *clock) {
+			if err := put(ctx, s, fixedReceipt(c, store.ReceiptPersisted)); err != nil {
+				t.Fatal(err)
+			}
+		}, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+			r := fixedReceipt(c, store.ReceiptProcessed)
+			if err := s.PreparedTransaction(ctx, func(tx *store.Tx) error { return tx.Put(r) }); err != nil {
+				t.Fatal(err)
+			}
+			ack(r)
+		}},
+		{name: "maintenance", setup: maintenanceSetup, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+			ids, _ := s.List(store.KindOutbox)
+			batches, _ := s.List(store.KindBatches)
+			c.ns.Add(int64(2 * time.Hour)) // past the deadlines and the retention of one record
+			rep, err := s.Maintain(ctx)
+			if err != nil || len(rep.Errors) > 0 {
+				t.Fatal(err, rep.Errors)
+			}
+			if rep.BatchesFinished != 2 || rep.ClosedByDeadline == 0 || rep.OrphansRemoved != 1 || rep.ExpiredRemoved == 0 {
+				t.Fatalf("maintenance did not run every step: %+v", rep)
+			}
+			for _, id := range ids {
+				gone(store.KindOutbox, id)
+			}
+			for _, id := range batches {
+				gone(store.KindBatches, id)
+			}
+		}},
+		{name: "idempotency-bind-and-response", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+			start, err := s.BeginOperation(ctx, "key", []byte(`{"q":1}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ack(start.Operation)
+			b, _ := store.GetAs[*store.Binding](s, store.IdempotencyID("key"))
+			ack(b)
+			if err := s.CompleteOperation(ctx, start.Operation.OperationID, json.RawMessage(`{"ok":true}`)); err != nil {
+				t.Fatal(err)
+			}
+			done, _ := s.Operation(start.Operation.OperationID)
+			ack(done)
+		}},
+		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+			if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+}
+
+func fixedMessage(c *clock) *store.Message {
+	m := newMessage(time.UnixMilli(1_800_000_000_000))
+	m.MessageID = "11111111-2222-4333-8444-555555555555"
+	return m
+}
+
+func fixedReceipt(c *clock, state string) *store.Receipt {
+	now := time.UnixMilli(1_800_000_000_000)
+	return &store.Receipt{EnvelopeID: "66666666-7777-4888-9999-aaaaaaaaaaaa", SenderDID: string(peer()),
+		EnvelopeDigest: store.Digest([]byte("e")), State: state, ReceivedAt: now.UnixMilli(), RetainUntil: now.Add(24 * time.Hour).UnixMilli()}
+}
+
+// maintenanceSetup leaves work for every maintenance step: a batch past its deadline,
+// a settled batch, an orphan outbox record, a record past retention, an old temp.
+func maintenanceSetup(t *testing.T, s *store.Store, c *clock) {
+	ctx := context.Background()
+	now := c.Now()
+	late := sendRequest(now, 2)
+	late.DeliveryDeadline = now.Add(time.Minute)
+	if _, err := s.Enqueue(ctx, late); err != nil {
+		t.Fatal(err)
+	}
+	settled := sendRequest(now, 1)
+	if _, err := s.Enqueue(ctx, settled); err != nil {
+		t.Fatal(err)
+	}
+	o, _ := store.GetAs[*store.Outbox](s, settled.Envelopes[0].EnvelopeID)
+	o.State = store.StateRelayed
+	env := json.RawMessage(`{"orphan":1}`)
+	orphan := &store.Outbox{EnvelopeID: uuid.NewString(), MessageID: uuid.NewString(), BatchID: uuid.NewString(),
+		EnvelopeKind: store.EnvelopeMessage, State: store.StatePending, RelayURL: "http://127.0.0.1:9/", PeerOwnerDID: string(peer()),
+		DeliveryDeadline: now.Add(48 * time.Hour).UnixMilli(), NextAttemptAt: now.UnixMilli(), Envelope: env,
+		EnvelopeDigest: store.Digest(env), RetainUntil: now.Add(72 * time.Hour).UnixMilli()}
+	r := fixedReceipt(c, store.ReceiptTerminal)
+	r.ReceivedAt, r.RetainUntil = now.UnixMilli(), now.Add(time.Hour).UnixMilli()
+	if err := put(ctx, s, o, orphan, r); err != nil {
+		t.Fatal(err)
+	}
+	temp := filepath.Join(s.Dir(), "outbox", "."+uuid.NewString()+".tmp")
+	if err := os.WriteFile(temp, []byte("partial"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := now.Add(-3 * time.Hour)
+	os.Chtimes(temp, old, old)
+}
+
+func TestCrashStates(t *testing.T) {
+	total := 0
+	for _, w := range workloads() {
+		t.Run(w.name, func(t *testing.T) {
+			res := explore(t, w, nil)
+			total += res.states
+			t.Logf("%s: %d crash states explored", w.name, res.states)
+			for i, v := range res.violations {
+				if i == 10 {
+					t.Errorf("… and %d more", len(res.violations)-10)
+					break
+				}
+				t.Error(v)
+			}
+		})
+	}
+	t.Logf("%d crash states explored in all", total)
+	if total < 1000 {
+		t.Errorf("only %d crash states explored, want at least 1,000", total)
+	}
+}
+
+// The test of the test: a write path without the directory fsync, or without the
+// file fsync, must be caught.
+func TestCrashExplorerCatchesWeakenedProtocol(t *testing.T) {
+	single := workloads()[0]
+	enq := workloads()[2]
+	for _, c := range []struct {
+		name   string
+		weaken func(*fsx.Faulty)
+	}{
+		{"no-directory-fsync", func(f *fsx.Faulty) { f.DropSyncDir = true }},
+		{"no-file-fsync", func(f *fsx.Faulty) { f.DropSync = true }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, w := range []workload{single, enq} {
+				res := explore(t, w, c.weaken)
+				if len(res.violations) == 0 {
+					t.Errorf("%s: %d states explored and no violation found: the explorer is too weak", w.name, res.states)
+				} else {
+					t.Logf("%s: caught (%d violations), e.g. %s", w.name, len(res.violations), res.violations[0])
+				}
+			}
+		})
+	}
+}
