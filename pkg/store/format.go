@@ -42,33 +42,51 @@ func marshalPayload(r Record) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
+// ErrRecordInvalid is wrapped by EncodeRecord's errors for a record that cannot be
+// written: it fails its validation, or it would not read back as the same record.
+var ErrRecordInvalid = errors.New("store: record is invalid")
+
 // EncodeRecord validates r and returns its signed one-line file bytes:
 //
 //	{"v":1,"kind":K,"id":I,"signer":DID,"payload":{…},"sig":"<base64url>"}\n
 //
 // The signature is Ed25519 by signer over
 // "sealbridge/record/v1" 0x00 kind 0x00 id 0x00 payload-bytes.
+//
+// It refuses (ErrRecordInvalid) a record whose encoding would not parse back strictly
+// to the same record — say a string that is not UTF-8 (the encoder would replace it),
+// or raw JSON with duplicate keys — so a write that is acknowledged always reads back.
 func EncodeRecord(signer crypto.Signer, owner identity.DID, r Record) ([]byte, error) {
 	if err := r.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", ErrRecordInvalid, err)
 	}
 	kind, id := r.Kind(), r.RecordID()
 	if err := checkKindID(kind, id); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", ErrRecordInvalid, err)
 	}
 	payload, err := marshalPayload(r)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", ErrRecordInvalid, err)
+	}
+	back := newRecord(kind)
+	if err := decodeStrict(payload, back); err != nil || !reflect.DeepEqual(back, r) {
+		return nil, fmt.Errorf("%w: it does not read back as written (non-UTF-8 text or duplicate keys?)", ErrRecordInvalid)
 	}
 	sig, err := identity.SignDomain(signer, identity.DomainRecord, []byte(kind), []byte(id), payload)
 	if err != nil {
 		return nil, err
 	}
+	return encodeFile(fileHeader{V: FormatVersion, Kind: kind, ID: id, Signer: string(owner), Payload: payload,
+		Sig: sigEncoding.EncodeToString(sig)})
+}
+
+// encodeFile returns the canonical line of h: compact, fixed key order, no HTML
+// escaping, ending in '\n'.
+func encodeFile(h fileHeader) ([]byte, error) {
 	var buf bytes.Buffer
-	buf.Grow(len(payload) + 256)
+	buf.Grow(len(h.Payload) + 256)
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	h := fileHeader{V: FormatVersion, Kind: kind, ID: id, Signer: string(owner), Payload: payload, Sig: sigEncoding.EncodeToString(sig)}
 	if err := enc.Encode(&h); err != nil {
 		return nil, err
 	}
@@ -76,8 +94,8 @@ func EncodeRecord(signer crypto.Signer, owner identity.DID, r Record) ([]byte, e
 }
 
 // ParseRecord checks every content rule of DESIGN §4 on the bytes of the file
-// "<kind>/<id>.json" and returns the typed record. The bytes must be one line ending in
-// '\n'; the header must be strict (known keys only, no duplicates, no case variants);
+// "<kind>/<id>.json" and returns the typed record. The bytes must be exactly the
+// canonical line EncodeRecord writes (one line ending in '\n'); the header must be strict (known keys only, no duplicates, no case variants);
 // v must be known, kind and id must match the path, signer must be owner, the signature
 // must verify over the exact payload bytes, the payload must decode strictly into the
 // kind's schema and pass its validation, and the record's own id must match. File
@@ -93,6 +111,11 @@ func ParseRecord(kind Kind, id string, data []byte, owner identity.DID, ownerKey
 	if err := decodeStrict(data[:len(data)-1], &h); err != nil {
 		return nil, fmt.Errorf("record header: %w", err)
 	}
+	// Only the canonical line is a record: no whitespace, reordered keys, escapes or
+	// alternative encodings of the signature that would still decode the same.
+	if canon, err := encodeFile(h); err != nil || !bytes.Equal(canon, data) {
+		return nil, invalid("record is not in canonical form")
+	}
 	switch {
 	case h.V != FormatVersion:
 		return nil, invalid("unknown format version %d", h.V)
@@ -104,7 +127,8 @@ func ParseRecord(kind Kind, id string, data []byte, owner identity.DID, ownerKey
 		return nil, invalid("record is not signed by the store's owner")
 	}
 	sig, err := sigEncoding.DecodeString(h.Sig)
-	if err != nil || len(sig) != identity.SignatureSize {
+	if err != nil || len(sig) != identity.SignatureSize || sigEncoding.EncodeToString(sig) != h.Sig {
+		// The decoder skips '\r' and '\n': only the canonical encoding is accepted.
 		return nil, invalid("malformed signature")
 	}
 	if !identity.VerifyDomain(ownerKey, identity.DomainRecord, sig, []byte(kind), []byte(id), h.Payload) {
@@ -154,8 +178,18 @@ func checkKeys(data []byte, t reflect.Type) error {
 
 var rawMessageType = reflect.TypeOf(json.RawMessage(nil))
 
+// maxDepth bounds the nesting of a record file.
+const maxDepth = 64
+
+// checkRawKeys checks raw JSON for duplicate keys and nesting deeper than max.
+func checkRawKeys(data []byte, max int) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	return walkValue(dec, nil, maxDepth-max)
+}
+
 func walkValue(dec *json.Decoder, t reflect.Type, depth int) error {
-	if depth > 64 {
+	if depth > maxDepth {
 		return errDepth
 	}
 	for t != nil && t.Kind() == reflect.Pointer {

@@ -87,7 +87,9 @@ type Options struct {
 	// 4 MiB); a negative CacheEntries disables it.
 	CacheEntries int
 	CacheBytes   int64
-	// Now is the clock (default time.Now).
+	// Now is the clock (default time.Now). It dates records and also judges whether a
+	// file-system timestamp is "racy" (TimestampGranularity), so outside tests it must
+	// follow the wall clock.
 	Now func() time.Time
 	// LockWait and LockStale are the lock's bounds (defaults 2 s and 30 s).
 	LockWait, LockStale time.Duration

@@ -294,7 +294,11 @@ func (tx *Tx) Delete(k Kind, id string) error {
 func (s *Store) encode(w *write) error {
 	data, err := EncodeRecord(s.signer, s.owner, w.rec)
 	if err != nil {
-		return errcode.New(errcode.OutboxStoreUnwritable, where(w.rec), err)
+		code := errcode.OutboxStoreUnwritable
+		if errors.Is(err, ErrRecordInvalid) {
+			code = errcode.OutboxStoreInvalid
+		}
+		return errcode.New(code, where(w.rec), err)
 	}
 	if int64(len(data)) > s.limits.MaxBytes(w.kind) {
 		code := errcode.OutboxFull
