@@ -7,7 +7,7 @@ test:
 
 # the race detector over every package with concurrency
 race:
-    go test -race ./internal/... ./pkg/...
+    go test -race ./pkg/... ./internal/fsx ./internal/lockfile ./internal/lru
 
 # static checks
 vet:

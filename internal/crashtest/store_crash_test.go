@@ -476,6 +476,7 @@ func maintenanceSetup(t *testing.T, s *store.Store, c *clock) {
 		DeliveryDeadline: now.Add(48 * time.Hour).UnixMilli(), NextAttemptAt: now.UnixMilli(), Envelope: env,
 		EnvelopeDigest: store.Digest(env), RetainUntil: now.Add(72 * time.Hour).UnixMilli()}
 	r := fixedReceipt(c, store.ReceiptTerminal)
+	r.EnvelopeID = uuid.NewString()
 	r.ReceivedAt, r.RetainUntil = now.UnixMilli(), now.Add(time.Hour).UnixMilli()
 	if err := put(ctx, s, o, orphan, r); err != nil {
 		t.Fatal(err)

@@ -220,7 +220,11 @@ func (s *Store) indexCurrent(k Kind, ix *index, st Stamp) bool {
 		return false
 	case ix.stamp == st:
 		return true
-	case ix.stamp.Absent || st.Absent || ix.stamp.Dir.Dev != st.Dir.Dev || ix.stamp.Dir.Ino != st.Dir.Ino || st.Gen < ix.stamp.Gen:
+	case st.Absent || st.Gen < ix.stamp.Gen:
+		return false
+	case ix.stamp.Absent:
+		// The directory appeared; without a publication to k it holds only temps.
+	case ix.stamp.Dir.Dev != st.Dir.Dev || ix.stamp.Dir.Ino != st.Dir.Ino:
 		return false
 	}
 	if s.changedKinds(ix.stamp.Gen, st.Gen)[k] {

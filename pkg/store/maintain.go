@@ -238,7 +238,9 @@ func (s *Store) removeOldTemps(tx *Tx, k Kind, rep *MaintenanceReport) error {
 		rep.TempsRemoved++
 	}
 	if removed {
-		return s.fs.SyncDir(string(k))
+		if err := s.fs.SyncDir(string(k)); err != nil {
+			return writeError(string(k), err)
+		}
 	}
 	return nil
 }
