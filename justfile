@@ -22,6 +22,10 @@ fuzz time="30s":
 bench:
     go test -run '^$' -bench . -benchtime 1s ./pkg/store/
 
+# the crash proof: every crash state, every injected fault, and 5,000 real SIGKILLs
+crash kills="5000":
+    go test -count=1 -v -timeout 60m -run 'Crash|Fault|SIGKILL|Short|Fsync|EXDEV' ./internal/crashtest -crash.kills={{kills}}
+
 # everything CI does
 ci:
     bash .ci/run
