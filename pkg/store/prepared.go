@@ -340,3 +340,24 @@ var markKind = func() map[byte]Kind {
 	}
 	return m
 }()
+
+// Update is a staged single write: it reads record kind/id, gives fn a copy (nil if
+// absent), and durably writes the record fn returns (nil: nothing) — signed and
+// fsynced outside the lock, and published only if the record is still the one fn saw;
+// otherwise fn runs again on the new version. fn must have no side effects.
+func (s *Store) Update(ctx context.Context, k Kind, id string, fn func(cur Record) (Record, error)) error {
+	return s.PreparedTransaction(ctx, func(tx *Tx) error {
+		cur, err := tx.Get(k, id)
+		if err != nil {
+			return err
+		}
+		next, err := fn(cur)
+		if err != nil || next == nil {
+			return err
+		}
+		if next.Kind() != k || next.RecordID() != id {
+			return invalidAt(where(next), errors.New("Update must write the record it read"))
+		}
+		return tx.Put(next)
+	})
+}

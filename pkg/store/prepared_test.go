@@ -69,6 +69,16 @@ func TestPreparedHelperProcess(t *testing.T) {
 		t.Skip("helper process only")
 	}
 	parts := strings.Split(spec, "|")
+	if parts[2] == "lockonce" {
+		// One transaction that takes the lock at its first attempt or fails.
+		s := openStore(t, store.Options{Dir: parts[0], LockWait: -1})
+		if err := s.Transaction(context.Background(), func(tx *store.Tx) error {
+			return tx.Put(newMessage(t, time.Now()))
+		}); err != nil {
+			t.Fatalf("lock not free: %v", err)
+		}
+		return
+	}
 	n, _ := strconv.Atoi(parts[2])
 	s := openStore(t, store.Options{Dir: parts[0], LockWait: 30 * time.Second})
 	for i := 0; i < n; i++ {
@@ -222,26 +232,20 @@ func TestPreparedLastRoundLockedGuaranteesProgress(t *testing.T) {
 }
 
 // While a prepared transaction stages (a write held up in the file system), another
-// writer takes the lock and finishes: the lock is not held outside planning and
-// publishing.
+// process takes the lock at its first attempt and finishes a transaction: the lock is
+// held only for planning and publishing.
 func TestPreparedLockNotHeldWhileStaging(t *testing.T) {
 	dir := t.TempDir()
-	other := openStore(t, store.Options{Dir: dir, LockWait: 10 * time.Second})
 	m := newMessage(t, time.Now())
-	mustPut(t, other, m)
+	mustPut(t, openStore(t, store.Options{Dir: dir}), m)
 	var once sync.Once
-	otherDone := make(chan error, 1)
 	s := openStore(t, store.Options{Dir: dir, WrapFS: stagingHook(func() {
 		once.Do(func() {
-			// Our staging write is held here until the other writer has finished a
-			// whole transaction under the lock.
-			go func() {
-				otherDone <- other.Transaction(context.Background(), func(tx *store.Tx) error {
-					return tx.Put(newMessage(t, time.Now()))
-				})
-			}()
-			if err := <-otherDone; err != nil {
-				t.Errorf("the other writer could not take the lock while we staged: %v", err)
+			// Our staging write is held here until the other process is done.
+			cmd := exec.Command(os.Args[0], "-test.run=^TestPreparedHelperProcess$", "-test.count=1")
+			cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|-|lockonce", preparedHelperEnv, dir))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Errorf("another process could not take the lock while we staged: %v\n%s", err, out)
 			}
 		})
 	})})
@@ -250,6 +254,9 @@ func TestPreparedLockNotHeldWhileStaging(t *testing.T) {
 	}
 	if got := counterValue(t, dir, m.MessageID); got != 1 {
 		t.Fatalf("counter = %d, want 1", got)
+	}
+	if ids, _ := s.List(store.KindMessages); len(ids) != 2 {
+		t.Fatalf("%d messages, want 2 (the other process's write)", len(ids))
 	}
 }
 
@@ -306,4 +313,38 @@ func TestPreparedGroupCommitSharesDirectoryFsyncs(t *testing.T) {
 		t.Fatalf("%d directory fsyncs for %d senders: publications were not grouped", syncDirs, senders)
 	}
 	t.Logf("%d senders: %d renames, %d directory fsyncs", senders, renames, syncDirs)
+}
+
+func TestUpdateStagedSingleWrite(t *testing.T) {
+	dir := t.TempDir()
+	other := openStore(t, store.Options{Dir: dir})
+	m := newMessage(t, time.Now())
+	mustPut(t, other, m)
+	var seen []int
+	var once sync.Once
+	s := openStore(t, store.Options{Dir: dir, WrapFS: stagingHook(func() {
+		once.Do(func() { // a concurrent change while the first version is staged
+			cur, _ := store.GetAs[*store.Message](other, m.MessageID)
+			cur.Attempts = 5
+			mustPut(t, other, cur)
+		})
+	})})
+	err := s.Update(context.Background(), store.KindMessages, m.MessageID, func(cur store.Record) (store.Record, error) {
+		msg := cur.(*store.Message)
+		seen = append(seen, msg.Attempts)
+		msg.Status = store.StatusRelayed
+		return msg, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := store.GetAs[*store.Message](openStore(t, store.Options{Dir: dir, CacheEntries: -1}), m.MessageID)
+	if len(seen) != 2 || seen[0] != 0 || seen[1] != 5 || got.Attempts != 5 || got.Status != store.StatusRelayed {
+		t.Fatalf("fn saw %v; stored %+v: the stale version was published or the change lost", seen, got)
+	}
+	// Writing another record than the one read is refused.
+	err = s.Update(context.Background(), store.KindMessages, m.MessageID, func(store.Record) (store.Record, error) {
+		return newMessage(t, time.Now()), nil
+	})
+	wantCode(t, err, errcode.OutboxStoreInvalid)
 }
