@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sealbridge/sealbridge/fsfixtures"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// bin is the sealbridge-fsck binary built once for this package's tests.
+var bin string
+
+func TestMain(m *testing.M) {
+	tmp, err := os.MkdirTemp("", "sealbridge-fsck-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	bin = filepath.Join(tmp, "sealbridge-fsck")
+	// -buildvcs=auto: stamp the VCS revision when built inside a checkout.
+	if out, err := exec.Command("go", "build", "-buildvcs=auto", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building sealbridge-fsck: %v\n%s", err, out)
+		os.RemoveAll(tmp)
+		os.Exit(2)
+	}
+	code := m.Run()
+	os.RemoveAll(tmp)
+	os.Exit(code)
+}
+
+// execBin runs the binary and returns its exit code and output.
+func execBin(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return result{0, out.String(), errb.String()}
+	case errors.As(err, &ee):
+		return result{ee.ExitCode(), out.String(), errb.String()}
+	}
+	t.Fatal(err)
+	return result{}
+}
+
+// TestBinary: the built program agrees with the goldens and the exit codes.
+func TestBinary(t *testing.T) {
+	for _, name := range []string{"combined", "valid", "live-lock"} {
+		t.Run(name, func(t *testing.T) {
+			dir := fsfixtures.Build(t, name)
+			hash := fsfixtures.HashTree(t, dir)
+			r := execBin(t, "--json", dir)
+			if diff := fsfixtures.DiffGolden(fsfixtures.ReadGolden(t, name), goldenOf(r.code, doc(t, r).Findings)); diff != "" {
+				t.Fatalf("binary --json differs from the golden:\n%s", diff)
+			}
+			if fsfixtures.HashTree(t, dir) != hash {
+				t.Fatal("a read-only run changed the store")
+			}
+			want := map[string]int{"combined": exitRepaired, "valid": exitClean, "live-lock": exitOperational}[name]
+			if rr := execBin(t, "--repair", dir); rr.code != want {
+				t.Fatalf("--repair exit %d, want %d\n%s%s", rr.code, want, rr.stdout, rr.stderr)
+			}
+			if name == "live-lock" {
+				if fsfixtures.HashTree(t, dir) != hash {
+					t.Fatal("--repair with a live lock (held by another process) changed the store")
+				}
+				return
+			}
+			if again := execBin(t, dir); again.code != exitClean {
+				t.Fatalf("second run exit %d\n%s", again.code, again.stdout)
+			}
+		})
+	}
+}
+
+func TestBinaryVersionAndHelp(t *testing.T) {
+	r := execBin(t, "--version")
+	if r.code != 0 || !regexp.MustCompile(`^sealbridge-fsck \S+( rev [0-9a-f]{12}(\+dirty)?)? go1\.\S+\n$`).MatchString(r.stdout) {
+		t.Fatalf("exit %d: %q", r.code, r.stdout)
+	}
+	h := execBin(t, "-h")
+	for _, code := range []string{"  0 ", "  1 ", "  4 ", "  8 ", "  16 ", "  32 "} {
+		if !strings.Contains(h.stdout, code) {
+			t.Errorf("help does not list exit code %q", code)
+		}
+	}
+	if u := execBin(t); u.code != exitUsage {
+		t.Fatalf("no arguments: exit %d", u.code)
+	}
+}
+
+// interruptAfter starts the binary, waits for a stderr line matching trigger, sends
+// SIGINT, and returns the exit code and stderr.
+func interruptAfter(t *testing.T, trigger *regexp.Regexp, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var errb strings.Builder
+	sc := bufio.NewScanner(stderr)
+	signalled := false
+	for sc.Scan() {
+		errb.WriteString(sc.Text() + "\n")
+		if !signalled && trigger.MatchString(sc.Text()) {
+			if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+				t.Fatal(err)
+			}
+			signalled = true
+		}
+	}
+	err = cmd.Wait()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if !signalled {
+		t.Fatalf("never saw %q on stderr:\n%s", trigger, errb.String())
+	}
+	return result{code, out.String(), errb.String()}
+}
+
+// TestSIGINTDuringCheck: Ctrl-C during a check exits 32 and the store is unchanged.
+func TestSIGINTDuringCheck(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid-large", fsfixtures.Records(6000))
+	hash := fsfixtures.HashTree(t, dir)
+	r := interruptAfter(t, regexp.MustCompile(`^sealbridge-fsck: checked [1-9][0-9]*/6000 records$`), "--progress", dir)
+	if r.code != exitCancelled || !strings.Contains(r.stderr, "cancelled; the store is intact") {
+		t.Fatalf("exit %d\n%s", r.code, r.stderr)
+	}
+	if fsfixtures.HashTree(t, dir) != hash {
+		t.Fatal("an interrupted check changed the store")
+	}
+}
+
+// TestSIGINTDuringRepair: Ctrl-C during a repair exits 32, every file is in place or
+// in lost+found with its note, and the next repair finishes the job.
+func TestSIGINTDuringRepair(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid-large", fsfixtures.Records(900))
+	// Remove every batch marker: 300 orphan members to move, one by one.
+	ents, err := os.ReadDir(filepath.Join(dir, string(store.KindBatches)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if err := os.Remove(filepath.Join(dir, string(store.KindBatches), e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := fsfixtures.Files(t, dir)
+	r := interruptAfter(t, regexp.MustCompile(`^sealbridge-fsck: repaired [1-9][0-9]*/300 problems$`), "--progress", "--repair", dir)
+	if r.code != exitCancelled || !regexp.MustCompile(`cancelled; the store is intact \(\d+ changes? made\)`).MatchString(r.stderr) {
+		t.Fatalf("exit %d\n%s", r.code, r.stderr)
+	}
+	fsfixtures.AssertKept(t, dir, files, func(string) bool { return false })
+	moved := len(fsfixtures.LostFound(t, dir))
+	if moved == 0 || moved == 300 {
+		t.Fatalf("interrupted after %d of 300 moves: not during the repair", moved)
+	}
+	t.Logf("interrupted after %d of 300 moves", moved)
+	rr := runArgs(t, "--repair", "--json", dir)
+	if rr.code != exitRepaired {
+		t.Fatalf("the next repair: exit %d\n%s", rr.code, rr.stdout)
+	}
+	var d document
+	if err := json.Unmarshal([]byte(rr.stdout), &d); err != nil || len(*d.Repairs) != 300-moved {
+		t.Fatalf("the next repair made %d moves, want %d (%v)", len(*d.Repairs), 300-moved, err)
+	}
+	if again := runArgs(t, dir); again.code != exitClean {
+		t.Fatalf("then: exit %d", again.code)
+	}
+	fsfixtures.AssertKept(t, dir, files, func(string) bool { return false })
+}

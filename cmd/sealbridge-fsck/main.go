@@ -1,0 +1,532 @@
+// Command sealbridge-fsck checks a sealbridge store offline and, with --repair,
+// repairs it. See usage below and docs/FSCK.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sealbridge/sealbridge/pkg/fsck"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+const usage = `usage: sealbridge-fsck [--json] [--repair] [--progress] STORE-DIR
+       sealbridge-fsck [--json] [--repair] [--progress] --home DIR --identity DID
+       sealbridge-fsck --version
+
+Checks a sealbridge store directory offline: every record against the store's
+validity rules (signatures verified on every core), batches, orphans, messages,
+receipts, leftover temps, the lock, modes, owners, symbolic links and unknown
+files. Read-only unless --repair is given. Never needs the private key.
+
+  STORE-DIR          the store directory (<data root>/delivery/<hex sha256(DID)>)
+  --home DIR         the data root (default: $SEALBRIDGE_HOME, else
+                     $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge)
+  --identity DID     the owner's did:key; with --home (or the default data root)
+                     it names the store, with STORE-DIR it must match its name
+  --repair           repair what can be repaired: files it does not keep are moved
+                     (never deleted) into lost+found/ with a note; stale temps and
+                     a stale lock are removed. Refused while the store is in use
+  --json             print one JSON document (schema in docs/FSCK.md)
+  --progress         report progress on stderr even when it is not a terminal
+                     (by default a bar is shown only on a terminal, for large stores)
+  --version          print the version and exit
+
+EXIT STATUS
+  0   no problems found
+  1   problems were found and all were repaired
+  4   problems are left (found by a check, or not repairable)
+  8   operational error: the store cannot be checked (missing, not a directory,
+      another user's, owner unknown) or the store is in use during --repair
+  16  usage error
+  32  cancelled (Ctrl-C); the store is left intact
+
+EXAMPLES
+  sealbridge-fsck ~/.local/state/sealbridge/delivery/256caa67…
+  sealbridge-fsck --home ~/.local/state/sealbridge --identity did:key:z6Mk…
+  sealbridge-fsck --repair --json STORE-DIR
+`
+
+// Exit codes, fsck(8)'s convention.
+const (
+	exitClean       = 0
+	exitRepaired    = 1
+	exitProblems    = 4
+	exitOperational = 8
+	exitUsage       = 16
+	exitCancelled   = 32
+)
+
+// largeStore is the number of records from which a progress bar is shown on a
+// terminal.
+const largeStore = 10_000
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the whole program: parse args, check or repair, print, and return the exit
+// code. SIGINT and SIGTERM cancel it (exit 32).
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runContext(ctx, args, stdout, stderr)
+}
+
+// Test seams.
+var (
+	isTerminal = func(w io.Writer) bool {
+		f, ok := w.(*os.File)
+		if !ok {
+			return false
+		}
+		_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+		return err == nil
+	}
+	// testOnlyProgress, if set, is called with every progress report.
+	testOnlyProgress func(fsck.Progress)
+	// testOnlyRepair, if set, is called after every repair.
+	testOnlyRepair func(fsck.ActionResult)
+)
+
+var errUsage = errors.New("usage error")
+
+type config struct {
+	json, repair, progress, version bool
+	home                            string
+	identity                        identity.DID
+	dir                             string
+	viaHome                         bool // the store was named by --home/--identity
+}
+
+func parseArgs(args []string, stderr io.Writer) (config, error) {
+	var c config
+	var identityFlag string
+	fs := flag.NewFlagSet("sealbridge-fsck", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&c.json, "json", false, "")
+	fs.BoolVar(&c.repair, "repair", false, "")
+	fs.BoolVar(&c.progress, "progress", false, "")
+	fs.BoolVar(&c.version, "version", false, "")
+	fs.StringVar(&c.home, "home", "", "")
+	fs.StringVar(&identityFlag, "identity", "", "")
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return c, flag.ErrHelp
+			}
+			return c, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if c.version {
+		return c, nil
+	}
+	if identityFlag != "" {
+		if _, err := identity.ParseDID(identityFlag); err != nil {
+			return c, fmt.Errorf("%w: --identity %q is not a valid did:key", errUsage, identityFlag)
+		}
+		c.identity = identity.DID(identityFlag)
+	}
+	switch {
+	case len(positional) > 1:
+		return c, fmt.Errorf("%w: one STORE-DIR only (got %d)", errUsage, len(positional))
+	case len(positional) == 1 && c.home != "":
+		return c, fmt.Errorf("%w: give STORE-DIR or --home DIR --identity DID, not both", errUsage)
+	case len(positional) == 1:
+		c.dir = positional[0]
+	case c.identity == "":
+		return c, fmt.Errorf("%w: no store: give STORE-DIR, or --home DIR --identity DID", errUsage)
+	default:
+		root, err := store.DataRoot(c.home)
+		if err != nil {
+			return c, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		c.dir = filepath.Join(root, filepath.FromSlash(store.StoreDirName(c.identity)))
+		c.viaHome = true
+	}
+	if abs, err := filepath.Abs(c.dir); err == nil {
+		c.dir = abs
+	}
+	return c, nil
+}
+
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseArgs(args, stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, usage)
+		return exitClean
+	case err != nil:
+		fmt.Fprintf(stderr, "sealbridge-fsck: error: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		fmt.Fprintf(stderr, "sealbridge-fsck: hint: run sealbridge-fsck -h for help\n")
+		return exitCode(err, nil, nil)
+	case cfg.version:
+		fmt.Fprintf(stdout, "sealbridge-fsck %s\n", version())
+		return exitClean
+	}
+
+	bar := &progressBar{w: stderr, tty: isTerminal(stderr), force: cfg.progress, now: time.Now}
+	opts := fsck.Options{Owner: cfg.identity, Tool: "sealbridge-fsck " + version(), Progress: func(p fsck.Progress) {
+		bar.update(p)
+		if testOnlyProgress != nil {
+			testOnlyProgress(p)
+		}
+	}, OnRepair: func(a fsck.ActionResult) {
+		if testOnlyRepair != nil {
+			testOnlyRepair(a)
+		}
+	}}
+	var before, after *fsck.Report
+	var repairs []fsck.ActionResult
+	if cfg.repair {
+		var rr *fsck.RepairReport
+		rr, err = fsck.Repair(ctx, cfg.dir, opts)
+		if rr != nil {
+			before, after, repairs = rr.Before, rr.After, rr.Actions
+		}
+	} else {
+		before, err = fsck.Check(ctx, cfg.dir, opts)
+	}
+	bar.finish()
+	code := exitCode(err, before, after)
+	if cfg.json {
+		writeJSON(stdout, cfg, before, after, repairs, err, code)
+	} else if err == nil {
+		writeHuman(stdout, cfg, before, after, repairs)
+	}
+	if err != nil {
+		writeError(stderr, cfg, err, repairs, code)
+	}
+	return code
+}
+
+// exitCode is the one place that maps an outcome to an exit code.
+func exitCode(err error, before, after *fsck.Report) int {
+	switch {
+	case errors.Is(err, errUsage):
+		return exitUsage
+	case errors.Is(err, context.Canceled):
+		return exitCancelled
+	case err != nil:
+		return exitOperational
+	case before.Problems() == 0:
+		return exitClean
+	case after != nil && after.Problems() == 0:
+		return exitRepaired
+	default:
+		return exitProblems
+	}
+}
+
+func writeError(w io.Writer, cfg config, err error, repairs []fsck.ActionResult, code int) {
+	done := 0
+	for _, a := range repairs {
+		if a.Result == fsck.ResultDone {
+			done++
+		}
+	}
+	switch code {
+	case exitCancelled:
+		fmt.Fprintf(w, "sealbridge-fsck: cancelled; the store is intact (%d %s made)\n", done, plural(done, "change", "changes"))
+		return
+	}
+	fmt.Fprintf(w, "sealbridge-fsck: error: %v\n", err)
+	switch {
+	case errors.Is(err, fsck.ErrLive):
+		fmt.Fprintf(w, "sealbridge-fsck: hint: nothing was changed%s; check without --repair to see the findings\n", changedNote(done))
+	case errors.Is(err, fsck.ErrOwner):
+		fmt.Fprintf(w, "sealbridge-fsck: hint: give the owner: sealbridge-fsck --identity did:key:… %s\n", shellQuote(cfg.dir))
+	}
+}
+
+func changedNote(done int) string {
+	if done == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" after %d %s", done, plural(done, "change", "changes"))
+}
+
+// repairCommand is the exact command that repairs what a check found.
+func repairCommand(cfg config) string {
+	if cfg.viaHome {
+		cmd := "sealbridge-fsck --repair"
+		if cfg.home != "" {
+			cmd += " --home " + shellQuote(cfg.home)
+		}
+		return cmd + " --identity " + string(cfg.identity)
+	}
+	cmd := "sealbridge-fsck --repair"
+	if cfg.identity != "" {
+		cmd += " --identity " + string(cfg.identity)
+	}
+	return cmd + " " + shellQuote(cfg.dir)
+}
+
+// shellQuote quotes s for a POSIX shell if it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./+:@=,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// version is the module version and VCS revision of this binary.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown version)"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		if modified == "true" {
+			rev += "+dirty"
+		}
+		v += " rev " + rev
+	}
+	return v + " " + bi.GoVersion
+}
+
+// document is the --json output (docs/FSCK.md).
+type document struct {
+	Schema        string               `json:"schema"`
+	Tool          string               `json:"tool"`
+	Store         string               `json:"store"`
+	Mode          string               `json:"mode"`
+	Owner         string               `json:"owner,omitempty"`
+	OwnerSource   string               `json:"ownerSource,omitempty"`
+	Lock          string               `json:"lock,omitempty"`
+	Summary       *summary             `json:"summary,omitempty"`
+	Findings      []fsck.Finding       `json:"findings"`
+	Repairs       *[]fsck.ActionResult `json:"repairs,omitempty"`
+	Remaining     *[]fsck.Finding      `json:"remaining,omitempty"`
+	RepairCommand string               `json:"repairCommand,omitempty"`
+	ExitCode      int                  `json:"exitCode"`
+	Error         string               `json:"error,omitempty"`
+}
+
+type summary struct {
+	Records    int   `json:"records"`
+	Valid      int   `json:"valid"`
+	Problems   int   `json:"problems"`
+	Repairable int   `json:"repairable"`
+	Notes      int   `json:"notes"`
+	LostFound  int   `json:"lostFound"`
+	DurationMs int64 `json:"durationMs"`
+	Repaired   *int  `json:"repaired,omitempty"`
+	Left       *int  `json:"left,omitempty"`
+}
+
+const schema = "sealbridge-fsck/v1"
+
+func writeJSON(w io.Writer, cfg config, before, after *fsck.Report, repairs []fsck.ActionResult, err error, code int) {
+	doc := document{Schema: schema, Tool: "sealbridge-fsck " + version(), Store: cfg.dir, Mode: "check",
+		Findings: []fsck.Finding{}, ExitCode: code}
+	if cfg.repair {
+		doc.Mode = "repair"
+	}
+	if err != nil {
+		doc.Error = err.Error()
+	}
+	if before != nil {
+		doc.Owner, doc.OwnerSource, doc.Lock = string(before.Owner), string(before.OwnerSource), before.Lock
+		doc.Findings = before.Findings
+		doc.Summary = &summary{Records: before.Records, Valid: before.Valid, Problems: before.Problems(),
+			Repairable: before.Repairable(), Notes: before.Notes(), LostFound: before.LostFound,
+			DurationMs: before.Duration.Milliseconds()}
+	}
+	if cfg.repair {
+		rs := repairs
+		if rs == nil {
+			rs = []fsck.ActionResult{}
+		}
+		doc.Repairs = &rs
+		if after != nil {
+			rem := after.Findings
+			doc.Remaining = &rem
+			repaired, left := countDone(repairs), after.Problems()
+			doc.Summary.Repaired, doc.Summary.Left = &repaired, &left
+		}
+	}
+	if code == exitProblems {
+		doc.RepairCommand = repairCommand(cfg)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(doc)
+}
+
+func countDone(rs []fsck.ActionResult) int {
+	n := 0
+	for _, a := range rs {
+		if a.Result == fsck.ResultDone {
+			n++
+		}
+	}
+	return n
+}
+
+func writeHuman(w io.Writer, cfg config, before, after *fsck.Report, repairs []fsck.ActionResult) {
+	final := before
+	if after != nil {
+		final = after
+	}
+	fmt.Fprintf(w, "sealbridge-fsck: %s: %d %s checked, %d %s (%d repairable), %d %s, in %s\n",
+		cfg.dir, before.Records, plural(before.Records, "record", "records"), before.Problems(),
+		plural(before.Problems(), "problem", "problems"), before.Repairable(), before.Notes(),
+		plural(before.Notes(), "note", "notes"), before.Duration.Round(time.Millisecond))
+	if cfg.repair {
+		for _, a := range repairs {
+			word := map[string]string{fsck.ResultDone: "repaired", fsck.ResultSkipped: "skipped ", fsck.ResultFailed: "FAILED  "}[a.Result]
+			fmt.Fprintf(w, "%s  %-21s %s: %s\n", word, a.Code, a.Path, a.Detail)
+		}
+		if after != nil && len(repairs) > 0 {
+			fmt.Fprintf(w, "after repair: %d %s left, %d %s; lost+found holds %d %s\n", after.Problems(),
+				plural(after.Problems(), "problem", "problems"), after.Notes(), plural(after.Notes(), "note", "notes"),
+				after.LostFound, plural(after.LostFound, "entry", "entries"))
+		}
+		for _, f := range final.Findings {
+			writeFinding(w, f)
+		}
+	} else {
+		for _, f := range before.Findings {
+			writeFinding(w, f)
+		}
+	}
+	left := final.Problems()
+	if left == 0 {
+		return
+	}
+	repairable := final.Repairable()
+	switch {
+	case repairable > 0:
+		fmt.Fprintf(w, "%d %s left; to repair %s: %s\n", left, plural(left, "problem", "problems"),
+			plural(repairable, "it", "them"), repairCommand(cfg))
+		if repairable < left {
+			fmt.Fprintf(w, "%d %s cannot be repaired by sealbridge-fsck: see its action above\n", left-repairable, plural(left-repairable, "problem", "problems"))
+		}
+	default:
+		fmt.Fprintf(w, "%d %s left that sealbridge-fsck cannot repair: see the actions above, then run: %s\n",
+			left, plural(left, "problem", "problems"), repairCommand(cfg))
+	}
+}
+
+func writeFinding(w io.Writer, f fsck.Finding) {
+	line := fmt.Sprintf("%-7s  %-21s %s: %s", f.Severity, f.Code, f.Path, f.Explanation)
+	if f.Holder != nil {
+		line += fmt.Sprintf(" (pid %d on host %q since %s)", f.Holder.Pid, f.Holder.Host, f.Holder.Time.Format(time.RFC3339))
+	}
+	if f.Severity == fsck.Problem {
+		line += " [" + repairWord(f) + "]"
+	}
+	fmt.Fprintln(w, line)
+}
+
+func repairWord(f fsck.Finding) string {
+	if f.Repairable {
+		return "repair: " + f.Action
+	}
+	return "not repairable: " + strings.TrimPrefix(f.Action, "none: ")
+}
+
+// progressBar draws progress on stderr: a bar redrawn in place on a terminal for a
+// large store, or, when forced (--progress) on a non-terminal, a line every 10%.
+type progressBar struct {
+	w           io.Writer
+	tty, force  bool
+	now         func() time.Time
+	stage       string
+	large       bool // the store is large: a bar on a terminal, for every stage
+	last        time.Time
+	lastTenth   int
+	drawn, done bool
+}
+
+func (b *progressBar) update(p fsck.Progress) {
+	if p.Stage != b.stage {
+		b.finish()
+		*b = progressBar{w: b.w, tty: b.tty, force: b.force, now: b.now, stage: p.Stage, large: b.large}
+	}
+	if p.Stage == fsck.StageVerify && p.Total >= largeStore {
+		b.large = true
+	}
+	if p.Total == 0 || b.done {
+		return
+	}
+	verb, noun := "checking", "records"
+	if p.Stage == fsck.StageRepair {
+		verb, noun = "repairing", "problems"
+	}
+	switch {
+	case b.tty && (b.force || b.large):
+		if now := b.now(); p.Done < p.Total && now.Sub(b.last) < 100*time.Millisecond {
+			return
+		} else {
+			b.last = now
+		}
+		const width = 30
+		fill := width * p.Done / p.Total
+		fmt.Fprintf(b.w, "\r\033[K%s [%s%s] %3d%% %d/%d %s", verb, strings.Repeat("#", fill),
+			strings.Repeat(".", width-fill), 100*p.Done/p.Total, p.Done, p.Total, noun)
+		b.drawn = true
+	case b.force:
+		if tenth := 10 * p.Done / p.Total; tenth > b.lastTenth || p.Done == p.Total {
+			b.lastTenth = tenth
+			past := map[string]string{"checking": "checked", "repairing": "repaired"}[verb]
+			fmt.Fprintf(b.w, "sealbridge-fsck: %s %d/%d %s\n", past, p.Done, p.Total, noun)
+		}
+	}
+	if p.Done == p.Total {
+		b.finish()
+	}
+}
+
+// finish ends a bar drawn in place, so what follows starts on a clean line.
+func (b *progressBar) finish() {
+	if b.drawn && !b.done {
+		fmt.Fprint(b.w, "\r\033[K")
+	}
+	b.done = b.done || b.drawn
+}

@@ -1,0 +1,38 @@
+// Package fsck inspects a sealbridge store directory offline, explains what it finds,
+// and repairs it. It is the library behind sealbridge-fsck; docs/FSCK.md is its
+// reference (every finding code, its meaning and its repair).
+//
+// # Checking
+//
+// Check walks one store directory and reports Findings, each with a stable Code, the
+// path, a one-line explanation and the action Repair would take. It checks:
+//
+//   - the store directory, the kind directories, lost+found and .generation: type,
+//     owner and mode (fsx.CheckPrivateDir / CheckPrivateFile), and no symbolic links;
+//   - every "<kind>/<id>.json" against every validity rule of DESIGN §4, by the
+//     store's own store.ParseRecord after a bounded, O_NOFOLLOW read (fsx.ReadFile):
+//     validity is never re-coded here. Verification runs on every core;
+//   - batches: every member a marker lists present, valid and consistent
+//     (store.CheckBatch); outbox records that no intact marker lists (orphans);
+//   - messages (a queued message no intact batch commits; an intact batch without its
+//     message record), receipts against observations (a receipt whose state went
+//     back down), records past retainUntil;
+//   - staged temps (with their age) and unknown names;
+//   - the lock (lockfile.Inspect: absent, live with its holder, held, stale,
+//     planted) and orphan lock temps.
+//
+// Check never writes: it lists, lstats, reads, and tries (and at once releases) the
+// lock's flock. It never needs the private key: the owner's DID comes from
+// Options.Owner or from the records' signer, confirmed against the store directory's
+// name (<data root>/delivery/<hex sha256(DID)>).
+//
+// # Repairing
+//
+// Repair refuses to run while the lock is live or a daemon serves the store. It moves
+// (never deletes) every file it will not keep into lost+found/ with a JSON note, removes
+// stale temps, a stale lock and orphan lock temps, unwinds broken batches marker first,
+// fixes modes, and rewrites hard-linked or foreign-owned valid records as private
+// copies of the same bytes. Each change is made under the store lock, after checking
+// that the file is still the one the check saw, and is durable when made. A second run
+// finds nothing to repair.
+package fsck

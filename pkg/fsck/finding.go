@@ -1,0 +1,287 @@
+package fsck
+
+import (
+	"errors"
+	"time"
+
+	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// Code is the stable name of a kind of finding. docs/FSCK.md lists every code with
+// its meaning and its repair.
+type Code string
+
+// Problems: the store is damaged or not as the store would leave it. Each makes the
+// default run exit 4 (problems left) unless repaired.
+const (
+	// CodeRecordInvalid: a "<kind>/<id>.json" file that the store refuses
+	// (store.ParseRecord or the read failed): truncated, tampered, foreign signer,
+	// wrong id or kind, bad schema. Repair moves it to lost+found.
+	CodeRecordInvalid Code = "record-invalid"
+	// CodeOversize: a record file larger than its kind's limit; never read. Moved.
+	CodeOversize Code = "oversize"
+	// CodeSymlink: a symbolic link anywhere in the store. The link itself is moved.
+	CodeSymlink Code = "symlink"
+	// CodeWrongType: a name of the layout with the wrong file type (a FIFO named like
+	// a record, a kind name that is a file, …). Moved.
+	CodeWrongType Code = "wrong-type"
+	// CodeBadMode: a directory or file with group or other permission bits. Repair
+	// sets 0700 or 0600.
+	CodeBadMode Code = "bad-mode"
+	// CodeBadOwner: owned by another user. A valid record (or the generation file) is
+	// rewritten as our own private copy; a directory cannot be repaired.
+	CodeBadOwner Code = "bad-owner"
+	// CodeHardLink: a record or the generation file with more than one link. It is
+	// rewritten as a private copy with the same bytes.
+	CodeHardLink Code = "hard-link"
+	// CodeUnknownFile: a name that is not part of the layout. Moved.
+	CodeUnknownFile Code = "unknown-file"
+	// CodeTempLeftover: a staged write older than store.TempMaxAge. Removed.
+	CodeTempLeftover Code = "temp-leftover"
+	// CodeLockStale: a ".lock" whose holder is gone. Removed.
+	CodeLockStale Code = "lock-stale"
+	// CodeLockInvalid: a ".lock" that is a symbolic link, not a regular file, or owned
+	// by another user: every writer refuses the store until it is gone. Moved.
+	CodeLockInvalid Code = "lock-invalid"
+	// CodeLockTempLeftover: an orphan ".lock-<uuid>.tmp" older than the stale bound.
+	// Removed.
+	CodeLockTempLeftover Code = "lock-temp-leftover"
+	// CodeGenerationInvalid: ".generation" is not a regular file. Moved (the store
+	// makes a new one at its next publication).
+	CodeGenerationInvalid Code = "generation-invalid"
+	// CodeLostFoundInvalid: "lost+found" is not a directory. Not repairable.
+	CodeLostFoundInvalid Code = "lost-found-invalid"
+	// CodeBatchMissingMember: a batch marker lists a member that is absent or invalid.
+	// The batch is unwound: its marker is moved first, then its present members.
+	CodeBatchMissingMember Code = "batch-missing-member"
+	// CodeBatchInconsistent: every member is present but store.CheckBatch refuses the
+	// batch. Unwound like a missing member.
+	CodeBatchInconsistent Code = "batch-inconsistent"
+	// CodeOrphanOutbox: an outbox record that no intact marker lists (a half-done
+	// enqueue, or a member of an unwound batch). Moved, after its marker.
+	CodeOrphanOutbox Code = "orphan-outbox"
+	// CodeReceiptRegressed: a receipt still "persisted" while the observation of the
+	// same envelope exists — the receipt went back down. Moved.
+	CodeReceiptRegressed Code = "receipt-regressed"
+)
+
+// Notes: facts worth knowing that are not damage. They never change the exit code and
+// repair leaves them alone.
+const (
+	// CodeLockLive: a writer holds the lock right now. Repair refuses to run.
+	CodeLockLive Code = "lock-live"
+	// CodeLockHeld: ".lock" exists without a running holder but is not stale yet.
+	// Repair refuses to run until it is.
+	CodeLockHeld Code = "lock-held"
+	// CodeTempRecent: a staged write younger than store.TempMaxAge (maybe in progress).
+	CodeTempRecent Code = "temp-recent"
+	// CodeLockTempRecent: a lock temp younger than the stale bound (maybe in progress).
+	CodeLockTempRecent Code = "lock-temp-recent"
+	// CodeRecordExpired: valid records past their retainUntil (one note per kind);
+	// store maintenance removes them.
+	CodeRecordExpired Code = "record-expired"
+	// CodeMessageMissing: an intact batch whose message record is absent.
+	CodeMessageMissing Code = "message-missing"
+	// CodeMessageUnaccepted: a queued message that no intact batch marker commits; the
+	// store reports it as absent, and sending it again finishes it.
+	CodeMessageUnaccepted Code = "message-unaccepted"
+)
+
+// Severity says whether a finding is a problem or a note.
+type Severity string
+
+const (
+	Problem Severity = "problem"
+	Note    Severity = "note"
+)
+
+// Finding is one thing fsck found. Path is relative to the store directory, with
+// forward slashes ("." is the store directory itself). Explanation is one line and
+// never contains payload contents or key material. Action says what Repair does about
+// it ("none: …" when it does nothing).
+type Finding struct {
+	Code        Code     `json:"code"`
+	Severity    Severity `json:"severity"`
+	Path        string   `json:"path"`
+	Explanation string   `json:"explanation"`
+	Action      string   `json:"action"`
+	Repairable  bool     `json:"repairable"`
+	// AgeSeconds is the age of a temp, lock temp or lock, where it matters.
+	AgeSeconds int64 `json:"ageSeconds,omitempty"`
+	// Holder describes the holder of a live or held lock, when it wrote its info.
+	Holder *LockHolder `json:"holder,omitempty"`
+
+	fix *fix // what Repair does; nil when not repairable
+}
+
+// LockHolder is the holder info recorded in a lock file.
+type LockHolder struct {
+	Pid  int       `json:"pid"`
+	Host string    `json:"host"`
+	Time time.Time `json:"time"`
+}
+
+// OwnerSource says how the owner DID was established.
+type OwnerSource string
+
+const (
+	// OwnerGiven: Options.Owner, confirmed against the directory name when it is
+	// named like a store.
+	OwnerGiven OwnerSource = "given"
+	// OwnerDirectoryName: the signer of the records whose SHA-256 is the store
+	// directory's name.
+	OwnerDirectoryName OwnerSource = "directory-name"
+	// OwnerMajority: the directory is not named like a store; the owner is the signer
+	// of most records (not confirmed).
+	OwnerMajority OwnerSource = "majority-signer"
+	// OwnerNone: there are no records to verify.
+	OwnerNone OwnerSource = "none"
+)
+
+// Report is the result of Check.
+type Report struct {
+	// Dir is the absolute store directory.
+	Dir         string       `json:"store"`
+	Owner       identity.DID `json:"owner,omitempty"`
+	OwnerSource OwnerSource  `json:"ownerSource"`
+	// Records counts the "<kind>/<id>.json" names examined; Valid those the store
+	// accepts by content (a valid record with a wrong mode counts as valid).
+	Records int `json:"records"`
+	Valid   int `json:"valid"`
+	// LostFound counts the entries already in lost+found (moved by earlier repairs).
+	LostFound int `json:"lostFound"`
+	// Lock is the state of the store lock: "absent", "live", "held", "stale" or
+	// "invalid".
+	Lock string `json:"lock"`
+	// Findings, sorted by path then code.
+	Findings []Finding `json:"findings"`
+	// Duration of the check.
+	Duration time.Duration `json:"-"`
+}
+
+// Problems returns the number of findings of severity Problem.
+func (r *Report) Problems() int {
+	return r.count(func(f Finding) bool { return f.Severity == Problem })
+}
+
+// Repairable returns the number of problems that Repair would act on.
+func (r *Report) Repairable() int {
+	return r.count(func(f Finding) bool { return f.Severity == Problem && f.Repairable })
+}
+
+// Notes returns the number of findings of severity Note.
+func (r *Report) Notes() int { return r.count(func(f Finding) bool { return f.Severity == Note }) }
+
+func (r *Report) count(pred func(Finding) bool) int {
+	n := 0
+	for _, f := range r.Findings {
+		if pred(f) {
+			n++
+		}
+	}
+	return n
+}
+
+// Progress is reported while records are verified (Stage "verify": Done of Total
+// records) and while Repair makes its changes (Stage "repair": Done of Total
+// repairs). Repair's checks before and after report "verify" stages too.
+type Progress struct {
+	Stage       string
+	Done, Total int
+}
+
+// Progress stages.
+const (
+	StageVerify = "verify"
+	StageRepair = "repair"
+)
+
+// Options configure Check and Repair. The zero value is usable.
+type Options struct {
+	// Owner, if set, is the store's owner. When the directory is named like a store
+	// (64 hex digits) its name must be the SHA-256 of Owner.
+	Owner identity.DID
+	// Now is the clock for ages and expiry (default time.Now).
+	Now func() time.Time
+	// Workers verifies records in parallel (default runtime.GOMAXPROCS(0)).
+	Workers int
+	// Limits are the per-kind size limits (default store.DefaultLimits()).
+	Limits store.Limits
+	// Progress, if set, is called from one goroutine at a time as records are
+	// verified and repairs made, with Done non-decreasing within a stage, and once at
+	// the end of each stage with Done == Total.
+	Progress func(Progress)
+	// OnRepair, if set, is called by Repair after each change it made or skipped.
+	OnRepair func(ActionResult)
+	// LockStale is the lock's stale bound (default 30 s, as the store's).
+	LockStale time.Duration
+	// LockWait bounds how long Repair waits for the store lock before each change
+	// (default 2 s); then it gives up with ErrLive.
+	LockWait time.Duration
+	// DaemonLive, if set, tells Repair whether a daemon serves the store; Repair
+	// refuses to run while it does.
+	DaemonLive func(storeDir string) (live bool, who string, err error)
+	// Tool names the program in lost+found notes (default "sealbridge-fsck").
+	Tool string
+	// WrapFS, if set, wraps the file system fsck uses (fault injection in tests).
+	WrapFS func(fsx.FS) fsx.FS
+}
+
+// Errors of Check and Repair; test with errors.Is.
+var (
+	// ErrNotStore: the directory does not exist, is not a directory (symbolic links are
+	// not followed), or belongs to another user.
+	ErrNotStore = errors.New("fsck: not a usable store directory")
+	// ErrOwner: the owner DID cannot be established or does not match the directory.
+	ErrOwner = errors.New("fsck: cannot establish the store's owner")
+	// ErrLive: Repair refused because the store lock is live (or held and not yet
+	// stale) or a daemon serves the store.
+	ErrLive = errors.New("fsck: the store is in use")
+)
+
+// fixKind is what Repair does about a finding.
+type fixKind int
+
+const (
+	fixMove           fixKind = iota + 1 // move to lost+found
+	fixRemove                            // unlink (stale temps)
+	fixChmod                             // set the mode
+	fixRewrite                           // rewrite the same bytes as a new private file
+	fixBreakLock                         // lockfile.BreakStale
+	fixCleanLockTemps                    // lockfile.CleanOrphans
+)
+
+// Repair phases: the order in which fixes run.
+const (
+	phaseLockFile = iota // the lock itself, before the lock is taken
+	phaseRoot            // the store directory, top-level names and kind directories
+	phaseMarkers         // batch markers: a marker is removed before its members
+	phaseRecords         // every other record-level move
+	phaseMetadata        // modes and private copies of records we keep
+	phaseTemps           // staged temps and lock temps
+)
+
+type fix struct {
+	kind  fixKind
+	phase int
+	perm  uint32 // fixChmod
+	dir   bool   // the path is a directory (fixChmod, deps)
+	// record is the kind of a record file to re-verify before fixRewrite ("" for the
+	// generation file).
+	record store.Kind
+	// bump: grow .generation after the change (it changes a kind's listing).
+	bump bool
+	// deps must all still hold, under the lock, for the fix to run.
+	deps []dep
+}
+
+// dep is one fact a fix relies on: path has fingerprint fp, or is absent.
+type dep struct {
+	path     string
+	fp       fsx.Fingerprint
+	dir      bool // compare identity only (dev, ino, uid): a directory's times change with its entries
+	absent   bool // must be absent
+	orAbsent bool // may also have vanished (a marker moved by an earlier fix)
+}

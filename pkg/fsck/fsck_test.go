@@ -1,0 +1,614 @@
+package fsck_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sealbridge/sealbridge/fsfixtures"
+	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/fsck"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+var ctx = context.Background()
+
+func check(t *testing.T, dir string, opts fsck.Options) *fsck.Report {
+	t.Helper()
+	rep, err := fsck.Check(ctx, dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func repair(t *testing.T, dir string, opts fsck.Options) *fsck.RepairReport {
+	t.Helper()
+	rr, err := fsck.Repair(ctx, dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rr
+}
+
+// find returns the finding at path with code, or nil.
+func find(r *fsck.Report, path string, code fsck.Code) *fsck.Finding {
+	for i, f := range r.Findings {
+		if f.Path == path && f.Code == code {
+			return &r.Findings[i]
+		}
+	}
+	return nil
+}
+
+func mustFind(t *testing.T, r *fsck.Report, path string, code fsck.Code) *fsck.Finding {
+	t.Helper()
+	f := find(r, path, code)
+	if f == nil {
+		t.Fatalf("no %s at %s in %+v", code, path, r.Findings)
+	}
+	return f
+}
+
+// repairedClean repairs dir and checks that every action was done, nothing is left,
+// and a second run finds nothing.
+func repairedClean(t *testing.T, dir string) *fsck.RepairReport {
+	t.Helper()
+	rr := repair(t, dir, fsck.Options{})
+	for _, a := range rr.Actions {
+		if a.Result != fsck.ResultDone {
+			t.Errorf("%s %s: %s (%s)", a.Code, a.Path, a.Result, a.Detail)
+		}
+	}
+	if rr.After.Problems() != 0 {
+		t.Fatalf("problems left after repair: %+v", rr.After.Findings)
+	}
+	if again := repair(t, dir, fsck.Options{}); len(again.Actions) != 0 || again.Before.Problems() != 0 {
+		t.Fatalf("second repair not a no-op: %+v", again.Actions)
+	}
+	return rr
+}
+
+func TestCheckValid(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid")
+	rep := check(t, dir, fsck.Options{})
+	if rep.Records != 12 || rep.Valid != 12 || len(rep.Findings) != 0 || rep.Lock != "absent" ||
+		rep.Owner != fsfixtures.OwnerDID() || rep.OwnerSource != fsck.OwnerDirectoryName || rep.Dir != dir {
+		t.Fatalf("%+v", rep)
+	}
+}
+
+// TestCheckWritesNothing records every mutating file-system call of a check: none.
+func TestCheckWritesNothing(t *testing.T) {
+	for _, name := range []string{"combined", "stale-lock", "live-lock", "symlinked-dir", "wrong-mode"} {
+		dir := fsfixtures.Build(t, name)
+		faulty := fsx.NewFaulty(fsx.NewOS(dir))
+		rep := check(t, dir, fsck.Options{WrapFS: func(fsx.FS) fsx.FS { return faulty }})
+		if log := faulty.Log(); len(log) != 0 {
+			t.Errorf("%s: a check made %d mutating calls, first %+v", name, len(log), log[0])
+		}
+		if len(rep.Findings) == 0 {
+			t.Errorf("%s: no findings", name)
+		}
+	}
+}
+
+func TestOwner(t *testing.T) {
+	t.Run("given", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "valid")
+		rep := check(t, dir, fsck.Options{Owner: fsfixtures.OwnerDID()})
+		if rep.OwnerSource != fsck.OwnerGiven || len(rep.Findings) != 0 {
+			t.Fatalf("%+v", rep)
+		}
+	})
+	t.Run("given, another identity's directory", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "valid")
+		_, err := fsck.Check(ctx, dir, fsck.Options{Owner: fsfixtures.Foreign().DID()})
+		if !errors.Is(err, fsck.ErrOwner) {
+			t.Fatalf("err %v", err)
+		}
+	})
+	t.Run("given, not a DID", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "valid")
+		if _, err := fsck.Check(ctx, dir, fsck.Options{Owner: "did:key:zBad"}); !errors.Is(err, fsck.ErrOwner) {
+			t.Fatalf("err %v", err)
+		}
+	})
+	t.Run("directory named for someone else", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "valid")
+		other := fsfixtures.StoreDirOf(fsfixtures.DataRoot(dir), fsfixtures.Foreign().DID())
+		if err := os.Rename(dir, other); err != nil {
+			t.Fatal(err)
+		}
+		_, err := fsck.Check(ctx, other, fsck.Options{})
+		if !errors.Is(err, fsck.ErrOwner) || !strings.Contains(err.Error(), "--identity") {
+			t.Fatalf("err %v", err)
+		}
+	})
+	t.Run("not named like a store: the majority signer", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "foreign-signer")
+		plain := filepath.Join(fsfixtures.DataRoot(dir), "plain")
+		if err := os.Rename(dir, plain); err != nil {
+			t.Fatal(err)
+		}
+		rep := check(t, plain, fsck.Options{})
+		if rep.Owner != fsfixtures.OwnerDID() || rep.OwnerSource != fsck.OwnerMajority || rep.Problems() != 1 {
+			t.Fatalf("%+v", rep)
+		}
+	})
+	t.Run("not named like a store: a tie", func(t *testing.T) {
+		plain := filepath.Join(t.TempDir(), "plain")
+		mkdir(t, filepath.Join(plain, "messages"))
+		plantMessage(t, plain, fsfixtures.Owner(), "tie-1")
+		plantMessage(t, plain, fsfixtures.Foreign(), "tie-2")
+		if _, err := fsck.Check(ctx, plain, fsck.Options{}); !errors.Is(err, fsck.ErrOwner) {
+			t.Fatalf("err %v", err)
+		}
+	})
+	t.Run("empty store", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "delivery", strings.Repeat("ab", 32))
+		mkdir(t, dir)
+		rep := check(t, dir, fsck.Options{})
+		if rep.OwnerSource != fsck.OwnerNone || len(rep.Findings) != 0 || rep.Records != 0 {
+			t.Fatalf("%+v", rep)
+		}
+	})
+}
+
+func mkdir(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// plantMessage writes a valid message record signed by id into dir/messages.
+func plantMessage(t *testing.T, dir string, id *identity.Identity, label string) string {
+	t.Helper()
+	m := &store.Message{MessageID: fsfixtures.ID(label), Status: store.StatusQueued, PeerOwnerDID: string(fsfixtures.PeerDID()),
+		RelayURL: "https://relay.example/", EnvelopeDigest: strings.Repeat("0", 64), DeliveryDeadline: fsfixtures.Far.UnixMilli(),
+		CreatedAt: fsfixtures.T0.UnixMilli(), UpdatedAt: fsfixtures.T0.UnixMilli(), RetainUntil: fsfixtures.Far.UnixMilli()}
+	data, err := store.EncodeRecord(id.Signer(), id.DID(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := store.RecordPath(store.KindMessages, m.MessageID)
+	if err := os.WriteFile(filepath.Join(dir, p), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestNotAStore(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid")
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(dir, "missing"), filepath.Join(dir, ".generation"), link} {
+		if _, err := fsck.Check(ctx, p, fsck.Options{}); !errors.Is(err, fsck.ErrNotStore) {
+			t.Errorf("%s: err %v", p, err)
+		}
+		if _, err := fsck.Repair(ctx, p, fsck.Options{}); !errors.Is(err, fsck.ErrNotStore) {
+			t.Errorf("repair %s: err %v", p, err)
+		}
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(dir, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fsck.Check(ctx, dir, fsck.Options{}); !errors.Is(err, fsck.ErrNotStore) || !strings.Contains(err.Error(), "uid 1000") {
+			t.Errorf("another user's store: err %v", err)
+		}
+	}
+}
+
+// TestWorkersAgree: the report does not depend on the number of workers.
+func TestWorkersAgree(t *testing.T) {
+	dir := fsfixtures.Build(t, "combined")
+	now := time.Now()
+	clock := func() time.Time { return now }
+	one, _ := json.Marshal(check(t, dir, fsck.Options{Workers: 1, Now: clock}).Findings)
+	many, _ := json.Marshal(check(t, dir, fsck.Options{Workers: 8, Now: clock}).Findings)
+	if string(one) != string(many) {
+		t.Fatalf("1 worker:\n%s\n8 workers:\n%s", one, many)
+	}
+}
+
+func TestProgress(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid-large", fsfixtures.Records(600))
+	var calls, inCall atomic.Int32
+	last := -1
+	rep := check(t, dir, fsck.Options{Workers: 4, Progress: func(p fsck.Progress) {
+		if inCall.Add(1) != 1 {
+			t.Error("Progress called concurrently")
+		}
+		defer inCall.Add(-1)
+		calls.Add(1)
+		if p.Total != 600 || p.Done < last || p.Done > p.Total {
+			t.Errorf("progress %+v after %d", p, last)
+		}
+		last = p.Done
+	}})
+	if last != 600 || calls.Load() < 10 || rep.Records != 600 {
+		t.Fatalf("last %d, %d calls, %d records", last, calls.Load(), rep.Records)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid-large", fsfixtures.Records(600))
+	c, cancel := context.WithCancel(ctx)
+	_, err := fsck.Check(c, dir, fsck.Options{Progress: func(p fsck.Progress) {
+		if p.Done >= 60 {
+			cancel()
+		}
+	}})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+	if _, err := fsck.Repair(c, dir, fsck.Options{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("repair: err %v", err)
+	}
+}
+
+// TestRepairSkipsWhatChanged: a file that changed between the check and its repair
+// is left alone (its fingerprint no longer matches); the next run repairs it.
+func TestRepairSkipsWhatChanged(t *testing.T) {
+	dir := fsfixtures.Build(t, "combined")
+	victim := store.RecordPath(store.KindMessages, fsfixtures.ID("msg-a")) // truncated
+	first := true
+	rr := repair(t, dir, fsck.Options{OnRepair: func(fsck.ActionResult) {
+		if first {
+			first = false
+			f, err := os.OpenFile(filepath.Join(dir, victim), os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.WriteString("x")
+			f.Close()
+		}
+	}})
+	var got *fsck.ActionResult
+	for i, a := range rr.Actions {
+		if a.Path == victim {
+			got = &rr.Actions[i]
+		}
+	}
+	if got == nil || got.Result != fsck.ResultSkipped || !strings.Contains(got.Detail, "changed since the check") {
+		t.Fatalf("action on the changed file: %+v", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, victim)); err != nil {
+		t.Fatal("the changed file was moved anyway")
+	}
+	mustFind(t, rr.After, victim, fsck.CodeRecordInvalid)
+	if rr.After.Problems() != 1 {
+		t.Fatalf("after: %+v", rr.After.Findings)
+	}
+	repairedClean(t, dir)
+}
+
+func TestRepairRefusesALiveStore(t *testing.T) {
+	t.Run("live lock", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "live-lock")
+		hash := fsfixtures.HashTree(t, dir)
+		f := mustFind(t, check(t, dir, fsck.Options{}), ".lock", fsck.CodeLockLive)
+		if f.Holder == nil || f.Holder.Pid != os.Getpid() {
+			t.Fatalf("holder %+v", f.Holder)
+		}
+		if _, err := fsck.Repair(ctx, dir, fsck.Options{}); !errors.Is(err, fsck.ErrLive) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+			t.Fatalf("err %v", err)
+		}
+		if fsfixtures.HashTree(t, dir) != hash {
+			t.Fatal("changed")
+		}
+	})
+	t.Run("held, not stale yet", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "truncated-record")
+		holder := fmt.Sprintf(`{"pid":1,"host":"elsewhere.invalid","time":%q}`+"\n", time.Now().UTC().Format(time.RFC3339Nano))
+		if err := os.WriteFile(filepath.Join(dir, ".lock"), []byte(holder), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rep := check(t, dir, fsck.Options{})
+		if mustFind(t, rep, ".lock", fsck.CodeLockHeld); rep.Lock != "held" {
+			t.Fatalf("lock %s", rep.Lock)
+		}
+		hash := fsfixtures.HashTree(t, dir)
+		if _, err := fsck.Repair(ctx, dir, fsck.Options{}); !errors.Is(err, fsck.ErrLive) || !strings.Contains(err.Error(), "not stale yet") {
+			t.Fatalf("err %v", err)
+		}
+		if fsfixtures.HashTree(t, dir) != hash {
+			t.Fatal("changed")
+		}
+		// With a short stale bound it is stale, and repaired.
+		rr := repair(t, dir, fsck.Options{LockStale: time.Nanosecond})
+		if rr.After.Problems() != 0 || find(rr.Before, ".lock", fsck.CodeLockStale) == nil {
+			t.Fatalf("%+v", rr)
+		}
+	})
+	t.Run("daemon", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "truncated-record")
+		live := func(d string) (bool, string, error) {
+			if d != dir {
+				t.Errorf("asked about %s", d)
+			}
+			return true, "pid 42", nil
+		}
+		if _, err := fsck.Repair(ctx, dir, fsck.Options{DaemonLive: live}); !errors.Is(err, fsck.ErrLive) || !strings.Contains(err.Error(), "pid 42") {
+			t.Fatalf("err %v", err)
+		}
+		boom := errors.New("boom")
+		failing := func(string) (bool, string, error) { return false, "", boom }
+		if _, err := fsck.Repair(ctx, dir, fsck.Options{DaemonLive: failing}); !errors.Is(err, boom) {
+			t.Fatalf("err %v", err)
+		}
+		idle := func(string) (bool, string, error) { return false, "", nil }
+		if rr := repair(t, dir, fsck.Options{DaemonLive: idle}); rr.After.Problems() != 0 {
+			t.Fatal("not repaired")
+		}
+	})
+}
+
+// TestSpecialFiles: FIFOs, directories and files where the layout wants something
+// else, a planted .lock and a broken .generation. The check never blocks on a FIFO.
+func TestSpecialFiles(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid")
+	fifo := store.RecordPath(store.KindMessages, fsfixtures.ID("fifo"))
+	if err := syscall.Mkfifo(filepath.Join(dir, fifo), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recdir := store.RecordPath(store.KindMessages, fsfixtures.ID("dir"))
+	mkdir(t, filepath.Join(dir, recdir))
+	if err := os.WriteFile(filepath.Join(dir, "operations.tmp"), nil, 0o600); err != nil { // unknown
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "operations")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "operations"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, ".generation")); err != nil {
+		t.Fatal(err)
+	}
+	mkdir(t, filepath.Join(dir, ".generation"))
+	if err := os.Symlink("/etc/passwd", filepath.Join(dir, ".lock")); err != nil {
+		t.Fatal(err)
+	}
+	rep := check(t, dir, fsck.Options{})
+	mustFind(t, rep, fifo, fsck.CodeWrongType)
+	mustFind(t, rep, recdir, fsck.CodeWrongType)
+	mustFind(t, rep, "operations", fsck.CodeWrongType)
+	mustFind(t, rep, "operations.tmp", fsck.CodeUnknownFile)
+	mustFind(t, rep, ".generation", fsck.CodeGenerationInvalid)
+	mustFind(t, rep, ".lock", fsck.CodeLockInvalid)
+	if rep.Lock != "invalid" || rep.Problems() != 6 {
+		t.Fatalf("%+v", rep)
+	}
+	rr := repairedClean(t, dir)
+	if info, err := os.Lstat(filepath.Join(dir, ".generation")); err != nil || !info.Mode().IsRegular() {
+		t.Fatalf("no new generation file: %v", err)
+	}
+	if got := len(fsfixtures.LostFound(t, dir)); got != 6 || rr.After.LostFound != 6 {
+		t.Fatalf("lost+found holds %d (report %d)", got, rr.After.LostFound)
+	}
+	if _, err := os.Stat("/etc/passwd"); err != nil {
+		t.Fatal("the link's target was touched")
+	}
+}
+
+// TestForeignOwnerAndHardLink: a valid record owned by another user or with a second
+// link is rewritten as a private copy with the same bytes.
+func TestForeignOwnerAndHardLink(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid")
+	linked := store.RecordPath(store.KindMessages, fsfixtures.ID("msg-a"))
+	if err := os.Link(filepath.Join(dir, linked), filepath.Join(fsfixtures.DataRoot(dir), "second-link")); err != nil {
+		t.Fatal(err)
+	}
+	foreign := store.RecordPath(store.KindMessages, fsfixtures.ID("msg-b"))
+	root := os.Geteuid() == 0
+	if root {
+		if err := os.Chown(filepath.Join(dir, foreign), 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := fsfixtures.Files(t, dir)
+	rep := check(t, dir, fsck.Options{})
+	mustFind(t, rep, linked, fsck.CodeHardLink)
+	if root {
+		mustFind(t, rep, foreign, fsck.CodeBadOwner)
+	}
+	repairedClean(t, dir)
+	for _, p := range []string{linked, foreign} {
+		info, err := os.Lstat(filepath.Join(dir, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := info.Sys().(*syscall.Stat_t)
+		data, _ := os.ReadFile(filepath.Join(dir, p))
+		if st.Nlink != 1 || int(st.Uid) != os.Geteuid() || info.Mode().Perm() != 0o600 || string(data) != string(before[p]) {
+			t.Errorf("%s: nlink %d uid %d mode %v, same bytes %v", p, st.Nlink, st.Uid, info.Mode(), string(data) == string(before[p]))
+		}
+	}
+}
+
+// TestExplanationsCarryNoPayload: a record signed by the owner whose payload breaks
+// the schema is explained without the payload's values or key names.
+func TestExplanationsCarryNoPayload(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid")
+	owner := fsfixtures.Owner()
+	for i, payload := range []string{
+		`{"messageId":"%s","status":"SECRET-STATUS","peerOwnerDid":"%s","relayUrl":"https://relay.example/","envelopeDigest":"%s","deliveryDeadline":1,"createdAt":1,"updatedAt":1,"attempts":0,"retainUntil":1}`,
+		`{"messageId":"%s","SECRETKEY":1,"peerOwnerDid":"%s","envelopeDigest":"%s"}`,
+	} {
+		id := fsfixtures.ID(fmt.Sprintf("secret-%d", i))
+		p := fmt.Sprintf(payload, id, fsfixtures.PeerDID(), strings.Repeat("0", 64))
+		sig, err := identity.SignDomain(owner.Signer(), identity.DomainRecord, []byte("messages"), []byte(id), []byte(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := fmt.Sprintf(`{"v":1,"kind":"messages","id":"%s","signer":"%s","payload":%s,"sig":"%s"}`+"\n",
+			id, owner.DID(), p, base64.RawURLEncoding.EncodeToString(sig))
+		if err := os.WriteFile(filepath.Join(dir, "messages", id+".json"), []byte(line), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f := mustFind(t, check(t, dir, fsck.Options{}), store.RecordPath(store.KindMessages, id), fsck.CodeRecordInvalid)
+		if strings.Contains(strings.ToUpper(f.Explanation), "SECRET") || !strings.HasPrefix(f.Explanation, "the store refuses this record: ") {
+			t.Errorf("explanation %q", f.Explanation)
+		}
+	}
+}
+
+// TestMoveNotes: a moved file keeps its bytes, gets a note, and lost+found is private.
+func TestMoveNotes(t *testing.T) {
+	dir := fsfixtures.Build(t, "truncated-record")
+	p := store.RecordPath(store.KindMessages, fsfixtures.ID("msg-a"))
+	data, _ := os.ReadFile(filepath.Join(dir, p))
+	when := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	rr := repair(t, dir, fsck.Options{Now: func() time.Time { return when }, Tool: "fsck-test"})
+	if len(rr.Actions) != 1 || !strings.HasPrefix(rr.Actions[0].Detail, "moved to lost+found/20300102T030405Z-") {
+		t.Fatalf("%+v", rr.Actions)
+	}
+	to := strings.TrimPrefix(rr.Actions[0].Detail, "moved to ")
+	moved, err := os.ReadFile(filepath.Join(dir, to))
+	if err != nil || string(moved) != string(data) {
+		t.Fatalf("moved bytes differ: %v", err)
+	}
+	var n fsck.MoveNote
+	raw, err := os.ReadFile(filepath.Join(dir, to+".fsck.json"))
+	if err != nil || json.Unmarshal(raw, &n) != nil {
+		t.Fatalf("note: %v %s", err, raw)
+	}
+	want := fsck.MoveNote{V: 1, From: p, To: to, MovedAt: when, Code: fsck.CodeRecordInvalid,
+		Why: "the store refuses this record: record is not exactly one line", Tool: "fsck-test"}
+	if n != want {
+		t.Fatalf("note %+v, want %+v", n, want)
+	}
+	info, err := os.Lstat(filepath.Join(dir, "lost+found"))
+	if err != nil || info.Mode().Perm() != 0o700 || !info.IsDir() {
+		t.Fatalf("lost+found %v %v", info.Mode(), err)
+	}
+	if rr.After.LostFound != 1 {
+		t.Fatalf("LostFound %d", rr.After.LostFound)
+	}
+}
+
+// TestRepairDurability records a repair's calls: each move is a rename followed by
+// an fsync of lost+found and of the source directory, and the note is a durable
+// write; the generation grows after each move out of a kind directory.
+func TestRepairDurability(t *testing.T) {
+	dir := fsfixtures.Build(t, "truncated-record")
+	faulty := fsx.NewFaulty(fsx.NewOS(dir))
+	repair(t, dir, fsck.Options{WrapFS: func(fsx.FS) fsx.FS { return faulty }})
+	var seq []string
+	for _, op := range faulty.Log() {
+		switch {
+		case op.Path == ".lock" || strings.HasPrefix(op.Path, ".lock-") || strings.HasPrefix(op.Path2, ".lock"):
+			continue // the lock's own calls
+		case op.Kind == fsx.OpRename && strings.HasPrefix(op.Path, "messages/"):
+			seq = append(seq, "rename record")
+		case op.Kind == fsx.OpWrite && op.Path == ".generation":
+			seq = append(seq, "bump generation")
+		case op.Kind == fsx.OpSyncDir:
+			seq = append(seq, "syncdir "+op.Path)
+		case op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, "lost+found/"):
+			seq = append(seq, "rename note")
+		case op.Kind == fsx.OpSync:
+			seq = append(seq, "fsync")
+		}
+	}
+	want := "syncdir . rename record bump generation syncdir lost+found syncdir messages fsync rename note syncdir lost+found"
+	if got := strings.Join(seq, " "); got != want {
+		t.Fatalf("calls:\n got %s\nwant %s", got, want)
+	}
+}
+
+// TestRepairFaults: a failed rename leaves the file in place and the problem
+// reported; the next run repairs it.
+func TestRepairFaults(t *testing.T) {
+	dir := fsfixtures.Build(t, "truncated-record")
+	faulty := fsx.NewFaulty(fsx.NewOS(dir))
+	faulty.Inject = func(op fsx.Op) error {
+		if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path, "messages/") {
+			return syscall.EIO
+		}
+		return nil
+	}
+	rr := repair(t, dir, fsck.Options{WrapFS: func(fsx.FS) fsx.FS { return faulty }})
+	if len(rr.Actions) != 1 || rr.Actions[0].Result != fsck.ResultFailed || !strings.Contains(rr.Actions[0].Detail, "input/output error") {
+		t.Fatalf("%+v", rr.Actions)
+	}
+	if rr.After.Problems() != 1 {
+		t.Fatalf("after: %+v", rr.After.Findings)
+	}
+	repairedClean(t, dir)
+}
+
+// TestWrongModeRepair: modes are set, bytes and inodes kept.
+func TestWrongModeRepair(t *testing.T) {
+	dir := fsfixtures.Build(t, "wrong-mode")
+	if err := os.Chmod(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	mustFind(t, check(t, dir, fsck.Options{}), ".", fsck.CodeBadMode)
+	p := filepath.Join(dir, store.RecordPath(store.KindMessages, fsfixtures.ID("msg-a")))
+	before, _ := os.Lstat(p)
+	repairedClean(t, dir)
+	if info, _ := os.Lstat(dir); info.Mode().Perm() != 0o700 {
+		t.Fatalf("store dir mode %v", info.Mode())
+	}
+	after, _ := os.Lstat(p)
+	if after.Mode().Perm() != 0o600 || !os.SameFile(before, after) {
+		t.Fatalf("record mode %v, same inode %v", after.Mode(), os.SameFile(before, after))
+	}
+	if info, _ := os.Lstat(filepath.Join(dir, "receipts")); info.Mode().Perm() != 0o700 {
+		t.Fatalf("receipts mode %v", info.Mode())
+	}
+}
+
+// TestStoreAcceptsRepairedStore: after repair the store itself lists and reads every
+// kind, and accepts writes (no wedge).
+func TestStoreAcceptsRepairedStore(t *testing.T) {
+	dir := fsfixtures.Build(t, "combined")
+	repairedClean(t, dir)
+	s, err := store.Open(fsfixtures.Owner().Signer(), store.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range store.Kinds {
+		if err := s.Scan(ctx, k, func(store.Record) error { return nil }); err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+	}
+	mrep, err := s.Maintain(ctx)
+	if err != nil || len(mrep.Errors) != 0 {
+		t.Fatalf("maintenance: %v %v", err, mrep.Errors)
+	}
+	if rep := check(t, dir, fsck.Options{}); rep.Problems() != 0 {
+		t.Fatalf("after maintenance: %+v", rep.Findings)
+	}
+}
+
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// TestStoreDirName: the owner's store directory is the SHA-256 of its DID.
+func TestStoreDirName(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid")
+	if filepath.Base(dir) != sha(string(fsfixtures.OwnerDID())) {
+		t.Fatalf("%s", dir)
+	}
+}
