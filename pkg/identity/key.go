@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"fmt"
+	"sync"
 
 	"filippo.io/edwards25519"
 )
@@ -19,8 +20,43 @@ type PublicKey ed25519.PublicKey
 // (ErrKeyNotOnCurve), canonically encoded (ErrKeyNonCanonical), and not of
 // small order (ErrKeySmallOrder).
 func ValidatePublicKey(pub []byte) error {
+	if len(pub) == ed25519.PublicKeySize && validKeys.has([32]byte(pub)) {
+		return nil
+	}
 	_, err := decodePoint(pub)
+	if err == nil {
+		validKeys.add([32]byte(pub))
+	}
 	return err
+}
+
+// validKeys remembers keys that passed validation: every record verification checks
+// its key, and decoding a point costs about as much as a sixth of a verification.
+// Validation is a pure function of the 32 bytes, so remembering is exact.
+var validKeys = &keyMemo{keys: map[[32]byte]struct{}{}}
+
+// maxValidKeys bounds the memo; past it the memo starts over.
+const maxValidKeys = 4096
+
+type keyMemo struct {
+	mu   sync.RWMutex
+	keys map[[32]byte]struct{}
+}
+
+func (m *keyMemo) has(k [32]byte) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	_, ok := m.keys[k]
+	return ok
+}
+
+func (m *keyMemo) add(k [32]byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.keys) >= maxValidKeys {
+		clear(m.keys)
+	}
+	m.keys[k] = struct{}{}
 }
 
 // decodePoint validates pub as ValidatePublicKey does and returns its point.

@@ -7,10 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"reflect"
+	"slices"
 	"strings"
-	"sync"
 
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
@@ -69,36 +68,62 @@ func EncodeRecord(signer crypto.Signer, owner identity.DID, r Record) ([]byte, e
 		return nil, fmt.Errorf("%w: %v", ErrRecordInvalid, err)
 	}
 	back := newRecord(kind)
-	if err := decodeStrict(payload, back); err != nil || !reflect.DeepEqual(back, r) {
+	if err := json.Unmarshal(payload, back); err != nil || !reflect.DeepEqual(back, r) {
 		return nil, fmt.Errorf("%w: it does not read back as written (non-UTF-8 text or duplicate keys?)", ErrRecordInvalid)
 	}
 	sig, err := identity.SignDomain(signer, identity.DomainRecord, []byte(kind), []byte(id), payload)
 	if err != nil {
 		return nil, err
 	}
-	return encodeFile(fileHeader{V: FormatVersion, Kind: kind, ID: id, Signer: string(owner), Payload: payload,
-		Sig: sigEncoding.EncodeToString(sig)})
+	prefix := headerPrefix(kind, id, owner)
+	line := make([]byte, 0, len(prefix)+len(payload)+len(sigSuffix))
+	line = append(line, prefix...)
+	line = append(line, payload...)
+	line = append(line, `,"sig":"`...)
+	line = append(line, sigEncoding.EncodeToString(sig)...)
+	return append(line, "\"}\n"...), nil
 }
 
-// encodeFile returns the canonical line of h: compact, fixed key order, no HTML
-// escaping, ending in '\n'.
-func encodeFile(h fileHeader) ([]byte, error) {
-	var buf bytes.Buffer
-	buf.Grow(len(h.Payload) + 256)
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(&h); err != nil {
-		return nil, err
+// sigB64Len is the length of a signature in unpadded base64url.
+const sigB64Len = 86
+
+// sigSuffix has the shape of the end of every record line.
+var sigSuffix = []byte(`,"sig":"` + strings.Repeat("A", sigB64Len) + "\"}\n")
+
+// headerPrefix is the start of the canonical line of record kind/id signed by owner:
+// kind is one of the kinds, id a UUID or hex digest, owner a did:key (base58): none
+// needs escaping in JSON.
+func headerPrefix(kind Kind, id string, owner identity.DID) []byte {
+	return []byte(`{"v":1,"kind":"` + string(kind) + `","id":"` + id + `","signer":"` + string(owner) + `","payload":`)
+}
+
+// headerError explains why a line does not match its canonical template, decoding it
+// leniently only for the explanation.
+func headerError(kind Kind, id string, data []byte, owner identity.DID) error {
+	var h fileHeader
+	if err := json.Unmarshal(bytes.TrimSuffix(data, []byte("\n")), &h); err != nil {
+		return fmt.Errorf("record header: %w", err)
 	}
-	return buf.Bytes(), nil // Encode ends the line with '\n'
+	switch {
+	case h.V != FormatVersion:
+		return invalid("unknown format version %d", h.V)
+	case h.Kind != kind:
+		return invalid("record kind %q does not match its directory %q", h.Kind, kind)
+	case h.ID != id:
+		return invalid("record id does not match its file name")
+	case h.Signer != string(owner):
+		return invalid("record is not signed by the store's owner")
+	}
+	return invalid("record is not in canonical form")
 }
 
 // ParseRecord checks every content rule of DESIGN §4 on the bytes of the file
 // "<kind>/<id>.json" and returns the typed record. The bytes must be exactly the
-// canonical line EncodeRecord writes (one line ending in '\n'); the header must be strict (known keys only, no duplicates, no case variants);
-// v must be known, kind and id must match the path, signer must be owner, the signature
-// must verify over the exact payload bytes, the payload must decode strictly into the
-// kind's schema and pass its validation, and the record's own id must match. File
+// canonical line EncodeRecord writes: one line ending in '\n', v known, kind and id
+// those of the path, signer the owner, the signature verifying over the exact payload
+// bytes, the payload the canonical encoding of the kind's schema (so no unknown,
+// duplicate or case-variant keys) passing its validation, and the record's own id
+// that of the path. File
 // properties (regular file, one link, owner, mode, size) are the reader's to check.
 func ParseRecord(kind Kind, id string, data []byte, owner identity.DID, ownerKey identity.PublicKey) (Record, error) {
 	if err := checkKindID(kind, id); err != nil {
@@ -107,36 +132,35 @@ func ParseRecord(kind Kind, id string, data []byte, owner identity.DID, ownerKey
 	if len(data) == 0 || data[len(data)-1] != '\n' || bytes.IndexByte(data[:len(data)-1], '\n') >= 0 {
 		return nil, invalid("record is not exactly one line")
 	}
-	var h fileHeader
-	if err := decodeStrict(data[:len(data)-1], &h); err != nil {
-		return nil, fmt.Errorf("record header: %w", err)
+	// The line must be exactly the canonical line for this kind, id and owner. That
+	// is a fixed template around the payload and the signature, so checking it
+	// refuses unknown, duplicate and case-variant keys, whitespace, reordering,
+	// escapes and alternative encodings at once, without decoding the header.
+	prefix := headerPrefix(kind, id, owner)
+	n := len(data)
+	if n < len(prefix)+len(sigSuffix)+2 || !bytes.HasPrefix(data, prefix) ||
+		!bytes.Equal(data[n-len(sigSuffix):n-sigB64Len-3], sigSuffix[:len(sigSuffix)-sigB64Len-3]) ||
+		!bytes.Equal(data[n-3:], []byte("\"}\n")) {
+		return nil, headerError(kind, id, data, owner)
 	}
-	// Only the canonical line is a record: no whitespace, reordered keys, escapes or
-	// alternative encodings of the signature that would still decode the same.
-	if canon, err := encodeFile(h); err != nil || !bytes.Equal(canon, data) {
-		return nil, invalid("record is not in canonical form")
-	}
-	switch {
-	case h.V != FormatVersion:
-		return nil, invalid("unknown format version %d", h.V)
-	case h.Kind != kind:
-		return nil, invalid("record kind %q does not match its directory %q", h.Kind, kind)
-	case h.ID != id:
-		return nil, invalid("record id does not match its file name")
-	case h.Signer != string(owner):
-		return nil, invalid("record is not signed by the store's owner")
-	}
-	sig, err := sigEncoding.DecodeString(h.Sig)
-	if err != nil || len(sig) != identity.SignatureSize || sigEncoding.EncodeToString(sig) != h.Sig {
+	payload := data[len(prefix) : n-len(sigSuffix)]
+	sigText := string(data[n-sigB64Len-3 : n-3])
+	sig, err := sigEncoding.DecodeString(sigText)
+	if err != nil || len(sig) != identity.SignatureSize || sigEncoding.EncodeToString(sig) != sigText {
 		// The decoder skips '\r' and '\n': only the canonical encoding is accepted.
 		return nil, invalid("malformed signature")
 	}
-	if !identity.VerifyDomain(ownerKey, identity.DomainRecord, sig, []byte(kind), []byte(id), h.Payload) {
+	if !identity.VerifyDomain(ownerKey, identity.DomainRecord, sig, []byte(kind), []byte(id), payload) {
 		return nil, invalid("signature does not verify")
 	}
+	// The payload too must be the canonical encoding of its schema (the same rule
+	// as the header); raw JSON inside it is checked for duplicate keys by Validate.
 	r := newRecord(kind)
-	if err := decodeStrict(h.Payload, r); err != nil {
+	if err := json.Unmarshal(payload, r); err != nil {
 		return nil, fmt.Errorf("%s payload: %w", kind, err)
+	}
+	if canon, err := marshalPayload(r); err != nil || !bytes.Equal(canon, payload) {
+		return nil, invalid("%s payload is not in canonical form (unknown, duplicate or misspelt keys?)", kind)
 	}
 	if err := r.Validate(); err != nil {
 		return nil, err
@@ -147,132 +171,74 @@ func ParseRecord(kind Kind, id string, data []byte, owner identity.DID, ownerKey
 	return r, nil
 }
 
-// decodeStrict decodes one JSON object into v, refusing what encoding/json alone
-// accepts: duplicate keys, keys that are not exactly a field's name (including case
-// variants), unknown fields, and trailing data.
-func decodeStrict(data []byte, v any) error {
-	if err := checkKeys(data, reflect.TypeOf(v)); err != nil {
-		return err
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("trailing data after the JSON object")
-	}
-	return nil
-}
-
 var errDepth = errors.New("JSON nested too deeply")
 
-// checkKeys walks the token stream of data alongside type t: every object must have
-// unique keys, and an object decoded into a struct may only use the struct's exact
-// field names. Values decoded into json.RawMessage are only checked for duplicate keys.
-func checkKeys(data []byte, t reflect.Type) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	return walkValue(dec, t, 0)
-}
+// errNotCompact reports whitespace outside strings in raw JSON.
+var errNotCompact = errors.New("JSON is not compact")
 
-var rawMessageType = reflect.TypeOf(json.RawMessage(nil))
-
-// maxDepth bounds the nesting of a record file.
-const maxDepth = 64
-
-// checkRawKeys checks raw JSON for duplicate keys and nesting deeper than max.
+// checkRawKeys checks raw JSON, which must already be valid, for whitespace outside
+// strings, duplicate keys in any object (comparing keys after unescaping), and nesting
+// deeper than max.
 func checkRawKeys(data []byte, max int) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	return walkValue(dec, nil, maxDepth-max)
-}
-
-func walkValue(dec *json.Decoder, t reflect.Type, depth int) error {
-	if depth > maxDepth {
-		return errDepth
+	type frame struct {
+		obj, wantKey bool
+		keys         []string
+		set          map[string]bool
 	}
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t == rawMessageType {
-		t = nil // opaque: only syntax and duplicate keys are checked
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	switch tok {
-	case json.Delim('{'):
-		var fields map[string]reflect.Type
-		if t != nil && t.Kind() == reflect.Struct {
-			fields = structFields(t)
-		}
-		seen := map[string]bool{}
-		for dec.More() {
-			kt, err := dec.Token()
-			if err != nil {
-				return err
+	var stack []frame
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case ' ', '\t', '\n', '\r':
+			return errNotCompact
+		case '{', '[':
+			if len(stack) >= max {
+				return errDepth
 			}
-			key := kt.(string)
-			if seen[key] {
-				return fmt.Errorf("duplicate key %q", key)
+			stack = append(stack, frame{obj: data[i] == '{', wantKey: data[i] == '{'})
+		case '}', ']':
+			if len(stack) > 0 {
+				stack = stack[:len(stack)-1]
 			}
-			seen[key] = true
-			var ft reflect.Type
-			switch {
-			case fields != nil:
-				var ok bool
-				if ft, ok = fields[key]; !ok {
-					return fmt.Errorf("unknown key %q", key)
+		case ',':
+			if n := len(stack); n > 0 && stack[n-1].obj {
+				stack[n-1].wantKey = true
+			}
+		case '"':
+			j, escaped := i+1, false
+			for ; j < len(data) && data[j] != '"'; j++ {
+				if data[j] == '\\' {
+					escaped = true
+					j++
 				}
-			case t != nil && t.Kind() == reflect.Map:
-				ft = t.Elem()
 			}
-			if err := walkValue(dec, ft, depth+1); err != nil {
-				return err
+			if n := len(stack); n > 0 && stack[n-1].obj && stack[n-1].wantKey {
+				f := &stack[n-1]
+				key := string(data[i+1 : j])
+				if escaped {
+					if err := json.Unmarshal(data[i:j+1], &key); err != nil {
+						return err
+					}
+				}
+				if f.set == nil && len(f.keys) >= 16 {
+					f.set = make(map[string]bool, 2*len(f.keys))
+					for _, k := range f.keys {
+						f.set[k] = true
+					}
+				}
+				dup := slices.Contains(f.keys, key)
+				if f.set != nil {
+					dup = f.set[key]
+					f.set[key] = true
+				} else {
+					f.keys = append(f.keys, key)
+				}
+				if dup {
+					return fmt.Errorf("duplicate key %q", key)
+				}
+				f.wantKey = false
 			}
+			i = j
 		}
-		_, err = dec.Token() // '}'
-		return err
-	case json.Delim('['):
-		var et reflect.Type
-		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
-			et = t.Elem()
-		}
-		for dec.More() {
-			if err := walkValue(dec, et, depth+1); err != nil {
-				return err
-			}
-		}
-		_, err = dec.Token() // ']'
-		return err
 	}
 	return nil
-}
-
-var fieldCache sync.Map // reflect.Type → map[string]reflect.Type
-
-// structFields maps the exact JSON names of t's exported fields to their types.
-func structFields(t reflect.Type) map[string]reflect.Type {
-	if m, ok := fieldCache.Load(t); ok {
-		return m.(map[string]reflect.Type)
-	}
-	m := map[string]reflect.Type{}
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		if !f.IsExported() {
-			continue
-		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		m[name] = f.Type
-	}
-	fieldCache.Store(t, m)
-	return m
 }
