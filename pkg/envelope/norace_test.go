@@ -1,0 +1,5 @@
+//go:build !race
+
+package envelope_test
+
+const raceEnabled = false
