@@ -194,6 +194,10 @@ func checkFault(t *testing.T, op faultOp, n int, errno syscall.Errno, base *cras
 		}
 		t.Errorf("call %d (%s) failing with %v left temp %s", n, where, errno, p)
 	}
+	// fsck finds nothing it cannot repair, and after repair nothing at all.
+	for _, v := range checkFsck(t, dir, c, crashtest.State{Prefix: -1}, nil, nil) {
+		t.Errorf("call %d (%s) failing with %v: %s", n, where, errno, v)
+	}
 	// And the store accepts a write again.
 	if err := put(context.Background(), openAt(t, dir, c, nil), newMessage(c.Now())); err != nil {
 		t.Errorf("call %d (%s) failing with %v: the store does not accept writes afterwards: %v", n, where, errno, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/crashtest"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -284,9 +285,61 @@ func checkState(t *testing.T, dir string, c *clock, st crashtest.State, exps []e
 			}
 		}
 	}
-	// 4. The store opens and accepts a new write (no wedge).
-	if _, err := s.Enqueue(context.Background(), sendRequest(c.Now(), 1)); err != nil {
+	// 4. fsck reports only repairable problems; repair fixes them; fsck is then clean;
+	// and no acknowledged record was lost by the repair.
+	bad = append(bad, checkFsck(t, dir, c, st, exps, versions)...)
+	// 5. The store opens and accepts a new write (no wedge).
+	if _, err := openAt(t, dir, c, nil).Enqueue(context.Background(), sendRequest(c.Now(), 1)); err != nil {
 		bad = append(bad, fmt.Sprintf("store does not accept a new write: %v", err))
+	}
+	return bad
+}
+
+// checkFsck runs fsck, repair, and fsck again on a crash state.
+func checkFsck(t *testing.T, dir string, c *clock, st crashtest.State, exps []expectation, versions map[string][]store.Record) []string {
+	var bad []string
+	ctx := context.Background()
+	opts := fsck.Options{Owner: owner(t).DID()}
+	rep, err := fsck.Check(ctx, dir, opts)
+	if err != nil {
+		return []string{fmt.Sprintf("fsck: %v", err)}
+	}
+	for _, f := range rep.Findings {
+		if f.Severity == fsck.Problem && !f.Repairable {
+			bad = append(bad, fmt.Sprintf("fsck: unrepairable %s %s: %s", f.Code, f.Path, f.Explanation))
+		}
+	}
+	if rep.Problems() == 0 {
+		return bad
+	}
+	if _, err := fsck.Repair(ctx, dir, opts); err != nil {
+		return append(bad, fmt.Sprintf("fsck repair: %v", err))
+	}
+	again, err := fsck.Check(ctx, dir, opts)
+	if err != nil {
+		return append(bad, fmt.Sprintf("fsck after repair: %v", err))
+	}
+	for _, f := range again.Findings {
+		if f.Severity == fsck.Problem {
+			bad = append(bad, fmt.Sprintf("fsck after repair still finds %s %s", f.Code, f.Path))
+		}
+	}
+	// No acknowledged record was lost by the repair.
+	s := openAt(t, dir, c, nil)
+	latest := map[string]expectation{}
+	for _, e := range exps {
+		if e.at <= st.Prefix {
+			latest[e.path] = e
+		}
+	}
+	for _, e := range latest {
+		if e.rec == nil {
+			continue
+		}
+		got, err := s.Get(e.kind, e.id)
+		if err != nil || (got == nil && !laterChange(exps, e, nil, versions)) {
+			bad = append(bad, fmt.Sprintf("repair lost acknowledged %s: %v", e.path, err))
+		}
 	}
 	return bad
 }
@@ -434,6 +487,7 @@ func workloads() []workload {
 			done, _ := s.Operation(start.Operation.OperationID)
 			ack(done)
 		}},
+		staleLockWorkload(),
 		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
 			if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
 				t.Fatal(err)

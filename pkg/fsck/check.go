@@ -388,8 +388,22 @@ func (c *checker) checkLostFound() {
 	if err != nil {
 		return
 	}
+	names := map[string]bool{}
 	for _, e := range ents {
-		if !strings.HasSuffix(e.Name, noteSuffix) && !fsx.IsTempName(e.Name) {
+		names[e.Name] = true
+	}
+	for _, e := range ents {
+		entry, isNote := strings.CutSuffix(e.Name, noteSuffix)
+		switch {
+		case fsx.IsTempName(e.Name):
+			c.checkTemp(path.Join(p, e.Name)) // a note being written
+		case isNote && !names[entry]:
+			np := path.Join(p, e.Name)
+			if info, err := c.fs.Lstat(np); err == nil {
+				c.add(problem(CodeLostFoundStaleNote, np, "a move note whose entry is missing: an interrupted repair wrote it and did not move the file",
+					"remove the note", &fix{kind: fixRemove, phase: phaseTemps, deps: []dep{{path: np, fp: info.Fingerprint()}}}))
+			}
+		case !isNote:
 			c.rep.LostFound++
 		}
 	}

@@ -53,6 +53,10 @@ const (
 	CodeGenerationInvalid Code = "generation-invalid"
 	// CodeLostFoundInvalid: "lost+found" is not a directory. Not repairable.
 	CodeLostFoundInvalid Code = "lost-found-invalid"
+	// CodeLostFoundStaleNote: a note in lost+found whose entry is not there: a repair
+	// was interrupted after writing the note (notes are written first) and before the
+	// move. Repair removes the note; the entry's finding is still reported in place.
+	CodeLostFoundStaleNote Code = "lost-found-stale-note"
 	// CodeBatchMissingMember: a batch marker lists a member that is absent or invalid.
 	// The batch is unwound: its marker is moved first, then its present members.
 	CodeBatchMissingMember Code = "batch-missing-member"

@@ -504,9 +504,9 @@ func TestMoveNotes(t *testing.T) {
 	}
 }
 
-// TestRepairDurability records a repair's calls: each move is a rename followed by
-// an fsync of lost+found and of the source directory, and the note is a durable
-// write; the generation grows after each move out of a kind directory.
+// TestRepairDurability records a repair's calls: each move writes its note durably
+// first, then renames the file, grows the generation, and fsyncs lost+found and the
+// source directory — so a crash never leaves a moved file without its note.
 func TestRepairDurability(t *testing.T) {
 	dir := fsfixtures.Build(t, "truncated-record")
 	faulty := fsx.NewFaulty(fsx.NewOS(dir))
@@ -528,7 +528,7 @@ func TestRepairDurability(t *testing.T) {
 			seq = append(seq, "fsync")
 		}
 	}
-	want := "syncdir . rename record bump generation syncdir lost+found syncdir messages fsync rename note syncdir lost+found"
+	want := "syncdir . fsync rename note syncdir lost+found rename record bump generation syncdir lost+found syncdir messages"
 	if got := strings.Join(seq, " "); got != want {
 		t.Fatalf("calls:\n got %s\nwant %s", got, want)
 	}

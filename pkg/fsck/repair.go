@@ -337,7 +337,16 @@ func (r *repairer) move(f Finding) (string, error) {
 			return "", err
 		}
 	}
+	// The note first, durably: a crash after it and before the move leaves a note
+	// without its entry (reported as lost-found-stale-note and removed by the next
+	// repair, which moves the entry again); never a moved entry without its note.
+	note, _ := json.Marshal(MoveNote{V: 1, From: f.Path, To: dest, MovedAt: now, Code: f.Code, Why: f.Explanation, Tool: r.opts.Tool})
+	if err := fsx.WriteFile(r.fs, store.LostAndFound, path.Base(dest)+noteSuffix, append(note, '\n')); err != nil {
+		return "", fmt.Errorf("writing the note of the move to %s: %w", dest, err)
+	}
 	if err := r.fs.Rename(f.Path, dest); err != nil {
+		// Take the note back (best effort; a leftover is a stale note, removed later).
+		_ = fsx.RemoveFile(r.fs, store.LostAndFound, path.Base(dest)+noteSuffix)
 		return "", err
 	}
 	r.moved[f.Path] = dest
@@ -349,10 +358,6 @@ func (r *repairer) move(f Finding) (string, error) {
 	}
 	if err := r.fs.SyncDir(path.Dir(f.Path)); err != nil {
 		return dest, err
-	}
-	note, _ := json.Marshal(MoveNote{V: 1, From: f.Path, To: dest, MovedAt: now, Code: f.Code, Why: f.Explanation, Tool: r.opts.Tool})
-	if err := fsx.WriteFile(r.fs, store.LostAndFound, path.Base(dest)+noteSuffix, append(note, '\n')); err != nil {
-		return dest, fmt.Errorf("moved to %s, but its note could not be written: %w", dest, err)
 	}
 	return dest, nil
 }
