@@ -2,13 +2,12 @@ package store
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/url"
 	"slices"
 
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
@@ -43,19 +42,22 @@ const (
 
 // Outbox is one envelope to deliver. Envelope and EnvelopeDigest never change once written.
 type Outbox struct {
-	EnvelopeID       string          `json:"envelopeId"`
-	MessageID        string          `json:"messageId"`
-	BatchID          string          `json:"batchId"`
-	EnvelopeKind     string          `json:"kind"`
-	State            string          `json:"state"`
-	Ordinal          int             `json:"ordinal"`
-	RelayURL         string          `json:"relayUrl"`
-	PeerOwnerDID     string          `json:"peerOwnerDid"`
-	DeliveryDeadline int64           `json:"deliveryDeadline"`
-	NextAttemptAt    int64           `json:"nextAttemptAt"`
-	Attempts         int             `json:"attempts"`
-	LastError        string          `json:"lastError,omitempty"`
-	Lease            *Lease          `json:"lease,omitempty"`
+	EnvelopeID       string `json:"envelopeId"`
+	MessageID        string `json:"messageId"`
+	BatchID          string `json:"batchId"`
+	EnvelopeKind     string `json:"kind"`
+	State            string `json:"state"`
+	Ordinal          int    `json:"ordinal"`
+	RelayURL         string `json:"relayUrl"`
+	PeerOwnerDID     string `json:"peerOwnerDid"`
+	DeliveryDeadline int64  `json:"deliveryDeadline"`
+	NextAttemptAt    int64  `json:"nextAttemptAt"`
+	Attempts         int    `json:"attempts"`
+	LastError        string `json:"lastError,omitempty"`
+	Lease            *Lease `json:"lease,omitempty"`
+	// UnreachableSince, when not 0, is when the carrier first found this envelope's
+	// relay unreachable: the persisted target wait (DESIGN §10). It may change.
+	UnreachableSince int64           `json:"unreachableSince,omitempty"`
 	Envelope         json.RawMessage `json:"envelope"`
 	EnvelopeDigest   string          `json:"envelopeDigest"`
 	RetainUntil      int64           `json:"retainUntil"`
@@ -243,11 +245,9 @@ func firstErr(errs ...error) error {
 	return nil
 }
 
-// Digest returns the hex SHA-256 of b (envelope digests, request digests).
-func Digest(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
+// Digest returns the hex SHA-256 of b (envelope digests, request digests): the
+// envelope package's digest.
+func Digest(b []byte) string { return envelope.Digest(b) }
 
 // maxRawDepth bounds the nesting of raw JSON values (envelopes, facts, responses).
 const maxRawDepth = 48
@@ -278,8 +278,8 @@ func (r *Outbox) Validate() error {
 	if r.State != StatePending && r.State != StateRelayed && r.State != StateClosed {
 		return invalid("state %q is not pending, relayed or closed", r.State)
 	}
-	if r.Ordinal < 0 || r.Attempts < 0 || r.NextAttemptAt < 0 {
-		return invalid("ordinal, attempts and nextAttemptAt must not be negative")
+	if r.Ordinal < 0 || r.Attempts < 0 || r.NextAttemptAt < 0 || r.UnreachableSince < 0 {
+		return invalid("ordinal, attempts, nextAttemptAt and unreachableSince must not be negative")
 	}
 	if Digest(r.Envelope) != r.EnvelopeDigest {
 		return invalid("envelopeDigest does not match the envelope bytes")

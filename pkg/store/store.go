@@ -383,13 +383,18 @@ func (s *Store) Get(k Kind, id string) (Record, error) {
 // (a nil pointer) if absent.
 func GetAs[T Record](s *Store, id string) (T, error) {
 	var zero T
-	r, err := s.Get(zero.Kind(), id)
+	return typed[T](s.Get(zero.Kind(), id))
+}
+
+// typed converts the result of a Get to the record type T (the zero T when absent).
+func typed[T Record](r Record, err error) (T, error) {
+	var zero T
 	if r == nil || err != nil {
 		return zero, err
 	}
 	t, ok := r.(T)
 	if !ok {
-		return zero, invalidAt(id, errors.New("record has an unexpected type"))
+		return zero, invalidAt(r.RecordID(), errors.New("record has an unexpected type"))
 	}
 	return t, nil
 }

@@ -129,15 +129,7 @@ func (tx *Tx) Get(k Kind, id string) (Record, error) {
 // TxGet returns record id of type T as tx sees it, or the zero T if absent.
 func TxGet[T Record](tx *Tx, id string) (T, error) {
 	var zero T
-	r, err := tx.Get(zero.Kind(), id)
-	if r == nil || err != nil {
-		return zero, err
-	}
-	t, ok := r.(T)
-	if !ok {
-		return zero, invalidAt(id, errors.New("record has an unexpected type"))
-	}
-	return t, nil
+	return typed[T](tx.Get(zero.Kind(), id))
 }
 
 func (tx *Tx) get(k Kind, id string) (Record, error) {
