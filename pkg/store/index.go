@@ -24,6 +24,7 @@ type OutboxSummary struct {
 	NextAttemptAt    int64
 	Attempts         int
 	Lease            *Lease
+	UnreachableSince int64 // the persisted target wait, 0 if none
 	Bytes            int64 // size of the signed envelope
 	RetainUntil      int64
 }
@@ -70,7 +71,7 @@ func summarizeOutbox(r *Outbox) OutboxSummary {
 	return OutboxSummary{EnvelopeID: r.EnvelopeID, MessageID: r.MessageID, BatchID: r.BatchID,
 		EnvelopeKind: r.EnvelopeKind, State: r.State, Ordinal: r.Ordinal, RelayURL: r.RelayURL,
 		PeerOwnerDID: r.PeerOwnerDID, DeliveryDeadline: r.DeliveryDeadline, NextAttemptAt: r.NextAttemptAt,
-		Attempts: r.Attempts, Lease: lease, Bytes: int64(len(r.Envelope)), RetainUntil: r.RetainUntil}
+		Attempts: r.Attempts, Lease: lease, UnreachableSince: r.UnreachableSince, Bytes: int64(len(r.Envelope)), RetainUntil: r.RetainUntil}
 }
 
 func summarizeMessage(r *Message) MessageSummary {

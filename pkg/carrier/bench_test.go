@@ -1,0 +1,152 @@
+package carrier
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// fillIdle enqueues n pending envelopes (messages of 64) that are not due for an hour.
+func fillIdle(b *testing.B, n int) (*Carrier, time.Time) {
+	clock := newFakeClock()
+	later := clock.Now().Add(time.Hour)
+	s := openStore(b, b.TempDir(), store.Options{Now: func() time.Time { return later }})
+	for i := 0; n > 0; i++ {
+		k := min(n, store.MaxBatchMembers)
+		req := request(relayN(i%20), k, later.Add(24*time.Hour))
+		if _, err := s.Enqueue(context.Background(), req); err != nil {
+			b.Fatal(err)
+		}
+		n -= k
+	}
+	return New(s, &scripted{}, Options{Clock: clock, Watch: WatchOff}), clock.Now()
+}
+
+// BenchmarkScheduleIdle10k: one reconciliation (index read, grouping, due times) over
+// 10,000 idle pending envelopes in 20 targets; the cost the carrier pays per event.
+func BenchmarkScheduleIdle10k(b *testing.B) {
+	c, now := fillIdle(b, 10_000)
+	ctx := context.Background()
+	if plans, err := c.plan(ctx, now); err != nil || len(plans) != 20 || plans[0].due <= now.UnixMilli() {
+		b.Fatalf("plan: %d targets, %v", len(plans), err)
+	}
+	for b.Loop() {
+		if _, err := c.plan(ctx, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkBuildPlan10k: the grouping alone, from summaries already in memory.
+func BenchmarkBuildPlan10k(b *testing.B) {
+	c, now := fillIdle(b, 10_000)
+	sums, err := c.s.OutboxSummaries(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	batches, _ := c.s.List(store.KindBatches)
+	for b.Loop() {
+		buildPlan(sums, batches, now.UnixMilli(), "h")
+	}
+}
+
+// relayStub accepts every envelope with a signed receipt, like the reference relay
+// minus its store.
+func relayStub(b *testing.B) *httptest.Server {
+	relay := relayIdentity(b)
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(io.LimitReader(r.Body, envelope.MaxSize+1))
+		var e struct {
+			Payload struct {
+				EnvelopeID string `json:"envelopeId"`
+			} `json:"payload"`
+		}
+		if json.Unmarshal(body, &e) != nil {
+			w.WriteHeader(400)
+			return
+		}
+		rc, err := envelope.SignRelayReceipt(relay, envelope.RelayReceipt{EnvelopeID: e.Payload.EnvelopeID,
+			EnvelopeDigest: envelope.Digest(body), ReceivedAt: time.Now()})
+		if err != nil {
+			w.WriteHeader(500)
+			return
+		}
+		w.Write(rc)
+	}))
+}
+
+// wireRequest is a message of n real envelopes (so the stub's receipts match).
+func wireRequest(b *testing.B, url string, n int) store.SendRequest {
+	req := store.SendRequest{MessageID: uuid.NewString(), PeerOwnerDID: peer(), RelayURL: url, DeliveryDeadline: time.Now().Add(time.Hour)}
+	for i := range n {
+		e, data, err := envelope.NewMessage(owner(b), peer(), req.MessageID, bytes.Repeat([]byte("x"), 512), time.Now().Add(time.Hour), time.Now())
+		if err != nil {
+			b.Fatal(err)
+		}
+		kind := store.EnvelopeMessage
+		if i > 0 {
+			kind = store.EnvelopeDeliveryStatus
+		}
+		req.Envelopes = append(req.Envelopes, store.OutgoingEnvelope{EnvelopeID: e.ID(), Kind: kind, Envelope: data})
+	}
+	return req
+}
+
+// BenchmarkDelivery: envelopes/s delivered by the carrier to one local relay stub
+// (lease, send, settle, each envelope durable twice) against the stub's raw accept
+// rate for the same envelopes posted back to back over one connection.
+func BenchmarkDelivery(b *testing.B) {
+	const n = 512
+	srv := relayStub(b)
+	defer srv.Close()
+	var reqs []store.SendRequest
+	for range n / 64 {
+		reqs = append(reqs, wireRequest(b, srv.URL, 64))
+	}
+	// Raw accept rate.
+	tr := NewHTTPTransport(HTTPOptions{})
+	start := time.Now()
+	for _, r := range reqs {
+		for _, e := range r.Envelopes {
+			if res := tr.Send(context.Background(), srv.URL, e.Envelope); res.Outcome != Accepted {
+				b.Fatalf("raw: %v %v", res.Outcome, res.Err)
+			}
+		}
+	}
+	raw := float64(n) / time.Since(start).Seconds()
+	var total time.Duration
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		s := openStore(b, b.TempDir(), store.Options{})
+		for _, r := range reqs {
+			if _, err := s.Enqueue(context.Background(), r); err != nil {
+				b.Fatal(err)
+			}
+		}
+		c := New(s, tr, Options{Watch: WatchOff})
+		ctx, cancel := context.WithCancel(context.Background())
+		b.StartTimer()
+		t0 := time.Now()
+		done := make(chan struct{})
+		go func() { c.Run(ctx); close(done) }()
+		waitFor(b, "every envelope accepted", func() bool { return c.Stats().Attempts["accepted"] == n })
+		total += time.Since(t0)
+		b.StopTimer()
+		cancel()
+		<-done
+	}
+	carrier := float64(n*b.N) / total.Seconds()
+	b.ReportMetric(raw, "raw-env/s")
+	b.ReportMetric(carrier, "carrier-env/s")
+	b.ReportMetric(carrier/raw, "ratio")
+}

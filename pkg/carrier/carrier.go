@@ -1,0 +1,342 @@
+package carrier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// The numbers of DESIGN §10 (see docs/CARRIER.md for why).
+const (
+	maxTargetsDefault        = 16
+	DefaultBackoffMin        = 2 * time.Second
+	DefaultBackoffMax        = 300 * time.Second
+	DefaultProbeEvery        = 300 * time.Second
+	DefaultOfflineLimit      = 30 * 24 * time.Hour
+	DefaultSweepEvery        = 5 * time.Minute
+	DefaultStoreFailureDelay = 300 * time.Second
+	DefaultPollEvery         = 2 * time.Second
+	// leaseMargin is how much longer than one send a lease lasts (the settlement).
+	leaseMargin = 30 * time.Second
+	// settleTimeout bounds a settlement that runs after Run's ctx was cancelled.
+	settleTimeout = 10 * time.Second
+)
+
+// WatchMode selects how writes by other processes are noticed.
+type WatchMode int
+
+const (
+	// WatchAuto uses inotify and falls back to stamp polling.
+	WatchAuto WatchMode = iota
+	// WatchInotify uses inotify only (no fallback).
+	WatchInotify
+	// WatchPoll polls the listing stamps every PollEvery.
+	WatchPoll
+	// WatchOff relies on Kick and the sweep only (tests).
+	WatchOff
+)
+
+// Options configure a Carrier. Zero fields take the defaults of DESIGN §10.
+type Options struct {
+	Clock    Clock  // default: the wall clock
+	HolderID string // this process's lease holder name (default "carrier:<pid>:<random>")
+	// MaxTargets bounds the targets (relay URLs) with an attempt in flight (16).
+	MaxTargets int
+	// SendTimeout bounds one attempt (150 s); LeaseFor is the lease an attempt takes
+	// (SendTimeout + 30 s).
+	SendTimeout, LeaseFor time.Duration
+	// BackoffMin and BackoffMax bound the retry delay of a failed attempt (2 s, 300 s).
+	BackoffMin, BackoffMax time.Duration
+	// ProbeEvery is the probe interval of an unreachable target (300 s); OfflineLimit
+	// is how long a target may stay unreachable before its envelopes expire (30 days).
+	ProbeEvery, OfflineLimit time.Duration
+	// SweepEvery is the reconciliation backstop and the longest timer (5 min).
+	SweepEvery time.Duration
+	// StoreFailureDelay is how long a target waits after a store error (300 s).
+	StoreFailureDelay time.Duration
+	// Watch selects change notification; PollEvery is the stamp polling interval (2 s).
+	Watch     WatchMode
+	PollEvery time.Duration
+	// MaxPerPass bounds the envelopes one dispatch of a target sends (64) before the
+	// schedule is looked at again.
+	MaxPerPass int
+	Logger     *slog.Logger
+	// Jitter returns a number in [0, 1); default math/rand/v2.
+	Jitter func() float64
+}
+
+func (o Options) withDefaults() Options {
+	if o.Clock == nil {
+		o.Clock = wallClock{}
+	}
+	if o.HolderID == "" {
+		o.HolderID = fmt.Sprintf("carrier:%d:%s", os.Getpid(), uuid.NewString()[:8])
+	}
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	if o.MaxTargets <= 0 {
+		o.MaxTargets = maxTargetsDefault
+	}
+	def(&o.SendTimeout, DefaultSendTimeout)
+	def(&o.LeaseFor, o.SendTimeout+leaseMargin)
+	def(&o.BackoffMin, DefaultBackoffMin)
+	def(&o.BackoffMax, DefaultBackoffMax)
+	if o.BackoffMax < o.BackoffMin {
+		o.BackoffMax = o.BackoffMin
+	}
+	def(&o.ProbeEvery, DefaultProbeEvery)
+	def(&o.OfflineLimit, DefaultOfflineLimit)
+	def(&o.SweepEvery, DefaultSweepEvery)
+	def(&o.StoreFailureDelay, DefaultStoreFailureDelay)
+	def(&o.PollEvery, DefaultPollEvery)
+	if o.MaxPerPass <= 0 {
+		o.MaxPerPass = 64
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Jitter == nil {
+		o.Jitter = rand.Float64
+	}
+	return o
+}
+
+// Carrier delivers one store's outbox to its relays (DESIGN §10). Create it with New,
+// run it with Run; Kick tells it that a local write happened.
+type Carrier struct {
+	s  *store.Store
+	t  Transport
+	o  Options
+	st stats
+
+	kick chan struct{}
+	done chan passResult
+
+	running atomic.Bool
+
+	// Loop-owned state (only Run's goroutine touches these).
+	inflight map[string]bool      // targets with a pass running
+	blocked  map[string]time.Time // targets delayed (store failure, no progress)
+	timer    Timer
+	timerAt  time.Time
+
+	// mu guards the observation fields below (tests and Stats).
+	mu        sync.Mutex
+	loopIdle  bool      // the loop is waiting for an event
+	loopGen   uint64    // how often the loop went idle
+	nInflight int       // targets in flight when the loop last looked
+	armedAt   time.Time // the due timer's time (zero: disarmed)
+}
+
+// New returns a carrier for s that sends through t.
+func New(s *store.Store, t Transport, opts Options) *Carrier {
+	o := opts.withDefaults()
+	return &Carrier{s: s, t: t, o: o, kick: make(chan struct{}, 1), done: make(chan passResult, o.MaxTargets),
+		inflight: map[string]bool{}, blocked: map[string]time.Time{}, st: newStats()}
+}
+
+// Kick tells the carrier that the store changed (the daemon calls it after Enqueue).
+// It never blocks.
+func (c *Carrier) Kick() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// passResult is what one target's pass reports to the loop.
+type passResult struct {
+	target   string
+	progress bool  // something was attempted, closed or expired
+	err      error // a store error: the target waits StoreFailureDelay
+}
+
+// Run delivers until ctx is done, then waits for the attempts in flight to settle
+// and returns ctx's error. A Carrier runs at most once at a time.
+func (c *Carrier) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("carrier: already running")
+	}
+	defer c.running.Store(false)
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { c.watch(ctx) })
+	sweep := c.o.Clock.NewTimer(c.o.SweepEvery)
+	defer func() {
+		sweep.Stop()
+		c.arm(time.Time{}, time.Time{})
+		cancel()
+		wg.Wait()
+		c.drainDone()
+	}()
+	for {
+		c.reconcile(ctx, &wg)
+		c.setIdle(true)
+		var due <-chan time.Time
+		if c.timer != nil {
+			due = c.timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			c.setIdle(false)
+			return ctx.Err()
+		case <-c.kick:
+		case <-due:
+			c.timer = nil
+		case <-sweep.C():
+			sweep = c.o.Clock.NewTimer(c.o.SweepEvery)
+			c.st.sweeps.Add(1)
+		case r := <-c.done:
+			c.finish(r)
+		}
+		c.setIdle(false)
+		// Collect every other pass that ended meanwhile before planning again.
+		for more := true; more; {
+			select {
+			case r := <-c.done:
+				c.finish(r)
+			default:
+				more = false
+			}
+		}
+	}
+}
+
+func (c *Carrier) setIdle(v bool) {
+	c.mu.Lock()
+	c.loopIdle = v
+	if v {
+		c.loopGen++
+	}
+	c.nInflight = len(c.inflight)
+	c.mu.Unlock()
+	c.st.inFlight.Store(int64(len(c.inflight)))
+}
+
+func (c *Carrier) drainDone() {
+	for {
+		select {
+		case r := <-c.done:
+			c.finish(r)
+		default:
+			return
+		}
+	}
+}
+
+// finish records the end of a target's pass.
+func (c *Carrier) finish(r passResult) {
+	delete(c.inflight, r.target)
+	now := c.o.Clock.Now()
+	switch {
+	case r.err != nil:
+		c.storeError(r.err)
+		c.o.Logger.Warn("carrier: store failure, target delayed", "target", r.target, "delay", c.o.StoreFailureDelay, "err", r.err)
+		c.blocked[r.target] = now.Add(c.o.StoreFailureDelay)
+	case !r.progress:
+		// Due by the index but nothing could be done (another process holds it, or
+		// the index lagged): never spin.
+		c.blocked[r.target] = now.Add(c.o.BackoffMin)
+	default:
+		delete(c.blocked, r.target)
+	}
+}
+
+func (c *Carrier) storeError(err error) {
+	code := errcode.Of(err)
+	if code == "" {
+		code = "OTHER"
+	}
+	c.st.storeError(code)
+}
+
+// reconcile reads the outbox index, dispatches due targets up to MaxTargets, and arms
+// the one timer at the earliest due time among the targets not in flight.
+func (c *Carrier) reconcile(ctx context.Context, wg *sync.WaitGroup) {
+	if ctx.Err() != nil {
+		return
+	}
+	c.st.reconciles.Add(1)
+	now := c.o.Clock.Now()
+	plans, err := c.plan(ctx, now)
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		c.storeError(err)
+		c.o.Logger.Warn("carrier: the schedule could not be read", "err", err)
+		c.arm(now, now.Add(c.o.StoreFailureDelay))
+		return
+	}
+	var next time.Time
+	waiting := 0
+	for _, tp := range plans {
+		if tp.waiting {
+			waiting++
+		}
+		if c.inflight[tp.url] {
+			continue
+		}
+		due := time.UnixMilli(tp.due)
+		if b, ok := c.blocked[tp.url]; ok {
+			if b.After(now) {
+				due = laterOf(due, b)
+			} else {
+				delete(c.blocked, tp.url)
+			}
+		}
+		if !due.After(now) && len(c.inflight) < c.o.MaxTargets {
+			c.inflight[tp.url] = true
+			wg.Go(func() { c.done <- c.pass(ctx, tp) })
+			continue
+		}
+		if len(c.inflight) < c.o.MaxTargets && (next.IsZero() || due.Before(next)) {
+			next = due
+		}
+	}
+	c.st.targetsWaiting.Store(int64(waiting))
+	c.st.targets.Store(int64(len(plans)))
+	c.arm(now, next)
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// arm keeps the one due timer at at (zero: disarmed), clamped to SweepEvery from now.
+func (c *Carrier) arm(now, at time.Time) {
+	if !at.IsZero() && at.Sub(now) > c.o.SweepEvery {
+		at = now.Add(c.o.SweepEvery)
+	}
+	if c.timer != nil && at.Equal(c.timerAt) {
+		return
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	c.timerAt = at
+	c.mu.Lock()
+	c.armedAt = at
+	c.mu.Unlock()
+	if at.IsZero() {
+		return
+	}
+	c.timer = c.o.Clock.NewTimer(max(0, at.Sub(now)))
+}

@@ -1,0 +1,231 @@
+package carrier
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+)
+
+// DefaultSendTimeout bounds one attempt: connect, request, answer (DESIGN §10).
+const DefaultSendTimeout = 150 * time.Second
+
+// maxResponseBytes bounds how much of a relay's answer is read: a receipt is far
+// smaller (envelope.MaxReceiptSize), and an error body is only looked at for its size.
+const maxResponseBytes = 16 << 10
+
+// HTTPOptions configure an HTTPTransport. The zero value is usable.
+type HTTPOptions struct {
+	// SendTimeout bounds one attempt (default 150 s).
+	SendTimeout time.Duration
+	// MaxConnsPerHost bounds connections to one relay (default 4; the carrier sends
+	// one attempt at a time per target).
+	MaxConnsPerHost int
+	// TLSConfig, if set, is used for https relays.
+	TLSConfig *tls.Config
+	// Client, if set, is used as is (tests); the options above then only set the
+	// per-attempt timeout.
+	Client *http.Client
+}
+
+// HTTPTransport posts envelopes to relays over HTTP/1.1 (DESIGN §11) with one shared
+// client, so connections to a relay are reused across attempts.
+type HTTPTransport struct {
+	client  *http.Client
+	timeout time.Duration
+}
+
+// NewHTTPTransport returns a transport for relays at http(s) URLs.
+func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
+	t := &HTTPTransport{client: opts.Client, timeout: opts.SendTimeout}
+	if t.timeout <= 0 {
+		t.timeout = DefaultSendTimeout
+	}
+	if t.client == nil {
+		perHost := opts.MaxConnsPerHost
+		if perHost <= 0 {
+			perHost = 4
+		}
+		tr := &http.Transport{
+			Proxy:                 nil, // relays are addressed directly
+			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			TLSClientConfig:       opts.TLSConfig,
+			TLSHandshakeTimeout:   30 * time.Second,
+			MaxIdleConns:          2 * maxTargetsDefault * perHost,
+			MaxIdleConnsPerHost:   perHost,
+			MaxConnsPerHost:       perHost,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: t.timeout,
+			ExpectContinueTimeout: time.Second,
+			ForceAttemptHTTP2:     false,
+		}
+		t.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse // a relay does not redirect envelopes
+		}}
+	}
+	return t
+}
+
+// CloseIdleConnections closes the transport's idle connections.
+func (t *HTTPTransport) CloseIdleConnections() { t.client.CloseIdleConnections() }
+
+// Send posts envelope to relayURL + "/v1/envelopes" and classifies the answer:
+//
+//	200 with a valid signed receipt for this envelope's id and digest → Accepted
+//	200 with anything else                                            → Failed
+//	408, 429, 5xx, any other status, a timeout, a broken connection    → Failed (Retry-After kept)
+//	4xx other than 408 and 429                                        → Refused
+//	connection refused, host or network unreachable, DNS, TLS          → Unreachable
+func (t *HTTPTransport) Send(ctx context.Context, relayURL string, env []byte) Result {
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	url := strings.TrimRight(relayURL, "/") + "/v1/envelopes"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(env))
+	if err != nil {
+		return Result{Outcome: Unreachable, Err: fmt.Errorf("relay URL: %w", err)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return Result{Outcome: classifyError(ctx, err), Err: err}
+	}
+	defer resp.Body.Close()
+	body, rerr := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	res := Result{Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	code := resp.StatusCode
+	switch {
+	case code == http.StatusOK:
+		switch {
+		case rerr != nil:
+			res.Outcome, res.Err = Failed, fmt.Errorf("reading the receipt: %w", rerr)
+		case len(body) > maxResponseBytes:
+			res.Outcome, res.Err = Failed, errors.New("HTTP 200 with an oversized receipt")
+		default:
+			res.Outcome, res.Err = Failed, nil
+			rcpt, perr := envelope.ParseRelayReceipt(bytes.TrimRight(body, "\r\n"))
+			id, digest := envelopeIdentity(env)
+			switch {
+			case perr != nil:
+				res.Err = fmt.Errorf("HTTP 200 with an invalid receipt: %w", perr)
+			case !rcpt.Matches(id, digest):
+				res.Err = errors.New("HTTP 200 with a receipt for another envelope")
+			default:
+				res.Outcome, res.Receipt, res.ParsedReceipt = Accepted, bytes.TrimRight(body, "\r\n"), rcpt
+			}
+		}
+	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
+		res.Outcome, res.Err = Failed, fmt.Errorf("HTTP %d%s", code, errorCode(body))
+	case code >= 400 && code < 500:
+		res.Outcome, res.Err = Refused, fmt.Errorf("HTTP %d%s", code, errorCode(body))
+	default:
+		res.Outcome, res.Err = Failed, fmt.Errorf("unexpected HTTP %d", code)
+	}
+	return res
+}
+
+// envelopeIdentity returns the id and digest the relay's receipt must name.
+func envelopeIdentity(env []byte) (id, digest string) {
+	digest = envelope.Digest(env)
+	if e, err := envelope.Parse(env); err == nil {
+		return e.ID(), digest
+	}
+	// Not a valid envelope (the relay will refuse it); read the id leniently.
+	var w struct {
+		Payload struct {
+			EnvelopeID string `json:"envelopeId"`
+		} `json:"payload"`
+	}
+	_ = json.Unmarshal(env, &w)
+	return w.Payload.EnvelopeID, digest
+}
+
+// errorCode extracts a relay's JSON error code ({"code":"…"}) for lastError: a short
+// token, never the body itself.
+func errorCode(body []byte) string {
+	var e struct {
+		Code  string `json:"code"`
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return ""
+	}
+	c := e.Code
+	if c == "" {
+		c = e.Error.Code
+	}
+	if c == "" || len(c) > 64 || strings.ContainsFunc(c, func(r rune) bool {
+		return !(r == '_' || r == '-' || r == '.' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9')
+	}) {
+		return ""
+	}
+	return " " + c
+}
+
+// classifyError tells an unreachable relay (nobody answered the connection) from a
+// failed attempt (it answered, or might have, but the exchange broke or timed out).
+func classifyError(ctx context.Context, err error) Outcome {
+	var dnsErr *net.DNSError
+	var recErr tls.RecordHeaderError
+	var certErr *tls.CertificateVerificationError
+	var unknownAuth x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var invalidErr x509.CertificateInvalidError
+	var alertErr tls.AlertError
+	switch {
+	case ctx.Err() != nil:
+		return Failed // our timeout (or shutdown): the relay may have been working on it
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
+		errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTDOWN),
+		errors.As(err, &dnsErr), errors.As(err, &recErr), errors.As(err, &certErr),
+		errors.As(err, &unknownAuth), errors.As(err, &hostErr), errors.As(err, &invalidErr),
+		errors.As(err, &alertErr):
+		return Unreachable
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		if op.Timeout() {
+			return Failed
+		}
+		return Unreachable
+	}
+	return Failed
+}
+
+// parseRetryAfter reads a Retry-After header: delay-seconds or an HTTP-date. It
+// returns 0 when absent or unparsable.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n <= 0 {
+			return 0
+		}
+		if n > int64(365*24*time.Hour/time.Second) {
+			n = int64(365 * 24 * time.Hour / time.Second)
+		}
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := t.Sub(now); d > 0 {
+			return d
+		}
+	}
+	return 0
+}

@@ -1,0 +1,103 @@
+package carrier
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// targetPlan is one target's dispatchable envelopes at one moment.
+type targetPlan struct {
+	url     string
+	due     int64 // ms: the earliest due time of its envelopes
+	waiting bool  // in a persisted unreachable wait
+	since   int64 // ms: when the wait began (waiting only)
+	probeAt int64 // ms: when the wait's next probe is due (waiting only)
+	envs    []store.OutboxSummary
+	dues    []int64 // ms: each envelope's effective due time
+}
+
+// plan reads the outbox index and the batch markers and groups the dispatchable
+// envelopes by target.
+func (c *Carrier) plan(ctx context.Context, now time.Time) ([]*targetPlan, error) {
+	sums, err := c.s.OutboxSummaries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	batches, err := c.s.List(store.KindBatches)
+	if err != nil {
+		return nil, err
+	}
+	return buildPlan(sums, batches, now.UnixMilli(), c.o.HolderID), nil
+}
+
+// buildPlan groups sums (sorted by message and ordinal, as OutboxSummaries returns
+// them) into per-target plans, keeping only dispatchable envelopes: pending members
+// of a batch whose marker exists (batches is sorted). The result is ordered by due
+// time, oldest first.
+//
+// An envelope's effective due time is its nextAttemptAt; in a target wait, not before
+// the wait's next probe (the latest nextAttemptAt among the waiting envelopes: each
+// probe pushes only the probed envelope forward); never after its deadline (so the
+// deadline closes it on time); and never before a live lease of another holder ends.
+func buildPlan(sums []store.OutboxSummary, batches []string, now int64, holder string) []*targetPlan {
+	byURL := map[string]*targetPlan{}
+	var order []*targetPlan
+	for i := range sums {
+		e := &sums[i]
+		if e.State != store.StatePending {
+			continue
+		}
+		if _, ok := slices.BinarySearch(batches, e.BatchID); !ok {
+			continue
+		}
+		tp := byURL[e.RelayURL]
+		if tp == nil {
+			tp = &targetPlan{url: e.RelayURL}
+			byURL[e.RelayURL] = tp
+			order = append(order, tp)
+		}
+		tp.envs = append(tp.envs, *e)
+		if e.UnreachableSince > 0 {
+			if !tp.waiting || e.UnreachableSince < tp.since {
+				tp.since = e.UnreachableSince
+			}
+			tp.waiting = true
+			tp.probeAt = max(tp.probeAt, e.NextAttemptAt)
+		}
+	}
+	for _, tp := range order {
+		tp.dues = make([]int64, len(tp.envs))
+		for i := range tp.envs {
+			d := effectiveDue(&tp.envs[i], tp, now, holder)
+			tp.dues[i] = d
+			if i == 0 || d < tp.due {
+				tp.due = d
+			}
+		}
+	}
+	slices.SortStableFunc(order, func(a, b *targetPlan) int {
+		switch {
+		case a.due < b.due:
+			return -1
+		case a.due > b.due:
+			return 1
+		}
+		return 0
+	})
+	return order
+}
+
+func effectiveDue(e *store.OutboxSummary, tp *targetPlan, now int64, holder string) int64 {
+	d := e.NextAttemptAt
+	if tp.waiting {
+		d = max(d, tp.probeAt)
+	}
+	d = min(d, e.DeliveryDeadline)
+	if l := e.Lease; l != nil && l.Until > now && l.Holder != holder {
+		d = max(d, l.Until)
+	}
+	return d
+}
