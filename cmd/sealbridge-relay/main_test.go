@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relay"
+)
+
+func TestVersionAndUsage(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"--version"}, &out, &errb); code != 0 ||
+		!strings.HasPrefix(out.String(), "sealbridge-relay ") {
+		t.Fatalf("%d %q", code, out.String())
+	}
+	if code := run(context.Background(), nil, &out, &errb); code != 2 {
+		t.Fatalf("no --home: %d", code)
+	}
+}
+
+// TestMain re-executes the test binary as the relay when asked.
+func TestMain(m *testing.M) {
+	if os.Getenv("SEALBRIDGE_RELAY_MAIN") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func TestProcessServesAndStopsOnSIGTERM(t *testing.T) {
+	home := t.TempDir()
+	start := func() (*exec.Cmd, string, string) {
+		cmd := exec.Command(os.Args[0], "--listen", "127.0.0.1:0", "--home", home)
+		cmd.Env = append(os.Environ(), "SEALBRIDGE_RELAY_MAIN=1")
+		cmd.Stderr = io.Discard
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		lines := make(chan string, 2)
+		go func() {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		var got []string
+		deadline := time.After(20 * time.Second)
+		for len(got) < 2 {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("relay exited early: %v", got)
+				}
+				got = append(got, l)
+			case <-deadline:
+				t.Fatal("relay did not print its address")
+			}
+		}
+		addr, ok1 := strings.CutPrefix(got[0], "listening ")
+		did, ok2 := strings.CutPrefix(got[1], "relay ")
+		if !ok1 || !ok2 {
+			t.Fatalf("output %q", got)
+		}
+		return cmd, addr, did
+	}
+	cmd, addr, did := start()
+	if _, err := identity.ParseDID(did); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(home, "relay-identity.pem")); err != nil {
+		t.Fatal(err)
+	}
+	bob, _ := identity.FromSeed(bytes.Repeat([]byte{2}, 32))
+	alice, _ := identity.FromSeed(bytes.Repeat([]byte{1}, 32))
+	_, data, err := envelope.NewMessage(alice, bob.DID(), uuid.NewString(), []byte("hi"), time.Now().Add(time.Hour), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &relay.Client{BaseURL: addr}
+	raw, rc, err := c.Post(context.Background(), data)
+	if err != nil || string(rc.RelayDID) != did {
+		t.Fatalf("post: %v", err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	// Restart: same identity, same receipt for the same envelope.
+	_, addr2, did2 := start()
+	if did2 != did {
+		t.Fatalf("identity changed: %s %s", did, did2)
+	}
+	c2 := &relay.Client{BaseURL: addr2}
+	raw2, _, err := c2.Post(context.Background(), data)
+	if err != nil || !bytes.Equal(raw, raw2) {
+		t.Fatalf("duplicate after restart: %v", err)
+	}
+}

@@ -1,0 +1,194 @@
+package relay
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// Paths of the protocol.
+const (
+	PathEnvelopes = "/v1/envelopes"
+	PathInbox     = "/v1/inbox"
+	PathInboxAck  = "/v1/inbox/ack"
+)
+
+// AckRequest is the body of POST /v1/inbox/ack.
+type AckRequest struct {
+	EnvelopeIDs []string `json:"envelopeIds"`
+}
+
+// AckResponse is its answer: how many of the ids were removed.
+type AckResponse struct {
+	Acknowledged int `json:"acknowledged"`
+}
+
+// Handler returns the relay's HTTP handler.
+func (r *Relay) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		start := time.Now()
+		var status int
+		var err error
+		switch req.URL.Path {
+		case PathEnvelopes:
+			status, err = r.only(w, req, http.MethodPost, r.serveEnvelope)
+		case PathInbox:
+			status, err = r.only(w, req, http.MethodGet, r.serveInbox)
+		case PathInboxAck:
+			status, err = r.only(w, req, http.MethodPost, r.serveAck)
+		default:
+			err = newError(http.StatusNotFound, CodeNotFound, "no such endpoint")
+		}
+		if err != nil {
+			e := asError(err)
+			status = e.Status
+			writeError(w, e)
+			level := r.log.Info
+			if e.Status >= 500 {
+				level = r.log.Error
+			}
+			args := []any{"method", req.Method, "path", req.URL.Path, "status", e.Status, "code", e.Code,
+				"remote", req.RemoteAddr, "ms", time.Since(start).Milliseconds()}
+			if e.cause != nil && e.Status >= 500 {
+				args = append(args, "cause", e.cause.Error())
+			}
+			level("relay: request refused", args...)
+			return
+		}
+		r.log.Debug("relay: request", "method", req.Method, "path", req.URL.Path, "status", status,
+			"ms", time.Since(start).Milliseconds())
+	})
+}
+
+func (r *Relay) only(w http.ResponseWriter, req *http.Request, method string,
+	fn func(http.ResponseWriter, *http.Request) (int, error)) (int, error) {
+	if req.Method != method {
+		w.Header().Set("Allow", method)
+		return 0, newError(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "use %s", method)
+	}
+	return fn(w, req)
+}
+
+// readBody reads at most max bytes of the body; more is a 413 with code.
+func readBody(w http.ResponseWriter, req *http.Request, max int64, code string) ([]byte, *Error) {
+	if req.ContentLength > max {
+		return nil, newError(http.StatusRequestEntityTooLarge, code, "body is %d bytes, limit %d", req.ContentLength, max)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, max))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, newError(http.StatusRequestEntityTooLarge, code, "body is larger than %d bytes", max)
+		}
+		return nil, &Error{Status: http.StatusBadRequest, Code: CodeBadRequest, Message: "could not read the body", cause: err}
+	}
+	return body, nil
+}
+
+func (r *Relay) serveEnvelope(w http.ResponseWriter, req *http.Request) (int, error) {
+	body, e := readBody(w, req, envelope.MaxSize, CodeEnvelopeTooLarge)
+	if e != nil {
+		r.count(func(s *Stats) { s.Refused++ })
+		return 0, e
+	}
+	receipt, err := r.Accept(req.Context(), body)
+	if err != nil {
+		if e := asError(err); e.Status < 500 && e.Status != http.StatusConflict {
+			r.count(func(s *Stats) { s.Refused++ })
+		}
+		return 0, err
+	}
+	writeJSONBytes(w, http.StatusOK, receipt)
+	return http.StatusOK, nil
+}
+
+func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error) {
+	body, e := readBody(w, req, MaxAckBodySize, CodeBodyTooLarge)
+	if e != nil {
+		return 0, e
+	}
+	did, e := r.authenticate(req, body)
+	if e != nil {
+		return 0, e
+	}
+	q := req.URL.Query()
+	for k := range q {
+		if k != "after" && k != "limit" {
+			return 0, newError(http.StatusBadRequest, CodeBadRequest, "unknown query parameter %q", k)
+		}
+	}
+	var after uint64
+	if s := q.Get("after"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, newError(http.StatusBadRequest, CodeBadRequest, "after is not a cursor")
+		}
+		after = v
+	}
+	limit := DefaultFetchLimit
+	if s := q.Get("limit"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 || v > MaxFetchLimit {
+			return 0, newError(http.StatusBadRequest, CodeBadRequest, "limit must be 1..%d", MaxFetchLimit)
+		}
+		limit = v
+	}
+	page, err := r.Fetch(did, after, limit)
+	if err != nil {
+		return 0, err
+	}
+	data, err := json.Marshal(page)
+	if err != nil {
+		return 0, internalError(err)
+	}
+	writeJSONBytes(w, http.StatusOK, data)
+	return http.StatusOK, nil
+}
+
+func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) {
+	body, e := readBody(w, req, MaxAckBodySize, CodeBodyTooLarge)
+	if e != nil {
+		return 0, e
+	}
+	did, e := r.authenticate(req, body)
+	if e != nil {
+		return 0, e
+	}
+	var ack AckRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ack); err != nil || dec.More() {
+		return 0, newError(http.StatusBadRequest, CodeBadRequest, `body must be {"envelopeIds":[…]}`)
+	}
+	if len(ack.EnvelopeIDs) == 0 || len(ack.EnvelopeIDs) > MaxAckIDs {
+		return 0, newError(http.StatusBadRequest, CodeBadRequest, "envelopeIds must list 1..%d ids", MaxAckIDs)
+	}
+	for i, id := range ack.EnvelopeIDs {
+		if !store.IsUUID(id) {
+			return 0, newError(http.StatusBadRequest, CodeBadRequest, "envelopeIds[%d] is not a lower-case UUID", i)
+		}
+	}
+	n, err := r.Ack(req.Context(), did, ack.EnvelopeIDs)
+	if err != nil {
+		return 0, err
+	}
+	data, _ := json.Marshal(AckResponse{Acknowledged: n})
+	writeJSONBytes(w, http.StatusOK, data)
+	return http.StatusOK, nil
+}
+
+func writeJSONBytes(w http.ResponseWriter, status int, data []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Length", strconv.Itoa(len(data)))
+	w.WriteHeader(status)
+	_, _ = w.Write(data)
+}

@@ -1,0 +1,637 @@
+// Package relay is sealbridge's reference relay (DESIGN.md §11): an HTTP/1.1 +
+// JSON service that accepts signed wire envelopes from carriers, answers each
+// with its own signed receipt, de-duplicates them durably by envelopeId and
+// digest, and holds them in per-recipient inboxes that the recipient fetches
+// and acknowledges with requests signed by its key. docs/RELAY.md is the
+// protocol.
+//
+// Persistence: the relay has an identity of its own and keeps its
+// de-duplication records in a store of that identity (pkg/store, kind
+// receipts, id store.ReceiptID(envelopeId)). The envelope bytes waiting in
+// inboxes live in a relay-private directory next to the store, one file per
+// envelope, written durably (O_EXCL temp, fsync, rename, directory fsync)
+// before the receipt record; an envelope is acknowledged (200) only after both
+// are durable. The signed receipt is not stored as bytes: Ed25519 signatures
+// are deterministic, so signing the stored fields (envelopeId, digest,
+// receivedAt) again with the same key reproduces the first receipt byte for
+// byte.
+package relay
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// Limits of the protocol.
+const (
+	// MaxClockSkew is how far a signed inbox request's timestamp may be from
+	// the relay's clock, either way.
+	MaxClockSkew = 5 * time.Minute
+	// DefaultFetchLimit and MaxFetchLimit bound the envelopes of one inbox page.
+	DefaultFetchLimit = 64
+	MaxFetchLimit     = 256
+	// MaxPageBytes bounds the envelope bytes of one inbox page (at least one
+	// envelope is always returned when one is due).
+	MaxPageBytes = 4 << 20
+	// MaxAckIDs bounds the envelope ids of one acknowledgement.
+	MaxAckIDs = 1024
+	// MaxAckBodySize bounds an acknowledgement's body.
+	MaxAckBodySize = 64 << 10
+	// DedupeRetention is how long after an envelope's delivery deadline its
+	// receipt record (and so its de-duplication) is kept.
+	DedupeRetention = 24 * time.Hour
+	// maxNonces bounds the replay cache; past it inbox requests get 503.
+	maxNonces = 1 << 20
+)
+
+// Options configure a Relay. Identity is required; so is Home unless both
+// StoreDir and InboxDir are set.
+type Options struct {
+	// Identity is the relay's own identity: it signs receipts and owns the store.
+	Identity *identity.Identity
+	// Home is the data root: the store is <Home>/delivery/<hex sha256(DID)>
+	// (store.Options.Home) and the inboxes <Home>/relay/<hex sha256(DID)>.
+	Home string
+	// StoreDir and InboxDir override the two directories.
+	StoreDir, InboxDir string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Logger receives one line per request outcome (default slog.Default()).
+	// It never sees payloads or keys.
+	Logger *slog.Logger
+	// OnAccept, if set, is called after an envelope is durable and before the
+	// receipt is written to the client — for a new envelope (duplicate false)
+	// and for a de-duplicated one (duplicate true). Tests use it to observe
+	// acceptance or to kill a sender between send and settle.
+	OnAccept func(envelopeID, digest string, duplicate bool)
+}
+
+// Stats counts what a Relay did since it started.
+type Stats struct {
+	Accepted   int64 // new envelopes stored
+	Duplicates int64 // the same envelope again, answered with the stored receipt
+	Conflicts  int64 // same envelopeId, other digest (409)
+	Refused    int64 // other 4xx answers to POST /v1/envelopes
+	Acked      int64 // envelopes removed from inboxes by acknowledgements
+}
+
+// Relay is the reference relay. Its Handler is safe for concurrent use; one
+// Relay (one process) owns its inbox directory at a time.
+type Relay struct {
+	id       *identity.Identity
+	st       *store.Store
+	inboxDir string
+	lockFile *os.File
+	now      func() time.Time
+	log      *slog.Logger
+	onAccept func(string, string, bool)
+	started  time.Time
+
+	stripes [64]sync.Mutex // serialize accepts of one envelopeId
+
+	mu       sync.Mutex
+	inboxes  map[string]*inbox   // recipient dir name → inbox
+	byID     map[string]*entry   // envelopeId → entry in an inbox
+	inflight map[uint64]struct{} // sequence numbers being written
+	lastSeq  uint64
+	stats    Stats
+
+	nonces nonceCache
+}
+
+// inbox is one recipient's waiting envelopes, in sequence order.
+type inbox struct {
+	dir     string
+	entries []*entry
+}
+
+// entry is one waiting envelope.
+type entry struct {
+	seq        uint64
+	envelopeID string
+	digest     string
+	receivedAt int64
+	size       int
+	file       string // path of the envelope file
+	recipient  string // recipient dir name
+}
+
+// New opens (creating on first use) the relay's store and inbox directory,
+// locks the inbox directory, and loads the inboxes, completing what a crash
+// interrupted: an envelope file without its receipt record gets the record; a
+// file whose envelope was acknowledged is removed.
+func New(opts Options) (*Relay, error) {
+	if opts.Identity == nil {
+		return nil, errors.New("relay: Options.Identity is required")
+	}
+	if opts.Home == "" && (opts.StoreDir == "" || opts.InboxDir == "") {
+		return nil, errors.New("relay: Options.Home (or StoreDir and InboxDir) is required")
+	}
+	r := &Relay{
+		id: opts.Identity, now: opts.Now, log: opts.Logger, onAccept: opts.OnAccept,
+		inboxes: map[string]*inbox{}, byID: map[string]*entry{}, inflight: map[uint64]struct{}{},
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	r.started = r.now()
+	r.nonces.entries = map[string]int64{}
+	sopts := store.Options{Home: opts.Home, Dir: opts.StoreDir}
+	var err error
+	if r.st, err = store.Open(r.id.Signer(), sopts); err != nil {
+		return nil, fmt.Errorf("relay: open store: %w", err)
+	}
+	r.inboxDir = opts.InboxDir
+	if r.inboxDir == "" {
+		sum := sha256.Sum256([]byte(r.id.DID()))
+		r.inboxDir = filepath.Join(opts.Home, "relay", hex.EncodeToString(sum[:]))
+	}
+	if r.inboxDir, err = filepath.Abs(r.inboxDir); err != nil {
+		return nil, fmt.Errorf("relay: inbox dir: %w", err)
+	}
+	if err := ensureDir(r.inboxDir); err != nil {
+		return nil, fmt.Errorf("relay: create inbox dir: %w", err)
+	}
+	if r.lockFile, err = lockDir(r.inboxDir); err != nil {
+		return nil, err
+	}
+	if err := r.load(context.Background()); err != nil {
+		r.lockFile.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// DID returns the relay's DID (the relayDid of its receipts).
+func (r *Relay) DID() identity.DID { return r.id.DID() }
+
+// Stats returns the counters.
+func (r *Relay) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stats
+}
+
+// Close releases the inbox directory. Stop serving the Handler first.
+func (r *Relay) Close() error {
+	if r.lockFile == nil {
+		return nil
+	}
+	err := r.lockFile.Close()
+	r.lockFile = nil
+	return err
+}
+
+// recipientDir names a recipient's inbox directory: hex SHA-256 of the DID, so
+// no sender-chosen string becomes a path.
+func recipientDir(did identity.DID) string {
+	sum := sha256.Sum256([]byte(did))
+	return hex.EncodeToString(sum[:])
+}
+
+// fileName is <16 hex digits of seq>-<envelopeId>.env: listing order is
+// sequence order.
+func fileName(seq uint64, envelopeID string) string {
+	return fmt.Sprintf("%016x-%s.env", seq, envelopeID)
+}
+
+func parseFileName(name string) (seq uint64, envelopeID string, ok bool) {
+	if len(name) != 16+1+36+4 || name[16] != '-' || !strings.HasSuffix(name, ".env") {
+		return 0, "", false
+	}
+	seq, err := strconv.ParseUint(name[:16], 16, 64)
+	if err != nil {
+		return 0, "", false
+	}
+	envelopeID = name[17 : 17+36]
+	return seq, envelopeID, store.IsUUID(envelopeID)
+}
+
+// load scans the inbox directory and reconciles it with the receipt records.
+func (r *Relay) load(ctx context.Context) error {
+	dirs, err := os.ReadDir(r.inboxDir)
+	if err != nil {
+		return fmt.Errorf("relay: read inbox dir: %w", err)
+	}
+	var loaded, completed, removed int
+	for _, d := range dirs {
+		if !d.IsDir() || len(d.Name()) != 64 {
+			continue
+		}
+		rdir := filepath.Join(r.inboxDir, d.Name())
+		files, err := os.ReadDir(rdir)
+		if err != nil {
+			return fmt.Errorf("relay: read inbox: %w", err)
+		}
+		for _, f := range files {
+			name := f.Name()
+			if strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".tmp") {
+				_ = os.Remove(filepath.Join(rdir, name)) // an interrupted write, never acknowledged
+				continue
+			}
+			seq, envID, ok := parseFileName(name)
+			if !ok {
+				r.log.Warn("relay: ignoring unexpected file in inbox", "dir", d.Name(), "file", name)
+				continue
+			}
+			path := filepath.Join(rdir, name)
+			data, err := readFileBounded(path, envelope.MaxSize)
+			if err != nil {
+				return fmt.Errorf("relay: read inbox file %s: %w", name, err)
+			}
+			env, err := envelope.Parse(data)
+			if err != nil || env.ID() != envID || recipientDir(env.Recipient()) != d.Name() {
+				return fmt.Errorf("relay: inbox file %s is not the envelope its name says: %v", name, err)
+			}
+			rec, err := store.GetAs[*store.Receipt](r.st, store.ReceiptID(envID))
+			if err != nil {
+				return fmt.Errorf("relay: read receipt of %s: %w", envID, err)
+			}
+			if _, dup := r.byID[envID]; dup || (rec != nil && rec.EnvelopeDigest != env.Digest()) {
+				// A second file for one id cannot be acknowledged twice; the
+				// receipt record names the one that was.
+				_ = os.Remove(path)
+				removed++
+				continue
+			}
+			switch {
+			case rec == nil:
+				// Crash between the file and the record: the envelope was never
+				// acknowledged, but it is durable and valid — complete the accept.
+				st, _ := os.Lstat(path)
+				recvAt := r.now().UnixMilli()
+				if st != nil {
+					recvAt = st.ModTime().UnixMilli()
+				}
+				rec = r.receiptRecord(env, recvAt)
+				if err := r.st.PreparedTransaction(ctx, func(tx *store.Tx) error { return tx.Put(rec) }); err != nil {
+					return fmt.Errorf("relay: complete receipt of %s: %w", envID, err)
+				}
+				completed++
+			case rec.State != store.ReceiptPersisted:
+				_ = os.Remove(path) // acknowledged; the removal was interrupted
+				removed++
+				continue
+			}
+			e := &entry{seq: seq, envelopeID: envID, digest: env.Digest(), receivedAt: rec.ReceivedAt,
+				size: len(data), file: path, recipient: d.Name()}
+			r.insert(e)
+			r.lastSeq = max(r.lastSeq, seq)
+			loaded++
+		}
+		if removed > 0 {
+			_ = syncDir(rdir)
+		}
+	}
+	r.log.Info("relay: inboxes loaded", "envelopes", loaded, "completed", completed, "removed", removed,
+		"relayDid", string(r.id.DID()))
+	return nil
+}
+
+// insert adds e to its inbox in sequence order. r.mu must be held (or r not
+// yet shared).
+func (r *Relay) insert(e *entry) {
+	ib := r.inboxes[e.recipient]
+	if ib == nil {
+		ib = &inbox{dir: filepath.Join(r.inboxDir, e.recipient)}
+		r.inboxes[e.recipient] = ib
+	}
+	i, _ := slices.BinarySearchFunc(ib.entries, e.seq, func(x *entry, s uint64) int {
+		switch {
+		case x.seq < s:
+			return -1
+		case x.seq > s:
+			return 1
+		}
+		return 0
+	})
+	ib.entries = slices.Insert(ib.entries, i, e)
+	r.byID[e.envelopeID] = e
+}
+
+// allocSeq returns a new sequence number, larger than every earlier one in
+// this process and — as it follows the clock (milliseconds × 4096) — than the
+// ones of earlier processes on the same directory, even after their inboxes
+// emptied. It is marked in flight until done is called.
+func (r *Relay) allocSeq() (seq uint64, done func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seq = max(r.lastSeq+1, uint64(r.now().UnixMilli())<<12)
+	r.lastSeq = seq
+	r.inflight[seq] = struct{}{}
+	return seq, func() {
+		r.mu.Lock()
+		delete(r.inflight, seq)
+		r.mu.Unlock()
+	}
+}
+
+// visibleBelow returns the smallest sequence still being written (or max):
+// a page never shows an envelope past it, so a cursor can never jump over an
+// envelope that becomes visible later. r.mu must be held.
+func (r *Relay) visibleBelow() uint64 {
+	low := ^uint64(0)
+	for s := range r.inflight {
+		low = min(low, s)
+	}
+	return low
+}
+
+func (r *Relay) receiptRecord(env *envelope.Envelope, receivedAt int64) *store.Receipt {
+	retain := env.DeliveryDeadlineMillis() + DedupeRetention.Milliseconds()
+	retain = min(max(retain, receivedAt+DedupeRetention.Milliseconds()), envelope.MaxTime)
+	return &store.Receipt{
+		EnvelopeID: env.ID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
+		State: store.ReceiptPersisted, ReceivedAt: receivedAt, RetainUntil: retain,
+	}
+}
+
+// signReceipt signs the relay receipt of a stored receipt record. Ed25519 is
+// deterministic, so the bytes are the same every time.
+func (r *Relay) signReceipt(rec *store.Receipt) ([]byte, error) {
+	return envelope.SignRelayReceipt(r.id, envelope.RelayReceipt{
+		EnvelopeID: rec.EnvelopeID, EnvelopeDigest: rec.EnvelopeDigest, State: envelope.ReceiptStatePersisted,
+		RelayDID: r.id.DID(), ReceivedAt: time.UnixMilli(rec.ReceivedAt),
+	})
+}
+
+func (r *Relay) count(f func(s *Stats)) {
+	r.mu.Lock()
+	f(&r.stats)
+	r.mu.Unlock()
+}
+
+// errConflict is a receipt record for the id with another digest.
+var errConflict = errors.New("relay: envelope id already used with another digest")
+
+// Accept verifies and stores one wire envelope and returns the relay's
+// receipt: the same bytes for the same envelope again. Its errors are
+// *Error values with an HTTP status and a code.
+func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
+	env, err := envelope.Parse(data)
+	if err != nil {
+		return nil, envelopeError(err)
+	}
+	mu := &r.stripes[stripe(env.ID())]
+	mu.Lock()
+	defer mu.Unlock()
+
+	rid := store.ReceiptID(env.ID())
+	rec, err := store.GetAs[*store.Receipt](r.st, rid)
+	if err != nil {
+		return nil, storeError(err)
+	}
+	if rec != nil {
+		return r.existing(env, rec)
+	}
+	now := r.now()
+	if err := env.CheckDeadline(now); err != nil {
+		return nil, envelopeError(err)
+	}
+
+	seq, done := r.allocSeq()
+	defer done()
+	rdir := recipientDir(env.Recipient())
+	dir := filepath.Join(r.inboxDir, rdir)
+	name := fileName(seq, env.ID())
+	if err := ensureDir(dir); err != nil {
+		return nil, unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
+	}
+	if err := writeFileDurable(dir, name, data); err != nil {
+		return nil, unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
+	}
+	rec = r.receiptRecord(env, now.UnixMilli())
+	err = r.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
+		cur, err := store.TxGet[*store.Receipt](tx, rid)
+		if err != nil {
+			return err
+		}
+		if cur != nil {
+			return errConflict // another process wrote it; cannot happen under the directory lock
+		}
+		return tx.Put(rec)
+	})
+	e := &entry{seq: seq, envelopeID: env.ID(), digest: env.Digest(), receivedAt: rec.ReceivedAt,
+		size: len(data), file: filepath.Join(dir, name), recipient: rdir}
+	if err != nil {
+		// Keep the file only if the record made it to disk after all (a
+		// failure after publication): it is then the envelope the record names.
+		if cur, gerr := store.GetAs[*store.Receipt](r.st, rid); gerr == nil && cur != nil && cur.EnvelopeDigest == env.Digest() {
+			r.mu.Lock()
+			r.insert(e)
+			r.mu.Unlock()
+		} else {
+			_ = os.Remove(e.file)
+			_ = syncDir(dir)
+		}
+		if errors.Is(err, errConflict) {
+			return nil, conflictError(env)
+		}
+		return nil, storeError(err)
+	}
+	r.mu.Lock()
+	r.insert(e)
+	r.stats.Accepted++
+	r.mu.Unlock()
+	receipt, err := r.signReceipt(rec)
+	if err != nil {
+		return nil, internalError(err)
+	}
+	r.log.Info("relay: envelope accepted", "envelopeId", env.ID(), "digest", env.Digest()[:16],
+		"sender", string(env.Sender()), "recipient", string(env.Recipient()), "size", len(data))
+	if r.onAccept != nil {
+		r.onAccept(env.ID(), env.Digest(), false)
+	}
+	return receipt, nil
+}
+
+// existing answers an envelope whose id has a receipt record.
+func (r *Relay) existing(env *envelope.Envelope, rec *store.Receipt) ([]byte, error) {
+	if rec.EnvelopeDigest != env.Digest() {
+		r.count(func(s *Stats) { s.Conflicts++ })
+		r.log.Warn("relay: envelope id conflict", "envelopeId", env.ID(), "digest", env.Digest()[:16],
+			"storedDigest", rec.EnvelopeDigest[:16], "sender", string(env.Sender()))
+		return nil, conflictError(env)
+	}
+	receipt, err := r.signReceipt(rec)
+	if err != nil {
+		return nil, internalError(err)
+	}
+	r.count(func(s *Stats) { s.Duplicates++ })
+	r.log.Info("relay: duplicate envelope", "envelopeId", env.ID(), "digest", env.Digest()[:16])
+	if r.onAccept != nil {
+		r.onAccept(env.ID(), env.Digest(), true)
+	}
+	return receipt, nil
+}
+
+func stripe(id string) int {
+	var h uint32 = 2166136261
+	for i := 0; i < len(id); i++ {
+		h = (h ^ uint32(id[i])) * 16777619
+	}
+	return int(h % 64)
+}
+
+// InboxEnvelope is one envelope of an inbox page.
+type InboxEnvelope struct {
+	// Cursor is this envelope's position; passing it as after= returns the
+	// envelopes after it.
+	Cursor         string `json:"cursor"`
+	EnvelopeID     string `json:"envelopeId"`
+	EnvelopeDigest string `json:"envelopeDigest"`
+	ReceivedAt     int64  `json:"receivedAt"`
+	// Envelope is the wire envelope, byte for byte.
+	Envelope rawJSON `json:"envelope"`
+}
+
+// InboxPage is the answer to GET /v1/inbox.
+type InboxPage struct {
+	Envelopes []InboxEnvelope `json:"envelopes"`
+	// Cursor is the cursor to pass next: the last envelope's, or the one
+	// asked for when the page is empty.
+	Cursor string `json:"cursor"`
+	// More is true when more envelopes are waiting after Cursor.
+	More bool `json:"more"`
+}
+
+// Fetch returns recipient's envelopes after cursor after (0: from the start),
+// at most limit and MaxPageBytes of them.
+func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*InboxPage, error) {
+	if limit <= 0 {
+		limit = DefaultFetchLimit
+	}
+	limit = min(limit, MaxFetchLimit)
+	r.mu.Lock()
+	var pick []*entry
+	more := false
+	if ib := r.inboxes[recipientDir(recipient)]; ib != nil {
+		below := r.visibleBelow()
+		i, _ := slices.BinarySearchFunc(ib.entries, after+1, func(x *entry, s uint64) int {
+			switch {
+			case x.seq < s:
+				return -1
+			case x.seq > s:
+				return 1
+			}
+			return 0
+		})
+		bytes := 0
+		for ; i < len(ib.entries) && ib.entries[i].seq < below; i++ {
+			e := ib.entries[i]
+			if len(pick) == limit || (len(pick) > 0 && bytes+e.size > MaxPageBytes) {
+				more = true
+				break
+			}
+			pick = append(pick, e)
+			bytes += e.size
+		}
+	}
+	r.mu.Unlock()
+	page := &InboxPage{Envelopes: []InboxEnvelope{}, Cursor: strconv.FormatUint(after, 10), More: more}
+	for _, e := range pick {
+		page.Cursor = strconv.FormatUint(e.seq, 10)
+		data, err := readFileBounded(e.file, envelope.MaxSize)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // acknowledged meanwhile
+		}
+		if err != nil {
+			return nil, unavailable("INBOX_UNREADABLE", "the relay cannot read its inbox", err)
+		}
+		page.Envelopes = append(page.Envelopes, InboxEnvelope{
+			Cursor: page.Cursor, EnvelopeID: e.envelopeID, EnvelopeDigest: e.digest,
+			ReceivedAt: e.receivedAt, Envelope: data,
+		})
+	}
+	return page, nil
+}
+
+// Ack removes the listed envelopes from recipient's inbox (ids not waiting
+// there are ignored) and raises their receipt records to terminal. It returns
+// how many it removed.
+func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (int, error) {
+	rdir := recipientDir(recipient)
+	r.mu.Lock()
+	var gone []*entry
+	if ib := r.inboxes[rdir]; ib != nil {
+		for _, id := range ids {
+			e := r.byID[id]
+			if e == nil || e.recipient != rdir {
+				continue
+			}
+			delete(r.byID, id)
+			gone = append(gone, e)
+		}
+		if len(gone) > 0 {
+			ib.entries = slices.DeleteFunc(ib.entries, func(e *entry) bool { return r.byID[e.envelopeID] != e })
+		}
+		if len(ib.entries) == 0 {
+			delete(r.inboxes, rdir)
+		}
+	}
+	r.stats.Acked += int64(len(gone))
+	r.mu.Unlock()
+	if len(gone) == 0 {
+		return 0, nil
+	}
+	var firstErr error
+	for _, e := range gone {
+		if err := os.Remove(e.file); err != nil && !errors.Is(err, os.ErrNotExist) && firstErr == nil {
+			firstErr = err
+		}
+	}
+	if err := syncDir(filepath.Join(r.inboxDir, rdir)); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	if firstErr != nil {
+		return 0, unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", firstErr)
+	}
+	// The records only say what happened; a failure here leaves them
+	// "persisted", which de-duplication does not mind and load repairs.
+	err := r.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
+		for _, e := range gone {
+			rec, err := store.TxGet[*store.Receipt](tx, store.ReceiptID(e.envelopeID))
+			if err != nil || rec == nil || rec.State != store.ReceiptPersisted {
+				continue
+			}
+			rec.State = store.ReceiptTerminal
+			rec.OutcomeCode = "ACKNOWLEDGED"
+			if err := tx.Put(rec); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		r.log.Warn("relay: acknowledged envelopes removed, receipt records not updated", "count", len(gone), "err", err)
+	}
+	return len(gone), nil
+}
+
+// rawJSON is a json.RawMessage that is not copied on marshal.
+type rawJSON []byte
+
+func (m rawJSON) MarshalJSON() ([]byte, error) { return m, nil }
+
+func (m *rawJSON) UnmarshalJSON(b []byte) error {
+	*m = append((*m)[:0], b...)
+	return nil
+}
