@@ -244,8 +244,11 @@ func CheckPrivateDir(name string, info Info) error {
 	return checkOwnerMode(name, info)
 }
 
+// euid is the effective user id, read once (it is a system call).
+var euid = os.Geteuid()
+
 func checkOwnerMode(name string, info Info) error {
-	if int(info.Uid) != os.Geteuid() {
+	if int(info.Uid) != euid {
 		return &fs.PathError{Op: "check", Path: name, Err: fmt.Errorf("%w: owned by uid %d", ErrNotPrivate, info.Uid)}
 	}
 	if info.Perm()&0o077 != 0 {

@@ -44,7 +44,7 @@ func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*Message, error) 
 	// Bring the outbox index up to date outside the lock, so the capacity check under
 	// the lock usually finds it current. Losing this race only costs that check a
 	// reconciliation; a cancelled ctx stops here.
-	if err := s.prepareIndex(ctx, KindOutbox); err != nil && ctx.Err() != nil {
+	if err := s.Prepare(ctx); err != nil && ctx.Err() != nil {
 		return nil, err
 	}
 	var out *Message
@@ -157,10 +157,13 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
 }
 
 // checkCapacity checks, under the lock, that req's new message fits the §4 limits,
-// from the outbox index and the messages listing (kept current by our publications,
-// reconciled if another process published).
+// from the outbox and messages indexes: kept current by this process's publications,
+// and reconciled only if another process published to their kind since.
 func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 	if err := s.prepareIndex(ctx, KindOutbox); err != nil {
+		return err
+	}
+	if err := s.prepareIndex(ctx, KindMessages); err != nil {
 		return err
 	}
 	var newBytes int64
@@ -175,18 +178,15 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 		}
 		total += e.Bytes
 	}
+	messages := len(s.indexes[KindMessages].messages)
 	s.mu.Unlock()
-	msgIDs, _, err := s.list(KindMessages)
-	if err != nil {
-		return err
-	}
 	switch {
 	case pending+len(req.Envelopes) > s.limits.PendingEnvelopes:
 		return errcode.New(errcode.OutboxFull, "outbox", fmt.Errorf("%d pending envelopes", pending))
 	case total > s.limits.EnvelopeBytes:
 		return errcode.New(errcode.OutboxFull, "outbox", errors.New("envelope bytes limit reached"))
-	case len(msgIDs) >= s.limits.Messages:
-		return errcode.New(errcode.OutboxFull, "messages", fmt.Errorf("%d messages", len(msgIDs)))
+	case messages >= s.limits.Messages:
+		return errcode.New(errcode.OutboxFull, "messages", fmt.Errorf("%d messages", messages))
 	}
 	return nil
 }
@@ -283,4 +283,53 @@ func (s *Store) Pending(ctx context.Context, messageID string) ([]*Outbox, error
 		}
 	}
 	return out, nil
+}
+
+// ResumeEnqueue finishes an enqueue of message messageID that was interrupted (by a
+// crash) after its outbox members were published but before its batch marker: it
+// rebuilds the SendRequest from the stored members (their envelope bytes, kinds and
+// routing) and calls Enqueue, which keeps what is there and writes the rest, the
+// marker last. It returns (message, true, nil) when the message is accepted — already
+// or now — and (nil, false, nil) when no member of it is stored (nothing to resume).
+// Members that do not form ordinals 0..n-1 of one batch answer OUTBOX_STORE_INVALID.
+func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*Message, bool, error) {
+	if m, err := s.Message(messageID); err != nil || m != nil {
+		return m, m != nil, err
+	}
+	sums, err := s.OutboxSummaries(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	var members []*Outbox
+	for _, e := range sums { // sorted by (message, ordinal)
+		if e.MessageID != messageID {
+			continue
+		}
+		o, err := GetAs[*Outbox](s, e.EnvelopeID)
+		if err != nil {
+			return nil, false, err
+		}
+		if o == nil {
+			continue
+		}
+		members = append(members, o)
+	}
+	if len(members) == 0 {
+		return nil, false, nil
+	}
+	first := members[0]
+	req := SendRequest{MessageID: messageID, PeerOwnerDID: identity.DID(first.PeerOwnerDID), RelayURL: first.RelayURL,
+		DeliveryDeadline: time.UnixMilli(first.DeliveryDeadline)}
+	for i, o := range members {
+		if o.Ordinal != i || o.BatchID != first.BatchID || o.RelayURL != first.RelayURL ||
+			o.PeerOwnerDID != first.PeerOwnerDID || o.DeliveryDeadline != first.DeliveryDeadline {
+			return nil, false, invalidAt("outbox/"+o.EnvelopeID, fmt.Errorf("interrupted enqueue of message %s cannot be resumed", messageID))
+		}
+		req.Envelopes = append(req.Envelopes, OutgoingEnvelope{EnvelopeID: o.EnvelopeID, Kind: o.EnvelopeKind, Envelope: o.Envelope})
+	}
+	m, err := s.Enqueue(ctx, req)
+	if err != nil {
+		return nil, false, err
+	}
+	return m, true, nil
 }
