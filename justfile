@@ -16,15 +16,24 @@ vet:
 
 # fuzz the parsers (each target for the given time)
 fuzz time="30s":
-    go test -fuzz=FuzzParseDID -fuzztime={{time}} ./pkg/identity/
+    go test -run '^$' -fuzz=FuzzParseDID -fuzztime={{time}} ./pkg/identity/
+    go test -run '^$' -fuzz=FuzzParseRecord -fuzztime={{time}} ./pkg/store/
+    go test -run '^$' -fuzz=FuzzParseEnvelope -fuzztime={{time}} ./pkg/envelope/
 
-# store benchmarks
-bench:
-    go test -run '^$' -bench . -benchtime 1s ./pkg/store/
+# the benchmark report (docs/PERFORMANCE.md): floors, ours, SQLite and bbolt run
+# interleaved for 5+ rounds, then a table of medians and ratios. `just bench quick` (or
+# `just bench --quick`) takes under a minute; SEALBRIDGE_BENCH_RUNS=N for more rounds.
+# Every benchmark once, as CI may: go test -run '^$' -bench . -benchtime 1x ./...
+bench mode="full":
+    SEALBRIDGE_BENCH_REPORT=1 SEALBRIDGE_BENCH_QUICK={{ if mode =~ '^-*quick$' { "1" } else { "" } }} go test -run '^TestBenchReport$' -v -count=1 -timeout 60m ./internal/bench
 
 # the crash proof: every crash state, every injected fault, and 5,000 real SIGKILLs
 crash kills="5000":
     go test -count=1 -v -timeout 60m -run 'Crash|Fault|SIGKILL|Short|Fsync|EXDEV' ./internal/crashtest -crash.kills={{kills}}
+
+# check (and with --repair, repair) a store offline: just fsck DIR [--json] [--repair]
+fsck dir *flags:
+    go run ./cmd/sealbridge-fsck {{flags}} {{dir}}
 
 # everything CI does
 ci:
