@@ -2,12 +2,10 @@ package store
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
-	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
 // OutboxSummary is the outbox index's metadata of one envelope (no envelope bytes).
@@ -126,14 +124,20 @@ func (ix *index) copyEntry(old *index, id string) {
 	}
 }
 
-// maxIndexRounds bounds how often an index build restarts because the stamp moved.
+// maxIndexRounds bounds how often an index build repeats because the stamp moved.
 const maxIndexRounds = 8
 
-// prepareIndex makes k's index current. If k's stamp moved, it reconciles the index
-// with the directory: one lstat per record, and a verified read only of records whose
-// file fingerprint changed, checking ctx between records. The result is adopted only
-// if the stamp did not move meanwhile; else it starts over, at most maxIndexRounds
-// times, then OUTBOX_STORE_BUSY.
+// prepareIndex brings k's index up to date. If k's stamp moved, it reconciles the
+// index with the directory: one lstat per record, and a verified read only of
+// records whose file fingerprint changed, checking ctx between records.
+//
+// The result is installed under the stamp the listing was taken at, so it is never
+// newer than it claims: a record changed during the scan is re-read by the next
+// reconciliation, which the moved stamp triggers. If writers keep moving the stamp,
+// the scan is repeated (each time only over what changed) at most maxIndexRounds
+// times and the last result stays installed: a reader outside the lock gets a recent
+// snapshot rather than an error. Under the lock, where no one else publishes, the
+// first round converges.
 func (s *Store) prepareIndex(ctx context.Context, k Kind) error {
 	for round := 0; round < maxIndexRounds; round++ {
 		st, err := s.ListingStamp(k)
@@ -151,25 +155,17 @@ func (s *Store) prepareIndex(ctx context.Context, k Kind) error {
 		if err != nil {
 			return err
 		}
-		if lst != st {
-			continue
-		}
-		fresh, err := s.reconcile(ctx, k, st, ids, old)
+		fresh, err := s.reconcile(ctx, k, lst, ids, old)
 		if err != nil {
 			return err
 		}
-		again, err := s.ListingStamp(k)
-		if err != nil {
-			return err
+		s.mu.Lock()
+		if cur := s.indexes[k]; cur == old {
+			s.indexes[k] = fresh // unless a publication of ours adopted a newer one meanwhile
 		}
-		if again == st {
-			s.mu.Lock()
-			s.indexes[k] = fresh
-			s.mu.Unlock()
-			return nil
-		}
+		s.mu.Unlock()
 	}
-	return errcode.New(errcode.OutboxStoreBusy, string(k), errors.New("index preparation kept being invalidated"))
+	return nil
 }
 
 // reconcile builds k's index for ids, reusing old's entries whose file is unchanged.
