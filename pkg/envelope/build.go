@@ -69,7 +69,7 @@ func newPayload(sender *identity.Identity, kind Kind, recipient identity.DID, me
 	if _, err := identity.ParseDID(string(recipient)); err != nil {
 		return nil, fmt.Errorf("%w: recipient: %w", ErrMalformed, err)
 	}
-	if !isUUID(messageID) {
+	if !IsUUID(messageID) {
 		return nil, fmt.Errorf("%w: messageId is not a lower-case UUID", ErrMalformed)
 	}
 	created, dl := now.UnixMilli(), deadline.UnixMilli()

@@ -205,9 +205,9 @@ func (p *payloadJSON) validate() (sender identity.PublicKey, enc, ct []byte, err
 		return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case !isUUID(p.EnvelopeID):
+	case !IsUUID(p.EnvelopeID):
 		return nil, nil, nil, bad("envelopeId is not a lower-case UUID")
-	case !isUUID(p.MessageID):
+	case !IsUUID(p.MessageID):
 		return nil, nil, nil, bad("messageId is not a lower-case UUID")
 	case p.CreatedAt <= 0 || p.CreatedAt > MaxTime:
 		return nil, nil, nil, bad("createdAt is not a positive millisecond time up to 2^53-1")
@@ -239,11 +239,11 @@ func (p *payloadJSON) validate() (sender identity.PublicKey, enc, ct []byte, err
 		}
 		c := p.Confirms
 		switch {
-		case !isUUID(c.MessageID):
+		case !IsUUID(c.MessageID):
 			return nil, nil, nil, bad("confirms.messageId is not a lower-case UUID")
 		case c.MessageID != p.MessageID:
 			return nil, nil, nil, bad("confirms.messageId is not the envelope's messageId")
-		case !isHex(c.EnvelopeDigest, 2*sha256.Size):
+		case !IsHex(c.EnvelopeDigest, 2*sha256.Size):
 			return nil, nil, nil, bad("confirms.envelopeDigest is not 64 lower-case hex digits")
 		case c.Status != StatusDelivered:
 			return nil, nil, nil, bad("confirms.status is not %q", StatusDelivered)
@@ -261,9 +261,10 @@ func (p *payloadJSON) validate() (sender identity.PublicKey, enc, ct []byte, err
 	return sender, enc, ct, nil
 }
 
-// isUUID reports whether s is a lower-case hyphenated UUID (8-4-4-4-12 hex
-// digits; any version and variant, as the store's ids).
-func isUUID(s string) bool {
+// IsUUID reports whether s is a lower-case hyphenated UUID (8-4-4-4-12 hex
+// digits; any version and variant): the form of every envelope, message and
+// record id.
+func IsUUID(s string) bool {
 	if len(s) != 36 {
 		return false
 	}
@@ -282,7 +283,8 @@ func isUUID(s string) bool {
 
 func isLowerHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' }
 
-func isHex(s string, n int) bool {
+// IsHex reports whether s is exactly n lower-case hex digits (digests).
+func IsHex(s string, n int) bool {
 	if len(s) != n {
 		return false
 	}

@@ -57,9 +57,9 @@ type receiptPayloadJSON struct {
 
 func (p *receiptPayloadJSON) validate() (identity.PublicKey, error) {
 	switch {
-	case !isUUID(p.EnvelopeID):
+	case !IsUUID(p.EnvelopeID):
 		return nil, fmt.Errorf("%w: receipt envelopeId is not a lower-case UUID", ErrMalformed)
-	case !isHex(p.EnvelopeDigest, 64):
+	case !IsHex(p.EnvelopeDigest, 64):
 		return nil, fmt.Errorf("%w: receipt envelopeDigest is not 64 lower-case hex digits", ErrMalformed)
 	case p.State != ReceiptStatePersisted:
 		return nil, fmt.Errorf("%w: receipt state is not %q", ErrMalformed, ReceiptStatePersisted)

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 )
 
 // Kind names a record kind and its directory.
@@ -43,36 +45,9 @@ func ValidID(k Kind, id string) bool {
 }
 
 // IsUUID reports whether s is a lower-case hyphenated UUID.
-func IsUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < 36; i++ {
-		c := s[i]
-		if i == 8 || i == 13 || i == 18 || i == 23 {
-			if c != '-' {
-				return false
-			}
-		} else if !isLowerHex(c) {
-			return false
-		}
-	}
-	return true
-}
+func IsUUID(s string) bool { return envelope.IsUUID(s) }
 
-func isLowerHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' }
-
-func isHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := 0; i < n; i++ {
-		if !isLowerHex(s[i]) {
-			return false
-		}
-	}
-	return true
-}
+func isHex(s string, n int) bool { return envelope.IsHex(s, n) }
 
 // ReceiptID returns the file id of the receipt for an inbound envelope: a UUID (version
 // 8, RFC 9562) made from SHA-256("sealbridge/receipt-id/v1" 0x00 envelopeID). A
