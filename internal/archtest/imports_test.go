@@ -28,7 +28,7 @@ var allowed = map[string][]string{
 	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "github.com/google/uuid"},
 	"pkg/client":  {"pkg/errcode"},
 	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode",
-		"github.com/google/uuid"},
+		"github.com/google/uuid", "github.com/prometheus/client_golang"},
 	"fsfixtures": {"pkg/store", "pkg/identity", "pkg/envelope", "internal/fsx", "github.com/google/uuid"},
 }
 

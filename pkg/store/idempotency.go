@@ -158,3 +158,62 @@ func (s *Store) CompleteOperation(ctx context.Context, operationID string, respo
 
 // Operation returns the operation with the given id, or nil.
 func (s *Store) Operation(id string) (*Operation, error) { return GetAs[*Operation](s, id) }
+
+// ExpireOperationLeases ends the leases of the in-flight operations created before
+// before, so that a retry with their key takes them over at once instead of answering
+// IDEMPOTENCY_IN_PROGRESS until the lease runs out. It is for a process that knows it
+// is the only one performing operations on this store (the daemon, under its pid
+// lock) and that the operations it did not start belong to a dead predecessor. Each
+// lease is ended by its own prepared transaction. It returns how many were ended.
+func (s *Store) ExpireOperationLeases(ctx context.Context, before time.Time) (int, error) {
+	if err := s.prepareIndex(ctx, KindOperations); err != nil {
+		return 0, err
+	}
+	cut, now := before.UnixMilli(), s.nowMs()
+	var ids []string
+	s.mu.Lock()
+	for id, e := range s.indexes[KindOperations].ops {
+		if e.State != OperationDone && e.CreatedAt < cut && e.LeaseUntil > now {
+			ids = append(ids, id)
+		}
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		ended, err := s.endLease(ctx, id, func(op *Operation) bool { return op.CreatedAt < cut })
+		if err != nil {
+			return n, err
+		}
+		if ended {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// ReleaseOperation ends the lease of in-flight operation id without completing it
+// (its holder gave up, e.g. on a transient failure): a retry with its key takes it
+// over at once. A finished or missing operation is left alone.
+func (s *Store) ReleaseOperation(ctx context.Context, id string) error {
+	_, err := s.endLease(ctx, id, func(*Operation) bool { return true })
+	return err
+}
+
+func (s *Store) endLease(ctx context.Context, id string, match func(*Operation) bool) (bool, error) {
+	ended := false
+	err := s.PreparedTransaction(ctx, func(tx *Tx) error {
+		ended = false
+		op, err := TxGet[*Operation](tx, id)
+		if err != nil || op == nil {
+			return err
+		}
+		now := s.nowMs()
+		if op.State == OperationDone || op.LeaseUntil <= now || !match(op) {
+			return nil
+		}
+		op.LeaseUntil = now
+		ended = true
+		return tx.Put(op)
+	})
+	return ended, err
+}

@@ -1,0 +1,215 @@
+// Package client is the Go client of sealbridged's local API (docs/DAEMON.md): HTTP
+// over the daemon's unix socket, JSON bodies, errors as {code, message}.
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+)
+
+// SendRequest is the body of POST /v1/messages. Body is base64 in JSON; DeadlineMs is
+// the delivery deadline in Unix milliseconds (0: the daemon uses now + 24 h).
+type SendRequest struct {
+	To         string `json:"to"`
+	RelayURL   string `json:"relayUrl"`
+	Body       []byte `json:"body"`
+	DeadlineMs int64  `json:"deadline,omitempty"`
+}
+
+// Message is a sent message's status as the daemon reports it.
+type Message struct {
+	MessageID string    `json:"messageId"`
+	Status    string    `json:"status"`
+	ClosedBy  string    `json:"closedBy,omitempty"`
+	LastError string    `json:"lastError,omitempty"`
+	To        string    `json:"to"`
+	RelayURL  string    `json:"relayUrl"`
+	Attempts  int       `json:"attempts"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
+	Deadline  time.Time `json:"deadline"`
+}
+
+// MessageList is one page of GET /v1/messages; Next, if set, is the `after` of the
+// next page.
+type MessageList struct {
+	Messages []Message `json:"messages"`
+	Next     string    `json:"next,omitempty"`
+}
+
+// Error is an error answered by the daemon: the HTTP status and the JSON {code, message}.
+type Error struct {
+	Status  int    `json:"-"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("sealbridged: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// Is reports whether target is the errcode sentinel of e's code, so that
+// errors.Is(err, errcode.IdempotencyKeyReused) works across the socket.
+func (e *Error) Is(target error) bool {
+	c := errcode.Lookup(e.Code)
+	return c != nil && target == error(c)
+}
+
+// SocketPath returns the daemon's socket for identity did under the data root:
+// <dataRoot>/run/<hex sha256(did)>/sealbridged.sock.
+func SocketPath(dataRoot string, did string) string {
+	sum := sha256.Sum256([]byte(did))
+	return filepath.Join(dataRoot, "run", hex.EncodeToString(sum[:]), "sealbridged.sock")
+}
+
+// Client talks to one daemon over its unix socket. It is safe for concurrent use.
+type Client struct {
+	socket string
+	hc     *http.Client
+}
+
+// New returns a client of the daemon listening on socketPath.
+func New(socketPath string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialSocket(ctx, socketPath)
+		},
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	return &Client{socket: socketPath, hc: &http.Client{Transport: tr}}
+}
+
+// SocketPath returns the socket the client dials.
+func (c *Client) SocketPath() string { return c.socket }
+
+// Send asks the daemon to send a message. A non-empty idempotencyKey is sent as the
+// Idempotency-Key header: the same key with the same request answers the same
+// response; with another request, IDEMPOTENCY_KEY_REUSED.
+func (c *Client) Send(ctx context.Context, r SendRequest, idempotencyKey string) (*Message, error) {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	if idempotencyKey != "" {
+		hdr.Set("Idempotency-Key", idempotencyKey)
+	}
+	var m Message
+	if err := c.do(ctx, http.MethodPost, "/v1/messages", hdr, body, &m); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// Message returns a sent message's status; a missing one answers an *Error with
+// Status 404.
+func (c *Client) Message(ctx context.Context, id string) (*Message, error) {
+	var m Message
+	if err := c.do(ctx, http.MethodGet, "/v1/messages/"+url.PathEscape(id), nil, nil, &m); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// Messages lists sent messages by id, optionally of one status, limit per page
+// (0: the daemon's default), after the given message id.
+func (c *Client) Messages(ctx context.Context, status string, limit int, after string) (*MessageList, error) {
+	q := url.Values{}
+	if status != "" {
+		q.Set("status", status)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if after != "" {
+		q.Set("after", after)
+	}
+	path := "/v1/messages"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var l MessageList
+	if err := c.do(ctx, http.MethodGet, path, nil, nil, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// Live checks GET /livez.
+func (c *Client) Live(ctx context.Context) error {
+	return c.do(ctx, http.MethodGet, "/livez", nil, nil, nil)
+}
+
+// Ready checks GET /readyz.
+func (c *Client) Ready(ctx context.Context) error {
+	return c.do(ctx, http.MethodGet, "/readyz", nil, nil, nil)
+}
+
+// maxResponse bounds a response body.
+const maxResponse = 16 << 20
+
+func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, body []byte, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://sealbridged"+path, rd)
+	if err != nil {
+		return err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("sealbridged at %s: %w", c.socket, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	if err != nil {
+		return fmt.Errorf("sealbridged at %s: %w", c.socket, err)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		e := &Error{Status: resp.StatusCode}
+		if jerr := json.Unmarshal(data, e); jerr != nil || e.Code == "" {
+			e.Code = http.StatusText(resp.StatusCode)
+			e.Message = string(bytes.TrimSpace(data))
+		}
+		return e
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("sealbridged: bad response: %w", err)
+	}
+	return nil
+}
+
+// IsNotRunning reports whether err means no daemon listens on the socket (it is
+// missing or refuses connections).
+func IsNotRunning(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		return false
+	}
+	var op *net.OpError
+	var pe *os.PathError
+	return (errors.As(err, &op) && op.Op == "dial") || errors.As(err, &pe)
+}

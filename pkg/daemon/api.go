@@ -1,0 +1,405 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// API limits.
+const (
+	// MaxRequestBytes bounds a request body: a MaxBodySize body in base64 plus the
+	// other fields.
+	MaxRequestBytes = envelope.MaxBodySize*4/3 + 8<<10
+	// MaxIdempotencyKey bounds the Idempotency-Key header.
+	MaxIdempotencyKey = 255
+	// DefaultDeadline is the delivery deadline of a request that gives none.
+	DefaultDeadline = 24 * time.Hour
+	// DefaultPageSize and MaxPageSize bound GET /v1/messages.
+	DefaultPageSize = 100
+	MaxPageSize     = 1000
+)
+
+// Error codes of the API besides the store's (errcode).
+const (
+	CodeBadRequest  = "BAD_REQUEST"
+	CodeNotFound    = "NOT_FOUND"
+	CodeTooLarge    = "REQUEST_TOO_LARGE"
+	CodeNotReady    = "NOT_READY"
+	CodeInternal    = "INTERNAL"
+	CodeUnsupported = "UNSUPPORTED_MEDIA_TYPE"
+)
+
+func (d *Daemon) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/messages", d.route("send", d.serveSend))
+	mux.HandleFunc("GET /v1/messages/{id}", d.route("message", d.serveMessage))
+	mux.HandleFunc("GET /v1/messages", d.route("messages", d.serveMessages))
+	mux.HandleFunc("GET /livez", d.route("livez", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}))
+	mux.HandleFunc("GET /readyz", d.route("readyz", d.serveReady))
+	mux.Handle("GET /metrics", d.m.handler())
+	mux.HandleFunc("/", d.route("other", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, CodeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+	}))
+	return mux
+}
+
+// statusWriter records the status for the request metric.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (d *Daemon) route(name string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		start := time.Now()
+		h(sw, r)
+		if sw.status == 0 {
+			sw.status = http.StatusOK
+		}
+		d.m.requests.WithLabelValues(name, strconv.Itoa(sw.status)).Inc()
+		d.log.Debug("api", "route", name, "method", r.Method, "status", sw.status, "duration", time.Since(start))
+	}
+}
+
+func (d *Daemon) serveReady(w http.ResponseWriter, _ *http.Request) {
+	switch {
+	case d.draining.Load():
+		writeError(w, http.StatusServiceUnavailable, CodeNotReady, "draining")
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "did": string(d.id.DID()),
+			"indexesPrepared": d.prepared.Load()})
+	}
+}
+
+func (d *Daemon) serveMessage(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !store.IsUUID(id) {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "message id must be a lower-case UUID")
+		return
+	}
+	m, err := d.st.Message(id)
+	if err != nil {
+		d.writeStoreError(w, err)
+		return
+	}
+	if m == nil {
+		writeError(w, http.StatusNotFound, CodeNotFound, "no message "+id)
+		return
+	}
+	writeJSON(w, http.StatusOK, toClient(m))
+}
+
+func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	status, after := q.Get("status"), q.Get("after")
+	limit := DefaultPageSize
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, CodeBadRequest, "limit must be a positive integer")
+			return
+		}
+		limit = min(n, MaxPageSize)
+	}
+	switch status {
+	case "", store.StatusQueued, store.StatusRelayed, store.StatusDelivered, store.StatusClosed:
+	default:
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "unknown status "+strconv.Quote(status))
+		return
+	}
+	sums, err := d.st.MessageSummaries(r.Context())
+	if err != nil {
+		d.writeStoreError(w, err)
+		return
+	}
+	out := client.MessageList{Messages: []client.Message{}}
+	for _, s := range sums { // sorted by id
+		if s.MessageID <= after || (status != "" && s.Status != status) {
+			continue
+		}
+		if len(out.Messages) == limit {
+			out.Next = out.Messages[len(out.Messages)-1].MessageID
+			break
+		}
+		cm := client.Message{MessageID: s.MessageID, Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
+			RelayURL: s.RelayURL, CreatedAt: msTime(s.CreatedAt), UpdatedAt: msTime(s.UpdatedAt),
+			Deadline: msTime(s.DeliveryDeadline)}
+		// Queued messages may be an interrupted enqueue (not accepted) and carry
+		// attempts: read the record.
+		if s.Status == store.StatusQueued {
+			m, err := d.st.Message(s.MessageID)
+			if err != nil {
+				d.writeStoreError(w, err)
+				return
+			}
+			if m == nil {
+				continue
+			}
+			cm = toClient(m)
+		}
+		out.Messages = append(out.Messages, cm)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// response is what an idempotent operation stores: the status and body answered.
+type response struct {
+	Status int             `json:"status"`
+	Body   json.RawMessage `json:"body"`
+}
+
+func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		writeError(w, http.StatusUnsupportedMediaType, CodeUnsupported, "send application/json")
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	if len(key) > MaxIdempotencyKey || strings.ContainsFunc(key, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("Idempotency-Key must be 1..%d printable ASCII characters", MaxIdempotencyKey))
+		return
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, CodeTooLarge, fmt.Sprintf("request body over %d bytes", MaxRequestBytes))
+			return
+		}
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "reading the request: "+err.Error())
+		return
+	}
+	var req client.SendRequest
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil || dec.More() {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "request must be one JSON object {to, relayUrl, body, deadline}")
+		return
+	}
+	canonical, _ := json.Marshal(req)
+	now := time.Now()
+	deadline := now.Add(DefaultDeadline)
+	if req.DeadlineMs != 0 {
+		deadline = time.UnixMilli(req.DeadlineMs)
+	}
+	if code, msg := validate(req, deadline, now); code != "" {
+		writeError(w, http.StatusBadRequest, code, msg)
+		return
+	}
+	if key == "" {
+		status, body, err := d.send(r.Context(), uuid.NewString(), req, deadline, false)
+		if err != nil {
+			d.writeStoreError(w, err)
+			return
+		}
+		writeJSONBytes(w, status, body)
+		return
+	}
+	// Operations a dead predecessor left in flight are expired at startup; wait for
+	// that before deciding on a key (bounded by the request).
+	select {
+	case <-d.leasesOK:
+	case <-r.Context().Done():
+		writeError(w, http.StatusServiceUnavailable, errcode.IdempotencyStoreBusy.String(), "starting up")
+		return
+	}
+	start, err := d.st.BeginOperation(r.Context(), key, canonical)
+	if err != nil {
+		d.writeStoreError(w, err)
+		return
+	}
+	if start.Done {
+		var resp response
+		if err := json.Unmarshal(start.Operation.Response, &resp); err != nil || resp.Status == 0 {
+			writeError(w, http.StatusInternalServerError, CodeInternal, "stored response is unreadable")
+			return
+		}
+		w.Header().Set("Idempotent-Replayed", "true")
+		writeJSONBytes(w, resp.Status, resp.Body)
+		return
+	}
+	// The message id is the operation id: re-executing the operation after a crash
+	// finds the message (or its interrupted enqueue) instead of making another.
+	opID := start.Operation.OperationID
+	status, body, err := d.send(r.Context(), opID, req, deadline, true)
+	if err != nil {
+		// Not a stored answer: let a retry take the operation over at once.
+		if rerr := d.st.ReleaseOperation(context.WithoutCancel(r.Context()), opID); rerr != nil {
+			d.log.Warn("api: releasing an operation", "operation", opID, "err", rerr)
+		}
+		d.writeStoreError(w, err)
+		return
+	}
+	stored, _ := json.Marshal(response{Status: status, Body: body})
+	if err := d.st.CompleteOperation(context.WithoutCancel(r.Context()), opID, stored); err != nil {
+		// The message is accepted; a retry re-executes and finds it.
+		d.m.storeError(err)
+		d.log.Warn("api: completing an operation", "operation", opID, "err", err)
+	}
+	writeJSONBytes(w, status, body)
+}
+
+// send makes sure message msgID exists: already stored, an interrupted enqueue
+// finished, or built and enqueued now. It returns the answer's status and body.
+func (d *Daemon) send(ctx context.Context, msgID string, req client.SendRequest, deadline time.Time, resume bool) (int, []byte, error) {
+	var m *store.Message
+	resumed := false
+	if resume {
+		var err error
+		if m, resumed, err = d.st.ResumeEnqueue(ctx, msgID); err != nil {
+			return 0, nil, err
+		}
+	}
+	if !resumed {
+		now := time.Now()
+		to := identity.DID(req.To)
+		env, wire, err := envelope.NewMessage(d.id, to, msgID, req.Body, deadline, now)
+		if err != nil {
+			return 0, nil, &badRequest{err.Error()}
+		}
+		t0 := time.Now()
+		m, err = d.st.Enqueue(ctx, store.SendRequest{MessageID: msgID, PeerOwnerDID: to, RelayURL: req.RelayURL,
+			DeliveryDeadline: deadline, Envelopes: []store.OutgoingEnvelope{
+				{EnvelopeID: env.ID(), Kind: store.EnvelopeMessage, Envelope: wire}}})
+		d.m.enqueue.Observe(time.Since(t0).Seconds())
+		if err != nil {
+			return 0, nil, err
+		}
+	}
+	d.car.Kick()
+	body, err := json.Marshal(toClient(m))
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusCreated, body, nil
+}
+
+func validate(req client.SendRequest, deadline, now time.Time) (code, msg string) {
+	if _, err := identity.ParseDID(req.To); err != nil {
+		return CodeBadRequest, "to must be a did:key of an Ed25519 key"
+	}
+	u, err := url.Parse(req.RelayURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return CodeBadRequest, "relayUrl must be an http(s) URL"
+	}
+	if len(req.Body) > envelope.MaxBodySize {
+		return CodeTooLarge, fmt.Sprintf("body over %d bytes", envelope.MaxBodySize)
+	}
+	if !deadline.After(now) {
+		return errcode.OutboxDeadlineExpired.String(), "deadline is not in the future"
+	}
+	return "", ""
+}
+
+func toClient(m *store.Message) client.Message {
+	return client.Message{MessageID: m.MessageID, Status: m.Status, ClosedBy: m.ClosedBy, LastError: m.LastError,
+		To: m.PeerOwnerDID, RelayURL: m.RelayURL, Attempts: m.Attempts, CreatedAt: msTime(m.CreatedAt),
+		UpdatedAt: msTime(m.UpdatedAt), Deadline: msTime(m.DeliveryDeadline)}
+}
+
+func msTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
+}
+
+// statusOf maps a store error code to an HTTP status.
+func statusOf(c *errcode.Code) int {
+	switch c {
+	case errcode.IdempotencyKeyReused:
+		return http.StatusUnprocessableEntity
+	case errcode.IdempotencyInProgress, errcode.DeliveryRecordConflict, errcode.DeliveryStatusConflict:
+		return http.StatusConflict
+	case errcode.OutboxFull, errcode.IdempotencyStoreFull:
+		return http.StatusInsufficientStorage
+	case errcode.OutboxStoreBusy, errcode.IdempotencyStoreBusy, errcode.OutboxStoreUnwritable:
+		return http.StatusServiceUnavailable
+	case errcode.OutboxDeadlineExpired, errcode.InvalidDeliveryStatus:
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+// badRequest is a request refused by the envelope builder.
+type badRequest struct{ msg string }
+
+func (e *badRequest) Error() string { return e.msg }
+
+func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
+	var br *badRequest
+	if errors.As(err, &br) {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, br.msg)
+		return
+	}
+	var c *errcode.Code
+	for _, k := range errcode.All {
+		if errors.Is(err, k) {
+			c = k
+			break
+		}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		writeError(w, http.StatusServiceUnavailable, CodeNotReady, "request cancelled")
+		return
+	}
+	if c == nil {
+		d.m.storeError(err)
+		d.log.Error("api: internal error", "err", err)
+		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error (see the daemon log)")
+		return
+	}
+	status := statusOf(c)
+	if status >= 500 {
+		d.m.storeError(err)
+		d.log.Warn("api: store error", "code", c.String(), "err", err)
+	}
+	if status == http.StatusServiceUnavailable || c == errcode.IdempotencyInProgress {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeError(w, status, c.String(), err.Error())
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, map[string]string{"code": code, "message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"code":"INTERNAL","message":"encoding the response"}`)
+	}
+	writeJSONBytes(w, status, data)
+}
+
+func writeJSONBytes(w http.ResponseWriter, status int, data []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+}

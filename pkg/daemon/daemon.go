@@ -1,0 +1,430 @@
+// Package daemon is sealbridged: one identity's outbox store, its carrier, periodic
+// maintenance and the local HTTP API on a unix socket (DESIGN §12, docs/DAEMON.md).
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/carrier"
+	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// Defaults.
+const (
+	DefaultDrainTimeout  = 10 * time.Second
+	DefaultMaintainEvery = 10 * time.Minute
+)
+
+// Options configure a Daemon.
+type Options struct {
+	// Home is the data root (resolved like store.DataRoot); Identity the identity
+	// name (default "default").
+	Home, Identity string
+	Logger         *slog.Logger
+	// SocketPath overrides client.SocketPath(dataRoot, did).
+	SocketPath string
+	// DrainTimeout bounds the wait for in-flight attempts at shutdown (default 10 s).
+	DrainTimeout time.Duration
+	// Transport is the carrier's transport (default carrier.NewHTTPTransport).
+	Transport carrier.Transport
+	Carrier   carrier.Options
+	// Version is reported by the metrics' build info.
+	Version string
+	// MaintainEvery is the period of store maintenance (default 10 min).
+	MaintainEvery time.Duration
+}
+
+// Daemon is one running sealbridged.
+type Daemon struct {
+	opts    Options
+	log     *slog.Logger
+	id      *identity.Identity
+	st      *store.Store
+	car     *carrier.Carrier
+	root    string
+	runDir  string
+	socket  string
+	pidFile *os.File
+	started time.Time
+
+	ready     chan struct{}
+	leasesOK  chan struct{} // closed once in-flight operations of a dead daemon are expired
+	prepared  atomic.Bool
+	draining  atomic.Bool
+	ran       atomic.Bool
+	closeOnce sync.Once
+
+	m *metrics
+}
+
+// New loads the identity, opens its store and takes the one-daemon-per-identity lock
+// (flock on <run dir>/sealbridged.pid, which holds the pid). If another daemon holds
+// it the error reads "… already running (pid N)".
+func New(opts Options) (*Daemon, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = DefaultDrainTimeout
+	}
+	if opts.MaintainEvery <= 0 {
+		opts.MaintainEvery = DefaultMaintainEvery
+	}
+	if opts.Identity == "" {
+		opts.Identity = DefaultIdentity
+	}
+	root, err := store.DataRoot(opts.Home)
+	if err != nil {
+		return nil, err
+	}
+	id, err := LoadIdentity(root, opts.Identity)
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Open(id.Signer(), store.Options{Home: root})
+	if err != nil {
+		return nil, err
+	}
+	def := client.SocketPath(root, string(id.DID()))
+	d := &Daemon{opts: opts, log: opts.Logger.With("did", string(id.DID())), id: id, st: st, root: root,
+		runDir: filepath.Dir(def), socket: opts.SocketPath, ready: make(chan struct{}),
+		leasesOK: make(chan struct{}), started: time.Now()}
+	if d.socket == "" {
+		d.socket = def
+	}
+	if err := os.MkdirAll(d.runDir, 0o700); err != nil {
+		return nil, fmt.Errorf("run directory: %w", err)
+	}
+	if err := os.Chmod(d.runDir, 0o700); err != nil {
+		return nil, fmt.Errorf("run directory: %w", err)
+	}
+	if err := d.lock(); err != nil {
+		return nil, err
+	}
+	tr := opts.Transport
+	if tr == nil {
+		tr = carrier.NewHTTPTransport(carrier.HTTPOptions{SendTimeout: opts.Carrier.SendTimeout})
+	}
+	co := opts.Carrier
+	if co.Logger == nil {
+		co.Logger = d.log
+	}
+	d.car = carrier.New(st, tr, co)
+	d.m = newMetrics(d)
+	return d, nil
+}
+
+// lock takes the pid-file lock and writes our pid into it.
+func (d *Daemon) lock() error {
+	path := filepath.Join(d.runDir, "sealbridged.pid")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("pid file: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		data := make([]byte, 32)
+		n, _ := f.ReadAt(data, 0)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			pid := strings.TrimSpace(string(data[:n]))
+			if _, perr := strconv.Atoi(pid); perr != nil {
+				pid = "unknown"
+			}
+			return fmt.Errorf("sealbridged for %s already running (pid %s)", d.id.DID(), pid)
+		}
+		return fmt.Errorf("pid file %s: %w", path, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			d.log.Warn("daemon: writing the pid file", "err", err)
+		}
+	}
+	d.pidFile = f
+	return nil
+}
+
+// Close releases the pid lock of a daemon whose Run was never called (Run releases
+// it itself when it returns).
+func (d *Daemon) Close() error {
+	d.closeOnce.Do(func() {
+		if d.pidFile != nil {
+			_ = os.Remove(d.pidFile.Name())
+			_ = d.pidFile.Close()
+		}
+	})
+	return nil
+}
+
+// Ready is closed once the socket is bound and the store open.
+func (d *Daemon) Ready() <-chan struct{} { return d.ready }
+
+// SocketPath returns the API socket.
+func (d *Daemon) SocketPath() string { return d.socket }
+
+// DID returns the daemon's identity.
+func (d *Daemon) DID() identity.DID { return d.id.DID() }
+
+// Store returns the daemon's store.
+func (d *Daemon) Store() *store.Store { return d.st }
+
+// Carrier returns the daemon's carrier.
+func (d *Daemon) Carrier() *carrier.Carrier { return d.car }
+
+// Run binds the socket, signals readiness, runs the carrier and maintenance, serves
+// the API until ctx is done, then drains in-flight attempts (bounded by DrainTimeout)
+// and returns nil. A Daemon runs once.
+func (d *Daemon) Run(ctx context.Context) error {
+	if !d.ran.CompareAndSwap(false, true) {
+		return errors.New("daemon: Run called twice")
+	}
+	defer d.Close()
+	ln, err := d.listen()
+	if err != nil {
+		return err
+	}
+	defer os.Remove(d.socket)
+	srv := &http.Server{
+		Handler:           d.handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+	}
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	var wg sync.WaitGroup
+	carDone := make(chan struct{})
+	go func() {
+		defer close(carDone)
+		if err := d.car.Run(bg); err != nil && !errors.Is(err, context.Canceled) {
+			d.log.Error("daemon: carrier stopped", "err", err)
+		}
+	}()
+	wg.Go(func() { d.startup(bg) })
+	wg.Go(func() { d.maintain(bg) })
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(&peerListener{UnixListener: ln, uid: os.Getuid(), log: d.log, m: d.m}) }()
+	close(d.ready)
+	if err := sdNotify("READY=1"); err != nil {
+		d.log.Warn("daemon: sd_notify", "err", err)
+	}
+	d.log.Info("daemon: ready", "socket", d.socket, "pid", os.Getpid())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = fmt.Errorf("serve: %w", err)
+	}
+	d.draining.Store(true)
+	_ = sdNotify("STOPPING=1")
+	d.log.Info("daemon: draining", "timeout", d.opts.DrainTimeout)
+	deadline := time.Now().Add(d.opts.DrainTimeout)
+	sctx, cancel := context.WithDeadline(context.Background(), deadline)
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	// Let the attempts in flight finish, bounded; then stop the carrier, which
+	// settles or releases what it still holds.
+	for d.car.Stats().InFlight > 0 && sctx.Err() == nil {
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-sctx.Done():
+			t.Stop()
+		}
+	}
+	cancel()
+	stopBG()
+	select {
+	case <-carDone:
+	case <-time.After(d.opts.DrainTimeout):
+		d.log.Warn("daemon: carrier did not stop in time")
+	}
+	wg.Wait()
+	d.log.Info("daemon: stopped")
+	return runErr
+}
+
+// listen binds the socket, replacing a stale one (nobody answering) but never a live one.
+func (d *Daemon) listen() (*net.UnixListener, error) {
+	if err := os.MkdirAll(filepath.Dir(d.socket), 0o700); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Lstat(d.socket); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", d.socket)
+		}
+		var c net.Conn
+		err := client.ShortSocketAddr(d.socket, func(addr string) error {
+			var err error
+			c, err = net.DialTimeout("unix", addr, time.Second)
+			return err
+		})
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("socket %s is in use by a live process", d.socket)
+		}
+		d.log.Info("daemon: replacing a stale socket", "socket", d.socket)
+		if err := os.Remove(d.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	var ln *net.UnixListener
+	old := syscall.Umask(0o177)
+	err := client.ShortSocketAddr(d.socket, func(addr string) error {
+		var err error
+		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+		return err
+	})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(d.socket, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// startup expires the leases of operations a dead daemon left in flight (only one
+// daemon per identity runs, so they are orphans), then prepares the indexes. It runs
+// in the background: the API is served meanwhile.
+func (d *Daemon) startup(ctx context.Context) {
+	for attempt := 0; ; attempt++ {
+		n, err := d.st.ExpireOperationLeases(ctx, d.started)
+		if err == nil {
+			if n > 0 {
+				d.log.Info("daemon: took over operations left in flight", "operations", n)
+			}
+			break
+		}
+		d.m.storeError(err)
+		d.log.Warn("daemon: expiring operation leases", "err", err)
+		if !sleepCtx(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
+			return
+		}
+	}
+	close(d.leasesOK)
+	if err := d.st.Prepare(ctx); err != nil {
+		d.m.storeError(err)
+		d.log.Warn("daemon: preparing indexes", "err", err)
+		return
+	}
+	d.prepared.Store(true)
+	d.car.Kick()
+}
+
+func (d *Daemon) maintain(ctx context.Context) {
+	t := time.NewTicker(d.opts.MaintainEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rep, err := d.st.Maintain(ctx)
+		if err != nil {
+			d.m.storeError(err)
+			d.log.Warn("daemon: maintenance", "err", err)
+			continue
+		}
+		d.log.Debug("daemon: maintenance", "report", fmt.Sprintf("%+v", rep))
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// sdNotify sends state to systemd's $NOTIFY_SOCKET, if set.
+func sdNotify(state string) error {
+	name := os.Getenv("NOTIFY_SOCKET")
+	if name == "" {
+		return nil
+	}
+	if strings.HasPrefix(name, "@") {
+		name = "\x00" + name[1:]
+	}
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: name, Net: "unixgram"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, err = c.Write([]byte(state))
+	return err
+}
+
+// peerListener accepts only connections from the owning uid (SO_PEERCRED).
+type peerListener struct {
+	*net.UnixListener
+	uid int
+	log *slog.Logger
+	m   *metrics
+}
+
+func (l *peerListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.UnixListener.AcceptUnix()
+		if err != nil {
+			return nil, err
+		}
+		uid, err := peerUID(c)
+		if err == nil && uid == l.uid {
+			return c, nil
+		}
+		l.log.Warn("daemon: refused a connection from another user", "uid", uid, "err", err)
+		l.m.refused.Inc()
+		c.Close()
+	}
+}
+
+func peerUID(c *net.UnixConn) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	var cred *syscall.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return -1, err
+	}
+	if serr != nil {
+		return -1, serr
+	}
+	return int(cred.Uid), nil
+}

@@ -1,0 +1,91 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// DefaultIdentity is the identity name used when none is given.
+const DefaultIdentity = "default"
+
+var identityName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$`)
+
+// IdentityPath returns the key file of identity name under the data root home:
+// <home>/identities/<name>.key (a PKCS#8 PEM file, mode 0600). An empty name is
+// DefaultIdentity.
+func IdentityPath(home, name string) string {
+	if name == "" {
+		name = DefaultIdentity
+	}
+	return filepath.Join(home, "identities", name+".key")
+}
+
+func keyPath(home, name string) (string, error) {
+	if name == "" {
+		name = DefaultIdentity
+	}
+	if !identityName.MatchString(name) {
+		return "", fmt.Errorf("identity name %q: use letters, digits, '.', '_' and '-'", name)
+	}
+	root, err := store.DataRoot(home)
+	if err != nil {
+		return "", err
+	}
+	return IdentityPath(root, name), nil
+}
+
+// InitIdentity creates a new identity name under the data root home (resolved like
+// store.DataRoot; directories are created with mode 0700). It fails if the identity
+// exists.
+func InitIdentity(home, name string) (*identity.Identity, error) {
+	path, err := keyPath(home, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	if _, err := os.Lstat(path); err == nil {
+		return nil, fmt.Errorf("identity %s already exists (%s)", nameOr(name), path)
+	}
+	id, err := identity.Generate()
+	if err != nil {
+		return nil, err
+	}
+	if err := identity.WriteKeyFile(path, id); err != nil {
+		if errors.Is(err, identity.ErrKeyFileExists) {
+			return nil, fmt.Errorf("identity %s already exists (%s)", nameOr(name), path)
+		}
+		return nil, err
+	}
+	return id, nil
+}
+
+// LoadIdentity loads identity name from the data root home.
+func LoadIdentity(home, name string) (*identity.Identity, error) {
+	path, err := keyPath(home, name)
+	if err != nil {
+		return nil, err
+	}
+	id, err := identity.LoadKeyFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("no identity %s at %s (create one with `sealbridge init`): %w", nameOr(name), path, err)
+		}
+		return nil, err
+	}
+	return id, nil
+}
+
+func nameOr(name string) string {
+	if name == "" {
+		return DefaultIdentity
+	}
+	return name
+}

@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// metrics is the daemon's Prometheus registry. Queue gauges and carrier counters
+// are computed at scrape time from the store's indexes and carrier.Stats.
+type metrics struct {
+	reg         *prometheus.Registry
+	requests    *prometheus.CounterVec
+	enqueue     prometheus.Histogram
+	refused     prometheus.Counter
+	storeErrors *prometheus.CounterVec // the API's and maintenance's store errors
+}
+
+func newMetrics(d *Daemon) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sealbridge_api_requests_total",
+			Help: "Local API requests by route and HTTP status."}, []string{"route", "code"}),
+		enqueue: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sealbridge_enqueue_duration_seconds",
+			Help:    "Time to durably enqueue a message (store lock wait, publication and fsyncs).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "sealbridge_api_refused_connections_total",
+			Help: "Socket connections refused because the peer is another user (SO_PEERCRED)."}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sealbridge_daemon_store_errors_total",
+			Help: "Store errors met by the API, startup and maintenance, by error code."}, []string{"code"}),
+	}
+	m.reg.MustRegister(m.requests, m.enqueue, m.refused, m.storeErrors,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&scrape{d: d})
+	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sealbridge_build_info", Help: "Build information.",
+		ConstLabels: prometheus.Labels{"version": d.opts.Version, "did": string(d.id.DID())}})
+	bi.Set(1)
+	m.reg.MustRegister(bi)
+	return m
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: 2, Timeout: 30 * time.Second})
+}
+
+func (m *metrics) storeError(err error) {
+	code := errcode.Of(err)
+	if code == "" {
+		code = "OTHER"
+	}
+	m.storeErrors.WithLabelValues(code).Inc()
+}
+
+var (
+	descOutbox = prometheus.NewDesc("sealbridge_outbox_envelopes", "Outbox envelopes by state (queue depth).",
+		[]string{"state"}, nil)
+	descMessages = prometheus.NewDesc("sealbridge_messages", "Sent messages by status.", []string{"status"}, nil)
+	descOldest   = prometheus.NewDesc("sealbridge_outbox_oldest_pending_age_seconds",
+		"Age of the oldest message with a pending envelope (0 if none).", nil, nil)
+	descAttempts = prometheus.NewDesc("sealbridge_carrier_attempts_total", "Send attempts by outcome.",
+		[]string{"outcome"}, nil)
+	descClosed = prometheus.NewDesc("sealbridge_carrier_closed_total",
+		"Envelopes closed without an attempt's verdict, by reason.", []string{"reason"}, nil)
+	descCarrierErr = prometheus.NewDesc("sealbridge_carrier_store_errors_total",
+		"Store errors met by the carrier, by error code.", []string{"code"}, nil)
+	descTargets = prometheus.NewDesc("sealbridge_carrier_targets",
+		"Relay targets with pending envelopes at the last reconciliation.", nil, nil)
+	descWaiting = prometheus.NewDesc("sealbridge_carrier_targets_waiting",
+		"Targets in a persisted unreachable wait.", nil, nil)
+	descInFlight   = prometheus.NewDesc("sealbridge_carrier_targets_in_flight", "Targets with a pass running.", nil, nil)
+	descLeaseSkips = prometheus.NewDesc("sealbridge_carrier_lease_skips_total",
+		"Envelopes due by the index that could not be leased.", nil, nil)
+	descScrapeErr = prometheus.NewDesc("sealbridge_metrics_store_scrape_errors",
+		"1 if the store's indexes could not be read for this scrape.", nil, nil)
+)
+
+// scrape computes the queue gauges and carrier counters at scrape time.
+type scrape struct{ d *Daemon }
+
+func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descOutbox, descMessages, descOldest, descAttempts, descClosed,
+		descCarrierErr, descTargets, descWaiting, descInFlight, descLeaseSkips, descScrapeErr} {
+		ch <- d
+	}
+}
+
+func (s *scrape) Collect(ch chan<- prometheus.Metric) {
+	st := s.d.car.Stats()
+	for k, v := range st.Attempts {
+		ch <- prometheus.MustNewConstMetric(descAttempts, prometheus.CounterValue, float64(v), k)
+	}
+	for k, v := range st.Closed {
+		ch <- prometheus.MustNewConstMetric(descClosed, prometheus.CounterValue, float64(v), k)
+	}
+	for k, v := range st.StoreErrors {
+		ch <- prometheus.MustNewConstMetric(descCarrierErr, prometheus.CounterValue, float64(v), k)
+	}
+	ch <- prometheus.MustNewConstMetric(descTargets, prometheus.GaugeValue, float64(st.Targets))
+	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(st.TargetsWaiting))
+	ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(st.InFlight))
+	ch <- prometheus.MustNewConstMetric(descLeaseSkips, prometheus.CounterValue, float64(st.LeaseSkips))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	failed := 0.0
+	outbox, err1 := s.d.st.OutboxSummaries(ctx)
+	msgs, err2 := s.d.st.MessageSummaries(ctx)
+	if err1 != nil || err2 != nil {
+		failed = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, failed)
+	if failed == 1 {
+		return
+	}
+	byState := map[string]int{store.StatePending: 0, store.StateRelayed: 0, store.StateClosed: 0}
+	pendingMsg := map[string]bool{}
+	for _, e := range outbox {
+		byState[e.State]++
+		if e.State == store.StatePending {
+			pendingMsg[e.MessageID] = true
+		}
+	}
+	for k, v := range byState {
+		ch <- prometheus.MustNewConstMetric(descOutbox, prometheus.GaugeValue, float64(v), k)
+	}
+	byStatus := map[string]int{store.StatusQueued: 0, store.StatusRelayed: 0, store.StatusDelivered: 0, store.StatusClosed: 0}
+	oldest := int64(0)
+	for _, m := range msgs {
+		byStatus[m.Status]++
+		if pendingMsg[m.MessageID] && (oldest == 0 || m.CreatedAt < oldest) {
+			oldest = m.CreatedAt
+		}
+	}
+	for k, v := range byStatus {
+		ch <- prometheus.MustNewConstMetric(descMessages, prometheus.GaugeValue, float64(v), k)
+	}
+	age := 0.0
+	if oldest != 0 {
+		age = max(0, time.Since(time.UnixMilli(oldest)).Seconds())
+	}
+	ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, age)
+}
