@@ -1,6 +1,10 @@
 # sealbridge contributor recipes. Each is a thin wrapper of a plain `go` command that
 # README.md also shows, so nobody needs `just` to work.
 
+# the main job: two daemons and a relay in a temp home, 100 messages, fsck (exit 0 = all relayed, clean)
+demo:
+    go run ./cmd/sealbridge demo
+
 # run the unit tests (what CI runs)
 test:
     go test ./...

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// relayKeyFile is the reference relay's key under its data root (the same name
+// sealbridge-relay uses, so both serve the same relay from one directory).
+const relayKeyFile = "relay-identity.pem"
+
+// cmdRelay: sealbridge relay [--listen 127.0.0.1:8440] [--home DIR]
+func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("relay")
+	listen := fs.String("listen", "127.0.0.1:8440", "")
+	home := fs.String("home", "", "")
+	logLevel := fs.String("log-level", "info", "")
+	if err := noArgs(fs, args); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usageErrorf("relay: --log-level: %v", err)
+	}
+	root, err := store.DataRoot(*home)
+	if err != nil {
+		return withHint(err, "give --home DIR")
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return err
+	}
+	keyFile := filepath.Join(root, relayKeyFile)
+	id, created, err := loadOrCreateKey(keyFile)
+	if err != nil {
+		return err
+	}
+	if created {
+		log.Info("relay: created identity", "file", keyFile, "did", string(id.DID()))
+	}
+	r, err := relay.New(relay.Options{Identity: id, Home: root, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return withHint(err, "choose another address with --listen (port 0 picks a free one)")
+	}
+	srv := newRelayServer(r, log)
+	fmt.Fprintf(stdout, "listening http://%s\n", ln.Addr())
+	fmt.Fprintf(stdout, "relay %s\n", id.DID())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("relay: serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("relay: shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("relay: shutdown: %w", err)
+	}
+	log.Info("relay: stopped", "accepted", r.Stats().Accepted, "duplicates", r.Stats().Duplicates)
+	return nil
+}
+
+// newRelayServer is the HTTP server of a reference relay.
+func newRelayServer(r *relay.Relay, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           r.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// loadOrCreateKey loads the key file, or creates it with a new identity.
+func loadOrCreateKey(path string) (*identity.Identity, bool, error) {
+	id, err := identity.LoadKeyFile(path)
+	if err == nil {
+		return id, false, nil
+	}
+	if _, serr := os.Lstat(path); !errors.Is(serr, os.ErrNotExist) {
+		return nil, false, err
+	}
+	if id, err = identity.Generate(); err != nil {
+		return nil, false, err
+	}
+	if err := identity.WriteKeyFile(path, id); err != nil {
+		return nil, false, err
+	}
+	return id, true, nil
+}

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+)
+
+// stdin is where send reads a body without --file (tests replace it).
+var stdin io.Reader = os.Stdin
+
+// maxBodyRead bounds the body send reads; the daemon enforces its own limit.
+const maxBodyRead = 16 << 20
+
+// maxSocketPath is the longest unix socket path Linux accepts (sun_path less NUL).
+const maxSocketPath = 107
+
+// daemonConn is a client of the identity's daemon.
+type daemonConn struct {
+	w   *who
+	did identity.DID
+	c   *client.Client
+}
+
+// connect loads the identity and returns a client of its daemon's socket.
+func (w *who) connect() (*daemonConn, error) {
+	id, err := w.load()
+	if err != nil {
+		return nil, err
+	}
+	sock := client.SocketPath(w.root, string(id.DID()))
+	if len(sock) > maxSocketPath {
+		return nil, withHint(fmt.Errorf("the daemon's socket path %s is longer than %d bytes, the limit of unix sockets", sock, maxSocketPath),
+			"use a shorter --home")
+	}
+	return &daemonConn{w: w, did: id.DID(), c: client.New(sock)}, nil
+}
+
+// explain turns a client error into the command's error: no daemon (exit 3),
+// or the daemon's answer with a hint where one helps.
+func (d *daemonConn) explain(err error) error {
+	if err == nil {
+		return nil
+	}
+	if client.IsNotRunning(err) && !errors.Is(err, syscall.EACCES) && !errors.Is(err, syscall.EPERM) {
+		return &noDaemonError{did: string(d.did), home: d.w.root, name: d.w.name, err: err}
+	}
+	var ce *client.Error
+	if errors.As(err, &ce) {
+		switch {
+		case errors.Is(err, errcode.IdempotencyKeyReused):
+			return withHint(err, "this key was used with another request; use a new --idempotency-key")
+		case errors.Is(err, errcode.IdempotencyInProgress):
+			return withHint(err, "the first request with this key is still running; retry in a moment")
+		case errors.Is(err, errcode.OutboxFull):
+			return withHint(err, "wait for queued messages to be relayed or closed (sealbridge ls --status queued)")
+		case ce.Status == http.StatusNotFound:
+			return withHint(err, "list sent messages with: sealbridge ls %s", d.w.flags())
+		}
+	}
+	return err
+}
+
+// cmdSend: sealbridge send --to DID --relay URL [--deadline 24h] [--idempotency-key K] [--file F]
+func cmdSend(ctx context.Context, args []string, stdout, _ io.Writer) error {
+	fs := newFlagSet("send")
+	w := identityFlags(fs)
+	to := fs.String("to", "", "")
+	relayURL := fs.String("relay", "", "")
+	deadline := fs.String("deadline", "", "")
+	key := fs.String("idempotency-key", "", "")
+	file := fs.String("file", "", "")
+	if err := noArgs(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *to == "":
+		return usageErrorf("send: --to DID is required")
+	case *relayURL == "":
+		return usageErrorf("send: --relay URL is required")
+	}
+	deadlineMs, err := parseDeadline(*deadline, time.Now())
+	if err != nil {
+		return err
+	}
+	if _, err := identity.ParseDID(*to); err != nil {
+		return usageErrorf("send: --to %q is not a valid did:key: %v", *to, err)
+	}
+	if u, err := url.Parse(*relayURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usageErrorf("send: --relay %q is not an http(s) URL", *relayURL)
+	}
+	body, err := readBody(*file)
+	if err != nil {
+		return err
+	}
+	if err := w.resolve(); err != nil {
+		return err
+	}
+	d, err := w.connect()
+	if err != nil {
+		return err
+	}
+	req := client.SendRequest{To: *to, RelayURL: *relayURL, Body: body, DeadlineMs: deadlineMs}
+	m, err := d.c.Send(ctx, req, *key)
+	if err != nil {
+		return d.explain(err)
+	}
+	fmt.Fprintln(stdout, m.MessageID)
+	return nil
+}
+
+// parseDeadline parses --deadline: empty (the daemon's default, now + 24 h), a
+// duration from now ("24h"), or an RFC 3339 time. It returns Unix milliseconds
+// (0 for the default). A retry with the same --idempotency-key must be the same
+// request, so it should use the default or an absolute time: a duration makes
+// each retry's deadline different.
+func parseDeadline(s string, now time.Time) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		if d <= 0 {
+			return 0, usageErrorf("send: --deadline must be in the future")
+		}
+		return now.Add(d).UnixMilli(), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return 0, usageErrorf("send: --deadline %q is neither a duration (24h) nor an RFC 3339 time", s)
+	}
+	if !t.After(now) {
+		return 0, usageErrorf("send: --deadline must be in the future")
+	}
+	return t.UnixMilli(), nil
+}
+
+// readBody reads the message body from file, or from standard input when file
+// is "" or "-"; a terminal on standard input is refused.
+func readBody(file string) ([]byte, error) {
+	r, name := stdin, "standard input"
+	if file != "" && file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r, name = f, file
+	} else if isTerminal(r) {
+		return nil, usageErrorf("send: no body: give --file F or pipe the body on standard input")
+	}
+	data, err := io.ReadAll(io.LimitReader(r, maxBodyRead+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if len(data) > maxBodyRead {
+		return nil, fmt.Errorf("%s: the body is larger than %d bytes", name, maxBodyRead)
+	}
+	return data, nil
+}
+
+// cmdStatus: sealbridge status ID [--json]
+func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
+	fs := newFlagSet("status")
+	w := identityFlags(fs)
+	asJSON := fs.Bool("json", false, "")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || pos[0] == "" {
+		return usageErrorf("status: give exactly one message ID")
+	}
+	if err := w.resolve(); err != nil {
+		return err
+	}
+	d, err := w.connect()
+	if err != nil {
+		return err
+	}
+	m, err := d.c.Message(ctx, pos[0])
+	if err != nil {
+		return d.explain(err)
+	}
+	if *asJSON {
+		return writeJSON(stdout, m)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+		}
+	}
+	row("message", m.MessageID)
+	row("status", m.Status)
+	row("closed by", m.ClosedBy)
+	row("last error", m.LastError)
+	row("to", m.To)
+	row("relay", m.RelayURL)
+	row("attempts", fmt.Sprint(m.Attempts))
+	row("created", formatTime(m.CreatedAt))
+	row("updated", formatTime(m.UpdatedAt))
+	row("deadline", formatTime(m.Deadline))
+	return tw.Flush()
+}
+
+// cmdLs: sealbridge ls [--status S] [--limit N] [--after ID] [--json]
+func cmdLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("ls")
+	w := identityFlags(fs)
+	status := fs.String("status", "", "")
+	limit := fs.Int("limit", 0, "")
+	after := fs.String("after", "", "")
+	asJSON := fs.Bool("json", false, "")
+	if err := noArgs(fs, args); err != nil {
+		return err
+	}
+	if *limit < 0 {
+		return usageErrorf("ls: --limit must not be negative")
+	}
+	if err := w.resolve(); err != nil {
+		return err
+	}
+	d, err := w.connect()
+	if err != nil {
+		return err
+	}
+	l, err := d.c.Messages(ctx, *status, *limit, *after)
+	if err != nil {
+		return d.explain(err)
+	}
+	if *asJSON {
+		if l.Messages == nil {
+			l.Messages = []client.Message{}
+		}
+		return writeJSON(stdout, l)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MESSAGE\tSTATUS\tATTEMPTS\tUPDATED\tTO")
+	for _, m := range l.Messages {
+		st := m.Status
+		if m.ClosedBy != "" {
+			st += "/" + m.ClosedBy
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", m.MessageID, st, m.Attempts, formatTime(m.UpdatedAt), m.To)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if l.Next != "" {
+		fmt.Fprintf(stderr, "sealbridge: more: sealbridge ls %s --after %s\n", w.flags(), shellQuote(l.Next))
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.Local().Format(time.RFC3339)
+}
