@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -285,11 +286,12 @@ func TestBadRequests(t *testing.T) {
 	resp.Body.Close()
 	for _, fam := range []string{"sealbridge_outbox_envelopes", "sealbridge_messages", "sealbridge_outbox_oldest_pending_age_seconds",
 		"sealbridge_carrier_targets_waiting", "sealbridge_api_requests_total", "sealbridge_enqueue_duration_seconds",
-		"sealbridge_build_info"} {
+		"sealbridge_build_info", "sealbridge_store_lock_wait_seconds_total"} {
 		if !strings.Contains(string(data), fam) {
 			t.Errorf("/metrics lacks %s", fam)
 		}
 	}
+
 }
 
 func TestSecondDaemonRefused(t *testing.T) {

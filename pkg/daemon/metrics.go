@@ -75,6 +75,9 @@ var (
 	descInFlight   = prometheus.NewDesc("sealbridge_carrier_targets_in_flight", "Targets with a pass running.", nil, nil)
 	descLeaseSkips = prometheus.NewDesc("sealbridge_carrier_lease_skips_total",
 		"Envelopes due by the index that could not be leased.", nil, nil)
+	descLockHolds = prometheus.NewDesc("sealbridge_store_lock_acquisitions_total", "Times the daemon took the store lock.", nil, nil)
+	descLockWait  = prometheus.NewDesc("sealbridge_store_lock_wait_seconds_total",
+		"Time spent waiting for the store lock (behind other holders in this process and other processes).", nil, nil)
 	descScrapeErr = prometheus.NewDesc("sealbridge_metrics_store_scrape_errors",
 		"1 if the store's indexes could not be read for this scrape.", nil, nil)
 )
@@ -84,7 +87,7 @@ type scrape struct{ d *Daemon }
 
 func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descOutbox, descMessages, descOldest, descAttempts, descClosed,
-		descCarrierErr, descTargets, descWaiting, descInFlight, descLeaseSkips, descScrapeErr} {
+		descCarrierErr, descTargets, descWaiting, descInFlight, descLeaseSkips, descLockHolds, descLockWait, descScrapeErr} {
 		ch <- d
 	}
 }
@@ -104,6 +107,9 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(st.TargetsWaiting))
 	ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(st.InFlight))
 	ch <- prometheus.MustNewConstMetric(descLeaseSkips, prometheus.CounterValue, float64(st.LeaseSkips))
+	holds, waited := s.d.st.LockStats()
+	ch <- prometheus.MustNewConstMetric(descLockHolds, prometheus.CounterValue, float64(holds))
+	ch <- prometheus.MustNewConstMetric(descLockWait, prometheus.CounterValue, waited.Seconds())
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
@@ -128,6 +129,9 @@ type Store struct {
 
 	txSem chan struct{} // one lock holder per process at a time
 
+	lockHolds atomic.Int64 // lock acquisitions
+	lockWait  atomic.Int64 // nanoseconds spent waiting for them
+
 	pubMu     sync.Mutex     // guards the group-commit queue
 	pubQueue  []*publication // prepared publications waiting for a lock hold
 	pubLeader bool           // a goroutine is taking the lock for the queue
@@ -214,6 +218,12 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	s.cache = lru.New[string, *cached](entries, bytesMax)
 	s.lockOpts = lockfile.Options{Wait: opts.LockWait, Stale: opts.LockStale, Now: s.now}
 	return s, nil
+}
+
+// LockStats returns how many times this Store took the store lock and the total time
+// it waited for it (behind this process's other holders and other processes).
+func (s *Store) LockStats() (acquisitions int64, waited time.Duration) {
+	return s.lockHolds.Load(), time.Duration(s.lockWait.Load())
 }
 
 // Owner returns the DID of the store's owner.

@@ -28,3 +28,18 @@ func TestEnqueueAndRead(t *testing.T) {
 		t.Fatalf("cold Message: %v %v", got2, err)
 	}
 }
+
+func TestLockStatsCountAcquisitions(t *testing.T) {
+	s := openStore(t, store.Options{})
+	if n, _ := s.LockStats(); n != 0 {
+		t.Fatalf("a fresh store took the lock %d times", n)
+	}
+	for range 3 {
+		if err := s.Transaction(context.Background(), func(tx *store.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, waited := s.LockStats(); n != 3 || waited <= 0 {
+		t.Fatalf("LockStats = %d, %v; want 3 acquisitions and some time", n, waited)
+	}
+}

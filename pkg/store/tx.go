@@ -6,6 +6,7 @@ import (
 	"path"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
@@ -77,6 +78,7 @@ func (s *Store) Transaction(ctx context.Context, fn func(tx *Tx) error) error {
 // lockStore serializes with this process's other lock holders, creates the store
 // directory if needed, and takes the store lock.
 func (s *Store) lockStore(ctx context.Context) (unlock func() error, lock *lockfile.Lock, err error) {
+	start := time.Now()
 	select {
 	case s.txSem <- struct{}{}:
 	case <-ctx.Done():
@@ -92,6 +94,8 @@ func (s *Store) lockStore(ctx context.Context) (unlock func() error, lock *lockf
 		release()
 		return nil, nil, lockError(s.dir, err)
 	}
+	s.lockHolds.Add(1)
+	s.lockWait.Add(int64(time.Since(start)))
 	return func() error {
 		defer release()
 		if err := lock.Unlock(); err != nil {
