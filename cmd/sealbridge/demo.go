@@ -25,8 +25,9 @@ const (
 	demoMaxMessages  = 100_000
 	demoSenders      = 8 // concurrent POST /v1/messages
 	demoPollEvery    = 50 * time.Millisecond
-	demoStartTimeout = 30 * time.Second // daemons' readiness
-	demoStopTimeout  = 30 * time.Second // daemons' drain (their own bound is 10 s)
+	demoInboxEvery   = 100 * time.Millisecond // the daemons' inbox fetches
+	demoStartTimeout = 30 * time.Second       // daemons' readiness
+	demoStopTimeout  = 30 * time.Second       // daemons' drain (their own bound is 10 s)
 )
 
 // cmdDemo: sealbridge demo [--messages N] [--keep] [--timeout 2m]
@@ -177,7 +178,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 
 	// The identities and their daemons.
 	for _, name := range []string{"alice", "bob"} {
-		nd, err := dm.startDaemon(ctx, name)
+		nd, err := dm.startDaemon(ctx, name, relayURL)
 		if err != nil {
 			return err
 		}
@@ -199,9 +200,10 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	sendTime := time.Since(sendStart)
 	fmt.Fprintf(dm.out, "sent %d messages in %s through alice's local API\n", dm.n, round(sendTime))
 
-	// Wait until every message is relayed (or closed: then it never will be).
-	counts, werr := dm.wait(ctx, alice.c, serveErr)
-	relayTime := time.Since(sendStart)
+	// Wait until every message is delivered: confirmed by bob's signed
+	// delivery-status (or closed: then it never will be).
+	counts, relayTime, werr := dm.wait(ctx, alice.c, serveErr, sendStart)
+	deliverTime := time.Since(sendStart)
 	if errors.Is(werr, context.Canceled) {
 		return werr
 	}
@@ -230,15 +232,21 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	}
 	fsckTime := time.Since(fsckStart)
 
-	relayed := counts[statusRelayedOrLater]
+	relayed, delivered := counts[statusRelayedOrLater], counts["delivered"]
+	received, rerr := dm.received(bob)
+	if rerr != nil {
+		return rerr
+	}
 	fmt.Fprintln(dm.out)
 	fmt.Fprintln(dm.out, "summary")
-	fmt.Fprintf(dm.out, "  messages  %d sent, %d relayed, %d closed, %d still queued\n", dm.n, relayed, counts["closed"], dm.n-relayed-counts["closed"])
+	fmt.Fprintf(dm.out, "  messages  %d sent, %d relayed, %d delivered, %d closed, %d still queued\n", dm.n, relayed, delivered, counts["closed"], dm.n-relayed-counts["closed"])
+	fmt.Fprintf(dm.out, "  bob       %d messages received (observations)\n", received)
 	fmt.Fprintf(dm.out, "  relay     %d envelopes accepted, %d duplicates\n", st.Accepted, st.Duplicates)
-	fmt.Fprintf(dm.out, "  time      %s in all: sending %s, all relayed %s after the first send, fsck %s\n",
-		round(time.Since(start)), round(sendTime), round(relayTime), round(fsckTime))
+	fmt.Fprintf(dm.out, "  time      %s in all: sending %s, all relayed %s and all delivered %s after the first send, fsck %s\n",
+		round(time.Since(start)), round(sendTime), round(relayTime), round(deliverTime), round(fsckTime))
 	fmt.Fprintf(dm.out, "  rate      %.1f messages/s (first send to last relayed)\n", float64(relayed)/relayTime.Seconds())
 	fmt.Fprintf(dm.out, "relayed %d/%d\n", relayed, dm.n)
+	fmt.Fprintf(dm.out, "delivered %d/%d\n", delivered, dm.n)
 	if problems == 0 {
 		fmt.Fprintln(dm.out, "fsck: clean")
 	} else {
@@ -249,6 +257,10 @@ func (dm *demo) run(ctx context.Context) (err error) {
 		return werr
 	case relayed != dm.n:
 		return fmt.Errorf("only %d of %d messages were relayed", relayed, dm.n)
+	case delivered != dm.n:
+		return fmt.Errorf("only %d of %d messages were delivered", delivered, dm.n)
+	case received != dm.n:
+		return fmt.Errorf("bob holds %d observations, not %d", received, dm.n)
 	case problems > 0:
 		return fmt.Errorf("fsck found %d problems", problems)
 	}
@@ -256,7 +268,9 @@ func (dm *demo) run(ctx context.Context) (err error) {
 }
 
 // startDaemon creates the identity and starts its daemon in a goroutine.
-func (dm *demo) startDaemon(ctx context.Context, name string) (*node, error) {
+// Both follow their inbox at the relay: bob receives the messages, alice the
+// delivery confirmations.
+func (dm *demo) startDaemon(ctx context.Context, name, relayURL string) (*node, error) {
 	id, err := daemon.InitIdentity(dm.root, name)
 	if err != nil {
 		return nil, err
@@ -265,7 +279,8 @@ func (dm *demo) startDaemon(ctx context.Context, name string) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := daemon.Options{Home: dm.root, Identity: name, Logger: log, Version: version()}
+	opts := daemon.Options{Home: dm.root, Identity: name, Logger: log, Version: version(),
+		InboxRelay: relayURL, PollEvery: demoInboxEvery}
 	if sock := client.SocketPath(dm.root, string(id.DID())); len(sock) > maxSocketPath {
 		// A long $TMPDIR: put the socket at a shorter path of our own.
 		opts.SocketPath = filepath.Join(dm.tmp, name+".sock")
@@ -358,13 +373,15 @@ func (dm *demo) send(ctx context.Context, c *client.Client, to, relayURL string)
 // delivered after that.
 const statusRelayedOrLater = "relayed"
 
-// wait polls alice's API until every message is relayed or closed, or the
-// timeout passes; it returns the counts by status.
-func (dm *demo) wait(ctx context.Context, c *client.Client, relayErr <-chan error) (map[string]int, error) {
+// wait polls alice's API until every message is delivered or closed, or the
+// timeout passes; it returns the counts by status and when all were relayed
+// (since start).
+func (dm *demo) wait(ctx context.Context, c *client.Client, relayErr <-chan error, start time.Time) (map[string]int, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, dm.timeout)
 	defer cancel()
-	bar := newProgress(dm.out, "relaying", dm.n)
+	bar := newProgress(dm.out, "delivering", dm.n)
 	defer bar.finish()
+	var relayTime time.Duration
 	tick := time.NewTicker(demoPollEvery)
 	defer tick.Stop()
 	var counts map[string]int
@@ -375,28 +392,31 @@ func (dm *demo) wait(ctx context.Context, c *client.Client, relayErr <-chan erro
 			if ctx.Err() != nil {
 				break // timed out or interrupted
 			}
-			return counts, err
+			return counts, relayTime, err
 		}
-		bar.update(counts[statusRelayedOrLater])
-		if counts[statusRelayedOrLater]+counts["closed"] >= dm.n {
+		if relayTime == 0 && counts[statusRelayedOrLater] >= dm.n {
+			relayTime = time.Since(start)
+		}
+		bar.update(counts["delivered"])
+		if counts["delivered"]+counts["closed"] >= dm.n {
 			if counts["closed"] > 0 {
-				return counts, fmt.Errorf("%d messages were closed without being relayed", counts["closed"])
+				return counts, relayTime, fmt.Errorf("%d messages were closed without being relayed", counts["closed"])
 			}
-			return counts, nil
+			return counts, relayTime, nil
 		}
 		select {
 		case <-tick.C:
 			continue
 		case err := <-relayErr:
-			return counts, fmt.Errorf("the relay stopped: %w", err)
+			return counts, relayTime, fmt.Errorf("the relay stopped: %w", err)
 		case <-ctx.Done():
 		}
 		break
 	}
 	if err := context.Cause(ctx); errors.Is(err, context.Canceled) {
-		return counts, err
+		return counts, relayTime, err
 	}
-	return counts, fmt.Errorf("not all messages were relayed within %s (--timeout)", dm.timeout)
+	return counts, relayTime, fmt.Errorf("not all messages were delivered within %s (--timeout)", dm.timeout)
 }
 
 // countStatuses pages through the daemon's message list.
@@ -412,6 +432,9 @@ func countStatuses(ctx context.Context, c *client.Client) (map[string]int, error
 			switch m.Status {
 			case "relayed", "delivered":
 				counts[statusRelayedOrLater]++
+				if m.Status == "delivered" {
+					counts["delivered"]++
+				}
 			default:
 				counts[m.Status]++
 			}
@@ -448,4 +471,13 @@ func (dm *demo) fsck(ctx context.Context, name, dir string, owner identity.DID) 
 		fmt.Fprintf(dm.out, "  %s %s: %s\n", f.Code, f.Path, f.Explanation)
 	}
 	return rep.Problems(), nil
+}
+
+// received counts the observations in nd's store (read after its daemon stopped).
+func (dm *demo) received(nd *node) (int, error) {
+	ids, err := nd.d.Store().List(store.KindObservations)
+	if err != nil {
+		return 0, fmt.Errorf("%s's received messages: %w", nd.name, err)
+	}
+	return len(ids), nil
 }

@@ -31,6 +31,11 @@ Commands:
   status   ID [--json]                          show one sent message
   ls       [--status S] [--limit N] [--after ID] [--json]
                                                 list sent messages
+  inbox    [--limit N] [--after ID] [--json]    list received messages (the daemon
+                                                needs --inbox-relay)
+  watch    [--topics messages,outbox,receipts,observations] [--json]
+                                                follow the daemon's change feed, one
+                                                line per change: TIME TOPIC ID STATE
   relay    [--listen 127.0.0.1:8440] [--home DIR]
                                                 run a reference relay in the foreground
   demo     [--messages 100] [--keep] [--timeout 2m]
@@ -94,8 +99,10 @@ var commands = []command{
 	{"send", cmdSend},
 	{"status", cmdStatus},
 	{"ls", cmdLs},
+	{"inbox", cmdInbox},
 	{"relay", cmdRelay},
 	{"demo", cmdDemo},
+	{"watch", cmdWatch},
 }
 
 func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -363,7 +363,7 @@ func TestRelayCommand(t *testing.T) {
 
 func TestDemo(t *testing.T) {
 	code, out, errs := sb(t, "demo", "--messages", "10")
-	if code != 0 || !strings.Contains(out, "\nrelayed 10/10\n") || !strings.Contains(out, "\nfsck: clean\n") {
+	if code != 0 || !strings.Contains(out, "\nrelayed 10/10\n") || !strings.Contains(out, "\ndelivered 10/10\n") || !strings.Contains(out, "\nfsck: clean\n") {
 		t.Fatalf("demo: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errs)
 	}
 	// The temp home is removed without --keep.

@@ -41,6 +41,9 @@ const usage = `usage: sealbridged --home DIR [--identity NAME] [--log-format tex
   --drain-timeout D    bound on draining in-flight attempts at shutdown (default 10s)
   --send-timeout D     bound on one relay attempt (default 150s)
   --lease-for D        lease an attempt takes on its envelopes (default send timeout + 30s)
+  --inbox-relay URL    follow this relay's inbox: receive messages and delivery
+                       confirmations (default: none, send only)
+  --poll-every D       period of inbox fetches (default 1s)
   --version            print the version and exit
 `
 
@@ -54,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	drain := fs.Duration("drain-timeout", daemon.DefaultDrainTimeout, "")
 	sendTimeout := fs.Duration("send-timeout", 0, "")
 	leaseFor := fs.Duration("lease-for", 0, "")
+	inboxRelay := fs.String("inbox-relay", "", "")
+	pollEvery := fs.Duration("poll-every", 0, "")
 	showVersion := fs.Bool("version", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -88,7 +93,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	d, err := daemon.New(daemon.Options{Home: *home, Identity: *name, Logger: log, DrainTimeout: *drain,
-		Version: version(), Carrier: carrier.Options{SendTimeout: *sendTimeout, LeaseFor: *leaseFor}})
+		Version: version(), Carrier: carrier.Options{SendTimeout: *sendTimeout, LeaseFor: *leaseFor},
+		InboxRelay: *inboxRelay, PollEvery: *pollEvery})
 	if err != nil {
 		fmt.Fprintf(stderr, "sealbridged: %v\n", err)
 		return 1

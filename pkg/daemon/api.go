@@ -50,6 +50,8 @@ func (d *Daemon) handler() http.Handler {
 	mux.HandleFunc("POST /v1/messages", d.route("send", d.serveSend))
 	mux.HandleFunc("GET /v1/messages/{id}", d.route("message", d.serveMessage))
 	mux.HandleFunc("GET /v1/messages", d.route("messages", d.serveMessages))
+	mux.HandleFunc("GET /v1/inbox", d.route("inbox", d.serveInbox))
+	mux.HandleFunc("GET /v1/changes", d.route("changes", d.serveChanges))
 	mux.HandleFunc("GET /livez", d.route("livez", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}))
@@ -292,6 +294,7 @@ func (d *Daemon) send(ctx context.Context, msgID string, req client.SendRequest,
 		}
 	}
 	d.car.Kick()
+	d.recordChange(client.TopicMessages, m.MessageID, m.Status)
 	body, err := json.Marshal(toClient(m))
 	if err != nil {
 		return 0, nil, err

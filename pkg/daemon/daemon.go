@@ -48,6 +48,15 @@ type Options struct {
 	Version string
 	// MaintainEvery is the period of store maintenance (default 10 min).
 	MaintainEvery time.Duration
+	// ChangeWindow is the number of changes the change feed retains (default
+	// 100,000); ChangePollEvery the period its detector checks the store's listing
+	// stamps (default 250 ms). See changes.go.
+	ChangeWindow    int
+	ChangePollEvery time.Duration
+	// InboxRelay is the relay whose inbox the daemon follows (inbound.go); empty:
+	// no inbound. PollEvery is the period of its fetches (default 1 s).
+	InboxRelay string
+	PollEvery  time.Duration
 }
 
 // Daemon is one running sealbridged.
@@ -70,7 +79,8 @@ type Daemon struct {
 	ran       atomic.Bool
 	closeOnce sync.Once
 
-	m *metrics
+	m       *metrics
+	changes *changeFeed
 }
 
 // New loads the identity, opens its store and takes the one-daemon-per-identity lock
@@ -104,7 +114,7 @@ func New(opts Options) (*Daemon, error) {
 	def := client.SocketPath(root, string(id.DID()))
 	d := &Daemon{opts: opts, log: opts.Logger.With("did", string(id.DID())), id: id, st: st, root: root,
 		runDir: filepath.Dir(def), socket: opts.SocketPath, ready: make(chan struct{}),
-		leasesOK: make(chan struct{}), started: time.Now()}
+		leasesOK: make(chan struct{}), started: time.Now(), changes: newChangeFeed(opts.ChangeWindow)}
 	if d.socket == "" {
 		d.socket = def
 	}
@@ -224,6 +234,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}()
 	wg.Go(func() { d.startup(bg) })
 	wg.Go(func() { d.maintain(bg) })
+	wg.Go(func() { d.detectChanges(bg) })
+	wg.Go(func() { d.follow(bg) })
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(&peerListener{UnixListener: ln, uid: os.Getuid(), log: d.log, m: d.m}) }()
 	close(d.ready)
@@ -239,6 +251,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		runErr = fmt.Errorf("serve: %w", err)
 	}
 	d.draining.Store(true)
+	d.changes.drain() // long polls answer now, so that Shutdown need not wait for them
 	_ = sdNotify("STOPPING=1")
 	d.log.Info("daemon: draining", "timeout", d.opts.DrainTimeout)
 	deadline := time.Now().Add(d.opts.DrainTimeout)

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"unicode/utf8"
+
+	"github.com/sealbridge/sealbridge/pkg/client"
+)
+
+// cmdInbox: sealbridge inbox [--limit N] [--after ID] [--json]
+func cmdInbox(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("inbox")
+	w := identityFlags(fs)
+	limit := fs.Int("limit", 0, "")
+	after := fs.String("after", "", "")
+	asJSON := fs.Bool("json", false, "")
+	if err := noArgs(fs, args); err != nil {
+		return err
+	}
+	if *limit < 0 {
+		return usageErrorf("inbox: --limit must not be negative")
+	}
+	if err := w.resolve(); err != nil {
+		return err
+	}
+	d, err := w.connect()
+	if err != nil {
+		return err
+	}
+	l, err := d.c.Inbox(ctx, *limit, *after)
+	if err != nil {
+		return d.explain(err)
+	}
+	if *asJSON {
+		if l.Messages == nil {
+			l.Messages = []client.InboxMessage{}
+		}
+		return writeJSON(stdout, l)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MESSAGE\tRECEIVED\tFROM\tBODY")
+	for _, m := range l.Messages {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.MessageID, formatTime(m.ReceivedAt), m.From, preview(m.Body))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if l.Next != "" {
+		fmt.Fprintf(stderr, "sealbridge: more: sealbridge inbox %s --after %s\n", w.flags(), shellQuote(l.Next))
+	}
+	return nil
+}
+
+// preview shows a body on one line: quoted text up to 60 bytes, or its size.
+func preview(b []byte) string {
+	if !utf8.Valid(b) {
+		return fmt.Sprintf("(%d bytes)", len(b))
+	}
+	s := string(b)
+	if len(s) > 60 {
+		cut := 60
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		return strconv.Quote(s[:cut]) + "…"
+	}
+	return strconv.Quote(s)
+}

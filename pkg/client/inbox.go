@@ -1,0 +1,46 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// InboxMessage is one received message of GET /v1/inbox: its id, sender, when it
+// was received and its opened body (base64 in JSON).
+type InboxMessage struct {
+	MessageID  string    `json:"messageId"`
+	From       string    `json:"from"`
+	ReceivedAt time.Time `json:"receivedAt"`
+	Body       []byte    `json:"body"`
+}
+
+// InboxList is one page of GET /v1/inbox, oldest first; Next, if set, is the
+// `after` of the next page.
+type InboxList struct {
+	Messages []InboxMessage `json:"messages"`
+	Next     string         `json:"next,omitempty"`
+}
+
+// Inbox lists received messages, limit per page (0: the daemon's default), after
+// the given message id (empty: from the start).
+func (c *Client) Inbox(ctx context.Context, limit int, after string) (*InboxList, error) {
+	q := url.Values{}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if after != "" {
+		q.Set("after", after)
+	}
+	path := "/v1/inbox"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var l InboxList
+	if err := c.do(ctx, http.MethodGet, path, nil, nil, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}

@@ -1,0 +1,522 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// Inbound defaults.
+const (
+	DefaultPollEvery = time.Second
+	// inboundRetain is how long receipts and observations outlive the envelope's
+	// deadline (the relay resends until deadline + 24 h).
+	inboundRetain = 7 * 24 * time.Hour
+	// confirmationDeadline is the delivery deadline of a delivery-status we send.
+	confirmationDeadline = 24 * time.Hour
+	inboxPageSize        = 100
+)
+
+// Receipt outcome codes written by the follower.
+const (
+	outcomeApplied   = "DELIVERY_STATUS_APPLIED" // a delivery-status that confirmed our message
+	outcomeRefused   = "DELIVERY_STATUS_REFUSED" // a delivery-status that did not (forged, unknown message)
+	outcomeConfirmed = "CONFIRMATION_RELAYED"    // a message whose delivery-status was relayed
+	outcomeConfClose = "CONFIRMATION_CLOSED"     // a message whose delivery-status could not be relayed
+)
+
+// fact is the one fact the follower records on an observation.
+type fact struct {
+	EnvelopeID string `json:"envelopeId"`
+	ReceivedAt int64  `json:"receivedAt"`
+	Body       string `json:"body"` // standard base64 of the opened body
+}
+
+// pendingReceipt is a receipt that is not terminal yet, with what it takes to finish it.
+type pendingReceipt struct {
+	envelopeID string
+	status     bool   // a delivery-status envelope (else a message)
+	state      string // the receipt's stored state
+	messageID  string // kind message: the observed message
+	digest     string
+	sender     identity.DID
+	confEnv    string // the envelope id of our delivery-status, once enqueued
+}
+
+// follower follows our inbox at Options.InboxRelay (DESIGN §11) and processes what
+// arrives: see processEnvelope.
+type follower struct {
+	d       *Daemon
+	rc      *inboxClient
+	url     string
+	kick    chan struct{}
+	mu      sync.Mutex
+	pending map[string]*pendingReceipt // receipt id → pending work
+}
+
+// confirmationID is the (store) message id of the delivery-status we send for the
+// inbound envelope envelopeID: derived, so a retry after a crash finds it.
+func confirmationID(envelopeID string) string {
+	sum := sha256.Sum256([]byte("sealbridge/confirmation-id/v1\x00" + envelopeID))
+	b := sum[:16]
+	b[6] = b[6]&0x0f | 0x80
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b)
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+// KickInbox wakes the inbox follower early (no-op without one).
+func (d *Daemon) KickInbox() {
+	if f := d.inbound(); f != nil {
+		select {
+		case f.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+var followers sync.Map // *Daemon → *follower
+
+func (d *Daemon) inbound() *follower {
+	if v, ok := followers.Load(d); ok {
+		return v.(*follower)
+	}
+	return nil
+}
+
+// follow runs the inbox follower until ctx is done (nothing without InboxRelay).
+func (d *Daemon) follow(ctx context.Context) {
+	if d.opts.InboxRelay == "" {
+		return
+	}
+	every := d.opts.PollEvery
+	if every <= 0 {
+		every = DefaultPollEvery
+	}
+	f := &follower{d: d, url: d.opts.InboxRelay, kick: make(chan struct{}, 1), pending: map[string]*pendingReceipt{},
+		rc: &inboxClient{base: d.opts.InboxRelay, id: d.id, hc: &http.Client{Timeout: 30 * time.Second}}}
+	followers.Store(d, f)
+	defer followers.Delete(d)
+	for attempt := 0; ; attempt++ {
+		err := f.recover(ctx)
+		if err == nil {
+			break
+		}
+		d.log.Warn("inbox: recovering receipts", "err", err)
+		if !sleepCtx(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
+			return
+		}
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-f.kick:
+		}
+		if err := f.poll(ctx); err != nil && ctx.Err() == nil {
+			d.log.Warn("inbox: fetching", "relay", f.url, "err", err)
+		}
+		f.reconcile(ctx)
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(every)
+	}
+}
+
+// recover loads the receipts that are not terminal (a previous run stopped before
+// finishing them) into the pending set.
+func (f *follower) recover(ctx context.Context) error {
+	st := f.d.st
+	byEnv := map[string]*store.Observation{}
+	if err := st.Scan(ctx, store.KindObservations, func(r store.Record) error {
+		o := r.(*store.Observation)
+		for _, raw := range o.Facts {
+			var fc fact
+			if json.Unmarshal(raw, &fc) == nil && fc.EnvelopeID != "" {
+				byEnv[fc.EnvelopeID] = o
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	pend := map[string]*pendingReceipt{}
+	var confs []string
+	if err := st.Scan(ctx, store.KindReceipts, func(r store.Record) error {
+		rc := r.(*store.Receipt)
+		if rc.State == store.ReceiptTerminal {
+			return nil
+		}
+		p := &pendingReceipt{envelopeID: rc.EnvelopeID, state: rc.State, digest: rc.EnvelopeDigest,
+			sender: identity.DID(rc.SenderDID)}
+		if rc.OutcomeCode == outcomeApplied || rc.OutcomeCode == outcomeRefused {
+			p.status = true
+		} else if o := byEnv[rc.EnvelopeID]; o != nil {
+			p.messageID = o.MessageID
+			confs = append(confs, confirmationID(rc.EnvelopeID))
+		} else {
+			f.d.log.Warn("inbox: receipt without its observation", "envelope", rc.EnvelopeID)
+			return nil
+		}
+		pend[store.ReceiptID(rc.EnvelopeID)] = p
+		return nil
+	}); err != nil {
+		return err
+	}
+	if len(confs) > 0 {
+		sums, err := st.OutboxSummaries(ctx)
+		if err != nil {
+			return err
+		}
+		envOf := map[string]string{}
+		for _, s := range sums {
+			if s.EnvelopeKind == store.EnvelopeDeliveryStatus {
+				envOf[s.MessageID] = s.EnvelopeID
+			}
+		}
+		for _, p := range pend {
+			if !p.status {
+				p.confEnv = envOf[confirmationID(p.envelopeID)]
+			}
+		}
+	}
+	f.mu.Lock()
+	f.pending = pend
+	f.mu.Unlock()
+	if len(pend) > 0 {
+		f.d.log.Info("inbox: resuming receipts", "receipts", len(pend))
+	}
+	return nil
+}
+
+// poll fetches the inbox from the start (acknowledged envelopes leave it) and
+// processes every envelope.
+func (f *follower) poll(ctx context.Context) error {
+	after := ""
+	for {
+		page, err := f.rc.fetch(ctx, after, inboxPageSize)
+		if err != nil {
+			return err
+		}
+		var acks []string
+		var done []*pendingReceipt
+		for _, ie := range page.Envelopes {
+			p, ack, err := f.processEnvelope(ctx, ie)
+			if err != nil {
+				if ctx.Err() != nil {
+					return err
+				}
+				f.d.m.storeError(err)
+				f.d.log.Warn("inbox: processing an envelope", "envelope", ie.EnvelopeID, "err", err)
+				continue // not acknowledged: fetched again next time
+			}
+			if ack {
+				acks = append(acks, ie.EnvelopeID)
+			}
+			if p != nil {
+				done = append(done, p)
+			}
+		}
+		if len(acks) > 0 {
+			// Acknowledge only what is durable (or refused for good).
+			if err := f.rc.ack(ctx, acks); err != nil {
+				return fmt.Errorf("acknowledging: %w", err)
+			}
+		}
+		for _, p := range done {
+			f.advance(ctx, p, true)
+		}
+		if !page.More || page.Cursor == "" || page.Cursor == after {
+			return nil
+		}
+		after = page.Cursor
+	}
+}
+
+// processEnvelope verifies one inbox envelope and durably records it. It returns
+// the pending receipt to advance once acknowledged (nil if none) and whether to
+// acknowledge the envelope at the relay. An error means: leave it at the relay.
+func (f *follower) processEnvelope(ctx context.Context, ie inboxEnvelope) (*pendingReceipt, bool, error) {
+	d := f.d
+	env, err := envelope.Parse(ie.Envelope)
+	if err == nil {
+		err = env.CheckRecipient(d.id.DID())
+	}
+	if err == nil {
+		err = env.CheckDeadline(time.Now())
+	}
+	if err != nil {
+		d.log.Warn("inbox: refused an envelope", "envelope", ie.EnvelopeID, "err", err)
+		return nil, true, nil
+	}
+	rid := store.ReceiptID(env.ID())
+	prev, err := store.GetAs[*store.Receipt](d.st, rid)
+	if err != nil {
+		return nil, false, err
+	}
+	if prev != nil {
+		return f.duplicate(env, prev)
+	}
+	now := time.Now().UnixMilli()
+	retain := env.DeliveryDeadlineMillis() + inboundRetain.Milliseconds()
+	rc := &store.Receipt{EnvelopeID: env.ID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
+		State: store.ReceiptPersisted, ReceivedAt: now, RetainUntil: retain}
+	p := &pendingReceipt{envelopeID: env.ID(), state: store.ReceiptPersisted, digest: env.Digest(), sender: env.Sender()}
+	switch env.Kind() {
+	case envelope.KindMessage:
+		body, err := envelope.Open(d.id, env)
+		if err != nil {
+			d.log.Warn("inbox: refused an envelope whose body does not open", "envelope", env.ID(), "err", err)
+			return nil, true, nil
+		}
+		fc, _ := json.Marshal(fact{EnvelopeID: env.ID(), ReceivedAt: now, Body: base64.StdEncoding.EncodeToString(body)})
+		obs := &store.Observation{MessageID: env.MessageID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
+			CreatedAt: env.CreatedAtMillis(), DeliveryDeadline: env.DeliveryDeadlineMillis(),
+			Facts: []json.RawMessage{fc}, Published: []string{}, RetainUntil: retain}
+		p.messageID = env.MessageID()
+		conflictObs := false
+		err = d.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
+			conflictObs = false
+			if r, err := store.TxGet[*store.Receipt](tx, rid); err != nil || r != nil {
+				if err == nil {
+					err = errors.New("receipt written concurrently")
+				}
+				return err
+			}
+			o, err := store.TxGet[*store.Observation](tx, obs.MessageID)
+			if err != nil {
+				return err
+			}
+			if o != nil {
+				conflictObs = true
+				return nil
+			}
+			return tx.PutAll(rc, obs)
+		})
+		if err != nil {
+			return nil, false, err
+		}
+		if conflictObs {
+			d.log.Warn("inbox: refused an envelope: message id already observed from another envelope",
+				"envelope", env.ID(), "message", env.MessageID(), "sender", env.Sender())
+			return nil, true, nil
+		}
+		d.log.Debug("inbox: observed a message", "message", env.MessageID(), "sender", env.Sender())
+	case envelope.KindDeliveryStatus:
+		p.status = true
+		c, _ := env.Confirmation()
+		applied := false
+		err = d.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
+			applied = false
+			if r, err := store.TxGet[*store.Receipt](tx, rid); err != nil || r != nil {
+				if err == nil {
+					err = errors.New("receipt written concurrently")
+				}
+				return err
+			}
+			m, err := store.TxGet[*store.Message](tx, c.MessageID)
+			if err != nil {
+				return err
+			}
+			rc.OutcomeCode = outcomeRefused
+			if m != nil && env.ConfirmsDelivery(d.id.DID(), identity.DID(m.PeerOwnerDID), m.MessageID, m.EnvelopeDigest) == nil {
+				rc.OutcomeCode, applied = outcomeApplied, true
+				if m.Status == store.StatusQueued || m.Status == store.StatusRelayed {
+					m.Status, m.UpdatedAt = store.StatusDelivered, now
+					if err := tx.Put(m); err != nil {
+						return err
+					}
+				}
+			}
+			return tx.Put(rc)
+		})
+		if err != nil {
+			return nil, false, err
+		}
+		if applied {
+			d.log.Debug("inbox: message delivered", "message", c.MessageID)
+		} else {
+			var why error = errors.New("no such message")
+			if m, _ := d.st.Message(c.MessageID); m != nil {
+				why = env.ConfirmsDelivery(d.id.DID(), identity.DID(m.PeerOwnerDID), m.MessageID, m.EnvelopeDigest)
+			}
+			d.log.Warn("inbox: refused a delivery status", "envelope", env.ID(), "message", c.MessageID,
+				"sender", env.Sender(), "err", why)
+		}
+	default:
+		d.log.Warn("inbox: refused an envelope of unknown kind", "envelope", env.ID(), "kind", env.Kind())
+		return nil, true, nil
+	}
+	f.mu.Lock()
+	f.pending[rid] = p
+	f.mu.Unlock()
+	return p, true, nil
+}
+
+// duplicate answers an envelope we already hold a receipt for.
+func (f *follower) duplicate(env *envelope.Envelope, prev *store.Receipt) (*pendingReceipt, bool, error) {
+	if prev.EnvelopeDigest != env.Digest() {
+		f.d.log.Warn("inbox: refused a conflicting envelope (same id, other digest)", "envelope", env.ID(),
+			"sender", env.Sender(), "stored", prev.EnvelopeDigest, "received", env.Digest())
+		return nil, true, nil
+	}
+	f.d.log.Debug("inbox: duplicate envelope", "envelope", env.ID())
+	f.mu.Lock()
+	p := f.pending[store.ReceiptID(env.ID())]
+	f.mu.Unlock()
+	return p, true, nil
+}
+
+// advance moves p forward as far as it can now. acked says the envelope is
+// acknowledged at the relay.
+func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
+	d := f.d
+	rid := store.ReceiptID(p.envelopeID)
+	if p.state == store.ReceiptPersisted {
+		if !acked {
+			if err := f.rc.ack(ctx, []string{p.envelopeID}); err != nil {
+				d.log.Warn("inbox: acknowledging", "envelope", p.envelopeID, "err", err)
+				return
+			}
+		}
+		next := store.ReceiptProcessed
+		outcome := ""
+		if p.status {
+			next = store.ReceiptTerminal
+		}
+		if err := f.raise(ctx, rid, next, outcome); err != nil {
+			d.log.Warn("inbox: raising a receipt", "envelope", p.envelopeID, "err", err)
+			return
+		}
+		p.state = next
+	}
+	if p.state == store.ReceiptProcessed && !p.status {
+		if p.confEnv == "" {
+			if err := f.confirm(ctx, p); err != nil {
+				d.m.storeError(err)
+				d.log.Warn("inbox: sending the delivery status", "envelope", p.envelopeID, "err", err)
+				return
+			}
+		}
+		o, err := store.GetAs[*store.Outbox](d.st, p.confEnv)
+		if err != nil {
+			d.log.Warn("inbox: reading the delivery status", "envelope", p.confEnv, "err", err)
+			return
+		}
+		outcome := ""
+		switch {
+		case o == nil:
+			// Removed by maintenance after it finished: it was settled.
+			outcome = outcomeConfirmed
+		case o.State == store.StateRelayed:
+			outcome = outcomeConfirmed
+		case o.State == store.StateClosed:
+			outcome = outcomeConfClose
+		}
+		if outcome == "" {
+			return
+		}
+		if err := f.raise(ctx, rid, store.ReceiptTerminal, outcome); err != nil {
+			d.log.Warn("inbox: raising a receipt", "envelope", p.envelopeID, "err", err)
+			return
+		}
+		p.state = store.ReceiptTerminal
+	}
+	if p.state == store.ReceiptTerminal {
+		f.mu.Lock()
+		delete(f.pending, rid)
+		f.mu.Unlock()
+	}
+}
+
+// raise moves receipt rid up to state (never down), setting outcome if given.
+func (f *follower) raise(ctx context.Context, rid, state, outcome string) error {
+	return f.d.st.Update(ctx, store.KindReceipts, rid, func(cur store.Record) (store.Record, error) {
+		r, _ := cur.(*store.Receipt)
+		if r == nil {
+			return nil, fmt.Errorf("receipt %s is missing", rid)
+		}
+		rank := map[string]int{store.ReceiptPersisted: 0, store.ReceiptProcessed: 1, store.ReceiptTerminal: 2}
+		if rank[r.State] >= rank[state] {
+			return nil, nil
+		}
+		r.State = state
+		if outcome != "" {
+			r.OutcomeCode = outcome
+		}
+		return r, nil
+	})
+}
+
+// confirm enqueues (once) the signed delivery-status for p's message envelope.
+func (f *follower) confirm(ctx context.Context, p *pendingReceipt) error {
+	d := f.d
+	cid := confirmationID(p.envelopeID)
+	m, resumed, err := d.st.ResumeEnqueue(ctx, cid)
+	if err != nil {
+		return err
+	}
+	if !resumed || m == nil {
+		now := time.Now()
+		deadline := now.Add(confirmationDeadline)
+		env, wire, err := envelope.NewDeliveryStatus(d.id, p.sender,
+			envelope.Confirmation{MessageID: p.messageID, EnvelopeDigest: p.digest, Status: envelope.StatusDelivered},
+			deadline, now)
+		if err != nil {
+			return err
+		}
+		if _, err := d.st.Enqueue(ctx, store.SendRequest{MessageID: cid, PeerOwnerDID: p.sender, RelayURL: f.url,
+			DeliveryDeadline: deadline, Envelopes: []store.OutgoingEnvelope{
+				{EnvelopeID: env.ID(), Kind: store.EnvelopeDeliveryStatus, Envelope: wire}}}); err != nil {
+			return err
+		}
+	}
+	d.car.Kick()
+	// Find the envelope id (also for a resumed enqueue).
+	sums, err := d.st.OutboxSummaries(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range sums {
+		if s.MessageID == cid {
+			p.confEnv = s.EnvelopeID
+			return nil
+		}
+	}
+	return fmt.Errorf("delivery status %s not found in the outbox", cid)
+}
+
+// reconcile advances every pending receipt (a relayed delivery-status makes its
+// receipt terminal; work a crash interrupted is redone).
+func (f *follower) reconcile(ctx context.Context) {
+	f.mu.Lock()
+	ps := make([]*pendingReceipt, 0, len(f.pending))
+	for _, p := range f.pending {
+		ps = append(ps, p)
+	}
+	f.mu.Unlock()
+	for _, p := range ps {
+		if ctx.Err() != nil {
+			return
+		}
+		f.advance(ctx, p, false)
+	}
+}

@@ -1,0 +1,269 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+func newTestRelay(t *testing.T) string {
+	t.Helper()
+	rid, err := identity.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(relay.Options{Identity: rid, Home: t.TempDir(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r.Handler())
+	t.Cleanup(func() { srv.Close(); r.Close() })
+	return srv.URL
+}
+
+func startInbound(t *testing.T, home, name, relayURL string) *Daemon {
+	t.Helper()
+	if _, err := InitIdentity(home, name); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{Home: home, Identity: name, Logger: quiet, DrainTimeout: 5 * time.Second,
+		InboxRelay: relayURL, PollEvery: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, d)
+	return d
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		select {
+		case <-deadline.C:
+			t.Fatalf("%s: not within %s (%s)", what, within, state)
+		case <-tick.C:
+		}
+	}
+}
+
+func countKind(t *testing.T, d *Daemon, k store.Kind) int {
+	t.Helper()
+	ids, err := d.Store().List(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ids)
+}
+
+func TestInboundDeliveredAndDuplicates(t *testing.T) {
+	ctx := context.Background()
+	relayURL := newTestRelay(t)
+	home := t.TempDir()
+	a := startInbound(t, home, "alice", relayURL)
+	b := startInbound(t, home, "bob", relayURL)
+	ca, cb := client.New(a.SocketPath()), client.New(b.SocketPath())
+	const n = 20
+	ids := map[string]string{}
+	for i := range n {
+		body := fmt.Sprintf("hello %d", i)
+		m, err := ca.Send(ctx, client.SendRequest{To: string(b.DID()), RelayURL: relayURL, Body: []byte(body)}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[m.MessageID] = body
+	}
+	eventually(t, 30*time.Second, "all delivered", func() (bool, string) {
+		l, err := ca.Messages(ctx, store.StatusDelivered, 1000, "")
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(l.Messages) == n, fmt.Sprintf("%d delivered", len(l.Messages))
+	})
+	if got := countKind(t, b, store.KindObservations); got != n {
+		t.Fatalf("bob holds %d observations, want %d", got, n)
+	}
+	// Bob's receipts become terminal once his confirmations are relayed.
+	eventually(t, 30*time.Second, "bob's receipts terminal", func() (bool, string) {
+		terminal := 0
+		_ = b.Store().Scan(ctx, store.KindReceipts, func(r store.Record) error {
+			if r.(*store.Receipt).State == store.ReceiptTerminal {
+				terminal++
+			}
+			return nil
+		})
+		return terminal == n, fmt.Sprintf("%d terminal", terminal)
+	})
+	// Alice's receipts (of the delivery statuses) are terminal too.
+	eventually(t, 30*time.Second, "alice's receipts terminal", func() (bool, string) {
+		terminal := 0
+		_ = a.Store().Scan(ctx, store.KindReceipts, func(r store.Record) error {
+			if rc := r.(*store.Receipt); rc.State == store.ReceiptTerminal && rc.OutcomeCode == outcomeApplied {
+				terminal++
+			}
+			return nil
+		})
+		return terminal == n, fmt.Sprintf("%d terminal", terminal)
+	})
+
+	// The inbox API: every message, bodies opened, paged.
+	var got []client.InboxMessage
+	after := ""
+	for {
+		l, err := cb.Inbox(ctx, 7, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, l.Messages...)
+		if l.Next == "" {
+			break
+		}
+		after = l.Next
+	}
+	if len(got) != n {
+		t.Fatalf("inbox lists %d messages, want %d", len(got), n)
+	}
+	for _, m := range got {
+		if ids[m.MessageID] != string(m.Body) || m.From != string(a.DID()) || m.ReceivedAt.IsZero() {
+			t.Fatalf("inbox message %+v, want body %q from %s", m, ids[m.MessageID], a.DID())
+		}
+	}
+
+	// A duplicate envelope: posted to the relay again (the relay answers with
+	// the same receipt and does not queue it again) and handed to bob's
+	// follower directly: acknowledged, nothing stored twice.
+	sums, err := a.Store().OutboxSummaries(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dup *store.Outbox
+	for _, s := range sums {
+		if s.EnvelopeKind == store.EnvelopeMessage {
+			if dup, err = store.GetAs[*store.Outbox](a.Store(), s.EnvelopeID); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if dup == nil {
+		t.Fatal("no message envelope in alice's outbox")
+	}
+	rc := &relay.Client{BaseURL: relayURL}
+	if _, _, err := rc.Post(ctx, dup.Envelope); err != nil {
+		t.Fatalf("posting the envelope again: %v", err)
+	}
+	receipts := countKind(t, b, store.KindReceipts)
+	f := b.inbound()
+	if f == nil {
+		t.Fatal("bob has no follower")
+	}
+	p, ack, err := f.processEnvelope(ctx, inboxEnvelope{EnvelopeID: dup.EnvelopeID, Envelope: dup.Envelope})
+	if err != nil || !ack || p != nil {
+		t.Fatalf("duplicate: pending %v, ack %v, err %v", p, ack, err)
+	}
+	b.KickInbox()
+	if got := countKind(t, b, store.KindObservations); got != n {
+		t.Fatalf("after the duplicate bob holds %d observations, want %d", got, n)
+	}
+	if got := countKind(t, b, store.KindReceipts); got != receipts {
+		t.Fatalf("after the duplicate bob holds %d receipts, want %d", got, receipts)
+	}
+}
+
+func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
+	ctx := context.Background()
+	relayURL := newTestRelay(t)
+	home := t.TempDir()
+	a := startInbound(t, home, "alice", relayURL)
+	ca := client.New(a.SocketPath())
+	// Dave never fetches his inbox: the message stays relayed.
+	dave, err := identity.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ca.Send(ctx, client.SendRequest{To: string(dave.DID()), RelayURL: relayURL, Body: []byte("for dave")}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "relayed", func() (bool, string) {
+		got, err := ca.Message(ctx, m.MessageID)
+		if err != nil {
+			return false, err.Error()
+		}
+		return got.Status == store.StatusRelayed, got.Status
+	})
+	rec, err := a.Store().Message(m.MessageID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Mallory (a third identity) confirms it, for the right digest; and dave
+	// confirms another digest.
+	mallory, err := identity.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	forged, wire, err := envelope.NewDeliveryStatus(mallory, a.DID(),
+		envelope.Confirmation{MessageID: m.MessageID, EnvelopeDigest: rec.EnvelopeDigest}, now.Add(time.Hour), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong, wire2, err := envelope.NewDeliveryStatus(dave, a.DID(),
+		envelope.Confirmation{MessageID: m.MessageID, EnvelopeDigest: store.Digest([]byte("other"))}, now.Add(time.Hour), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &relay.Client{BaseURL: relayURL}
+	for _, w := range [][]byte{wire, wire2} {
+		if _, _, err := rc.Post(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.KickInbox()
+	for _, env := range []*envelope.Envelope{forged, wrong} {
+		eventually(t, 30*time.Second, "forged status processed", func() (bool, string) {
+			r, err := store.GetAs[*store.Receipt](a.Store(), store.ReceiptID(env.ID()))
+			if err != nil || r == nil {
+				return false, fmt.Sprint(err)
+			}
+			return r.State == store.ReceiptTerminal && r.OutcomeCode == outcomeRefused, r.State + " " + r.OutcomeCode
+		})
+	}
+	got, err := ca.Message(ctx, m.MessageID)
+	if err != nil || got.Status != store.StatusRelayed {
+		t.Fatalf("after forged statuses: %+v %v, want relayed", got, err)
+	}
+	// The genuine one from dave is applied.
+	_, wire3, err := envelope.NewDeliveryStatus(dave, a.DID(),
+		envelope.Confirmation{MessageID: m.MessageID, EnvelopeDigest: rec.EnvelopeDigest}, now.Add(time.Hour), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := rc.Post(ctx, wire3); err != nil {
+		t.Fatal(err)
+	}
+	a.KickInbox()
+	eventually(t, 30*time.Second, "delivered", func() (bool, string) {
+		got, err := ca.Message(ctx, m.MessageID)
+		if err != nil {
+			return false, err.Error()
+		}
+		return got.Status == store.StatusDelivered, got.Status
+	})
+}

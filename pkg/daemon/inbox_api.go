@@ -1,0 +1,75 @@
+package daemon
+
+import (
+	"cmp"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// serveInbox answers GET /v1/inbox?limit=&after=: received messages (observations)
+// ordered by reception time (newest last), bodies opened. after is the messageId
+// of the last message of the previous page.
+func (d *Daemon) serveInbox(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	after := q.Get("after")
+	limit := DefaultPageSize
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, CodeBadRequest, "limit must be a positive integer")
+			return
+		}
+		limit = min(n, MaxPageSize)
+	}
+	if after != "" && !store.IsUUID(after) {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "after must be a message id")
+		return
+	}
+	var all []client.InboxMessage
+	err := d.st.Scan(r.Context(), store.KindObservations, func(rec store.Record) error {
+		o := rec.(*store.Observation)
+		m := client.InboxMessage{MessageID: o.MessageID, From: o.SenderDID, ReceivedAt: msTime(o.CreatedAt)}
+		if len(o.Facts) > 0 {
+			var fc fact
+			if json.Unmarshal(o.Facts[0], &fc) == nil {
+				m.ReceivedAt = msTime(fc.ReceivedAt)
+				m.Body, _ = base64.StdEncoding.DecodeString(fc.Body)
+			}
+		}
+		if m.Body == nil {
+			m.Body = []byte{}
+		}
+		all = append(all, m)
+		return nil
+	})
+	if err != nil {
+		d.writeStoreError(w, err)
+		return
+	}
+	slices.SortStableFunc(all, func(a, b client.InboxMessage) int {
+		return cmp.Or(a.ReceivedAt.Compare(b.ReceivedAt), cmp.Compare(a.MessageID, b.MessageID))
+	})
+	start := 0
+	if after != "" {
+		i := slices.IndexFunc(all, func(m client.InboxMessage) bool { return m.MessageID == after })
+		if i < 0 {
+			writeError(w, http.StatusBadRequest, CodeBadRequest, "after names no received message")
+			return
+		}
+		start = i + 1
+	}
+	out := client.InboxList{Messages: []client.InboxMessage{}}
+	rest := all[start:]
+	if len(rest) > limit {
+		rest = rest[:limit]
+		out.Next = rest[len(rest)-1].MessageID
+	}
+	out.Messages = append(out.Messages, rest...)
+	writeJSON(w, http.StatusOK, out)
+}
