@@ -172,7 +172,7 @@ func (s *Store) ExpireOperationLeases(ctx context.Context, before time.Time) (in
 	cut, now := before.UnixMilli(), s.nowMs()
 	var ids []string
 	s.mu.Lock()
-	for id, e := range s.indexes[KindOperations].ops {
+	for id, e := range s.indexOf(KindOperations).ops {
 		if e.State != OperationDone && e.CreatedAt < cut && e.LeaseUntil > now {
 			ids = append(ids, id)
 		}

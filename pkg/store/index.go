@@ -160,8 +160,9 @@ func (s *Store) prepareIndex(ctx context.Context, k Kind) error {
 			return err
 		}
 		s.mu.Lock()
-		if cur := s.indexes[k]; cur == old {
-			s.indexes[k] = fresh // unless a publication of ours adopted a newer one meanwhile
+		if cur := s.indexes[k]; cur == old || cur == nil {
+			// (unless a publication of ours installed a newer one meanwhile)
+			s.indexes[k] = fresh
 		}
 		s.mu.Unlock()
 	}
@@ -231,6 +232,15 @@ func (s *Store) indexCurrent(k Kind, ix *index, st Stamp) bool {
 	return true
 }
 
+// indexOf returns k's index, or an empty one if there is none (only possible if
+// preparing it failed). Caller holds s.mu.
+func (s *Store) indexOf(k Kind) *index {
+	if ix := s.indexes[k]; ix != nil {
+		return ix
+	}
+	return newIndex(k, Stamp{})
+}
+
 // Prepare makes the outbox and messages indexes current, in bounded slices that honour
 // ctx, so later operations (and capacity checks under the lock) need no scan.
 func (s *Store) Prepare(ctx context.Context) error {
@@ -247,8 +257,8 @@ func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
 		return nil, err
 	}
 	s.mu.Lock()
-	out := make([]OutboxSummary, 0, len(s.indexes[KindOutbox].outbox))
-	for _, e := range s.indexes[KindOutbox].outbox {
+	out := make([]OutboxSummary, 0, len(s.indexOf(KindOutbox).outbox))
+	for _, e := range s.indexOf(KindOutbox).outbox {
 		if e.Lease != nil {
 			l := *e.Lease
 			e.Lease = &l
@@ -271,8 +281,8 @@ func (s *Store) MessageSummaries(ctx context.Context) ([]MessageSummary, error) 
 		return nil, err
 	}
 	s.mu.Lock()
-	out := make([]MessageSummary, 0, len(s.indexes[KindMessages].messages))
-	for _, e := range s.indexes[KindMessages].messages {
+	out := make([]MessageSummary, 0, len(s.indexOf(KindMessages).messages))
+	for _, e := range s.indexOf(KindMessages).messages {
 		out = append(out, e)
 	}
 	s.mu.Unlock()

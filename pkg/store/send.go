@@ -172,13 +172,13 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 	}
 	s.mu.Lock()
 	pending, total := 0, newBytes
-	for _, e := range s.indexes[KindOutbox].outbox {
+	for _, e := range s.indexOf(KindOutbox).outbox {
 		if e.State == StatePending {
 			pending++
 		}
 		total += e.Bytes
 	}
-	messages := len(s.indexes[KindMessages].messages)
+	messages := len(s.indexOf(KindMessages).messages)
 	s.mu.Unlock()
 	switch {
 	case pending+len(req.Envelopes) > s.limits.PendingEnvelopes:
@@ -257,7 +257,7 @@ func (s *Store) batchOf(ctx context.Context, messageID string) (string, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, e := range s.indexes[KindOutbox].outbox {
+	for _, e := range s.indexOf(KindOutbox).outbox {
 		if e.MessageID == messageID {
 			return e.BatchID, nil
 		}
