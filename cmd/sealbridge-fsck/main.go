@@ -8,11 +8,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -298,35 +298,7 @@ func plural(n int, one, many string) string {
 }
 
 // version is the module version and VCS revision of this binary.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown version)"
-	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
-	var rev, modified string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			modified = s.Value
-		}
-	}
-	if rev != "" {
-		if len(rev) > 12 {
-			rev = rev[:12]
-		}
-		if modified == "true" {
-			rev += "+dirty"
-		}
-		v += " rev " + rev
-	}
-	return v + " " + bi.GoVersion
-}
+func version() string { return buildinfo.Version() }
 
 // document is the --json output (docs/FSCK.md).
 type document struct {

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"io"
 	"log/slog"
 	"net"
@@ -21,7 +22,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -154,19 +154,5 @@ func loadOrCreate(path string) (*identity.Identity, bool, error) {
 	return id, true, nil
 }
 
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown version)"
-	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
-		}
-	}
-	return v
-}
+// version is the module version and VCS revision of this binary.
+func version() string { return buildinfo.Version() }

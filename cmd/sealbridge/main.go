@@ -8,10 +8,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 )
@@ -233,32 +233,8 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// version is the module version and VCS revision from the build info.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown version)"
-	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
-	var rev, modified string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				modified = " (modified)"
-			}
-		}
-	}
-	if rev != "" && !strings.Contains(v, rev[:min(12, len(rev))]) {
-		v += " " + rev[:min(12, len(rev))]
-	}
-	return v + modified + " " + bi.GoVersion
-}
+// version is the module version and VCS revision of this binary.
+func version() string { return buildinfo.Version() }
 
 // shellQuote quotes s for a POSIX shell when needed.
 func shellQuote(s string) string {

@@ -13,11 +13,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/sealbridge/sealbridge/pkg/carrier"
@@ -106,22 +106,5 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown version)"
-	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
-	for _, s := range bi.Settings {
-		switch {
-		case s.Key == "vcs.revision" && len(s.Value) >= 12:
-			v += " " + s.Value[:12]
-		case s.Key == "vcs.modified" && s.Value == "true":
-			v += "+dirty"
-		}
-	}
-	return v
-}
+// version is the module version and VCS revision of this binary.
+func version() string { return buildinfo.Version() }

@@ -14,6 +14,7 @@ const module = "github.com/sealbridge/sealbridge"
 // non-test code may import. The standard library is always allowed.
 var allowed = map[string][]string{
 	"pkg/errcode":        {},
+	"internal/buildinfo": {},
 	"internal/lru":       {},
 	"internal/fsx":       {"golang.org/x/sys"},
 	"internal/lockfile":  {"internal/fsx", "github.com/gofrs/flock", "golang.org/x/sys"},
