@@ -83,7 +83,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *idFile == "" {
 		*idFile = filepath.Join(*home, "relay-identity.pem")
 	}
-	id, created, err := loadOrCreate(*idFile)
+	id, created, err := identity.LoadOrCreateKeyFile(*idFile)
 	if err != nil {
 		fmt.Fprintf(stderr, "sealbridge-relay: %v\n", err)
 		return 1
@@ -134,24 +134,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("relay: stopped", "accepted", r.Stats().Accepted)
 	return 0
-}
-
-// loadOrCreate loads the key file, or creates it with a new identity.
-func loadOrCreate(path string) (*identity.Identity, bool, error) {
-	id, err := identity.LoadKeyFile(path)
-	if err == nil {
-		return id, false, nil
-	}
-	if _, serr := os.Lstat(path); !errors.Is(serr, os.ErrNotExist) {
-		return nil, false, err
-	}
-	if id, err = identity.Generate(); err != nil {
-		return nil, false, err
-	}
-	if err := identity.WriteKeyFile(path, id); err != nil {
-		return nil, false, err
-	}
-	return id, true, nil
 }
 
 // version is the module version and VCS revision of this binary.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -43,7 +42,7 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	keyFile := filepath.Join(root, relayKeyFile)
-	id, created, err := loadOrCreateKey(keyFile)
+	id, created, err := identity.LoadOrCreateKeyFile(keyFile)
 	if err != nil {
 		return err
 	}
@@ -91,22 +90,4 @@ func newRelayServer(r *relay.Relay, log *slog.Logger) *http.Server {
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-}
-
-// loadOrCreateKey loads the key file, or creates it with a new identity.
-func loadOrCreateKey(path string) (*identity.Identity, bool, error) {
-	id, err := identity.LoadKeyFile(path)
-	if err == nil {
-		return id, false, nil
-	}
-	if _, serr := os.Lstat(path); !errors.Is(serr, os.ErrNotExist) {
-		return nil, false, err
-	}
-	if id, err = identity.Generate(); err != nil {
-		return nil, false, err
-	}
-	if err := identity.WriteKeyFile(path, id); err != nil {
-		return nil, false, err
-	}
-	return id, true, nil
 }

@@ -262,3 +262,22 @@ func parseKeyPEM(data []byte) (*Identity, error) {
 	}
 	return id, nil
 }
+
+// LoadOrCreateKeyFile loads the identity in the key file at path, or — only if nothing
+// is there — generates one and writes it (WriteKeyFile's rules). created reports which.
+func LoadOrCreateKeyFile(path string) (id *Identity, created bool, err error) {
+	id, err = LoadKeyFile(path)
+	if err == nil {
+		return id, false, nil
+	}
+	if _, serr := os.Lstat(path); !errors.Is(serr, os.ErrNotExist) {
+		return nil, false, err
+	}
+	if id, err = Generate(); err != nil {
+		return nil, false, err
+	}
+	if err := WriteKeyFile(path, id); err != nil {
+		return nil, false, err
+	}
+	return id, true, nil
+}

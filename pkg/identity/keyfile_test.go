@@ -326,3 +326,22 @@ func TestLoadKeyFileRefusesContent(t *testing.T) {
 		t.Errorf("trailing newline refused: %v", err)
 	}
 }
+
+func TestLoadOrCreateKeyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "relay.key")
+	first, created, err := identity.LoadOrCreateKeyFile(path)
+	if err != nil || !created {
+		t.Fatalf("first call: created=%v err=%v", created, err)
+	}
+	again, created, err := identity.LoadOrCreateKeyFile(path)
+	if err != nil || created || again.DID() != first.DID() {
+		t.Fatalf("second call: created=%v err=%v same=%v", created, err, again != nil && again.DID() == first.DID())
+	}
+	// An unusable file is an error, never silently replaced by a new identity.
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := identity.LoadOrCreateKeyFile(path); !errors.Is(err, identity.ErrKeyFileMode) {
+		t.Fatalf("0644 key file: %v, want ErrKeyFileMode", err)
+	}
+}
