@@ -127,46 +127,76 @@ func (ix *index) copyEntry(old *index, id string) {
 // maxIndexRounds bounds how often an index build repeats because the stamp moved.
 const maxIndexRounds = 8
 
-// prepareIndex brings k's index up to date. If k's stamp moved, it reconciles the
-// index with the directory: one lstat per record, and a verified read only of
-// records whose file fingerprint changed, checking ctx between records.
+// prepareIndex brings k's index up to date, outside the lock. If k's stamp moved, it
+// reconciles the index with the directory: one lstat per record, and a verified read
+// only of records whose file fingerprint changed, checking ctx between records.
 //
-// The result is installed under the stamp the listing was taken at, so it is never
-// newer than it claims: a record changed during the scan is re-read by the next
-// reconciliation, which the moved stamp triggers. If writers keep moving the stamp,
-// the scan is repeated (each time only over what changed) at most maxIndexRounds
-// times and the last result stays installed: a reader outside the lock gets a recent
-// snapshot rather than an error. Under the lock, where no one else publishes, the
-// first round converges.
+// A result is installed under the stamp its listing was taken at, so it never claims
+// to be newer than it is; if writers keep moving the stamp, the scan is repeated (each
+// time only over what changed) at most maxIndexRounds times, and then once more under
+// the lock, where no one else publishes: when it returns nil the index is current as
+// of some moment during the call. It must not be called inside a transaction (it may
+// take the lock); under the lock use prepareIndexHeld.
 func (s *Store) prepareIndex(ctx context.Context, k Kind) error {
 	for round := 0; round < maxIndexRounds; round++ {
-		st, err := s.ListingStamp(k)
-		if err != nil {
+		done, err := s.indexRound(ctx, k)
+		if done || err != nil {
 			return err
 		}
-		s.mu.Lock()
-		old := s.indexes[k]
-		current := s.indexCurrent(k, old, st)
-		s.mu.Unlock()
-		if current {
-			return nil
-		}
-		ids, lst, err := s.list(k)
-		if err != nil {
-			return err
-		}
-		fresh, err := s.reconcile(ctx, k, lst, ids, old)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		if cur := s.indexes[k]; cur == old || cur == nil {
-			// (unless a publication of ours installed a newer one meanwhile)
-			s.indexes[k] = fresh
-		}
-		s.mu.Unlock()
 	}
-	return nil
+	unlock, _, err := s.lockStore(ctx)
+	if err != nil {
+		return err
+	}
+	err = s.prepareIndexHeld(ctx, k)
+	if uerr := unlock(); err == nil {
+		err = uerr
+	}
+	return err
+}
+
+// prepareIndexHeld is prepareIndex for a caller holding the store lock: the stamp can
+// then move only by staged temps (which indexCurrent sees through) or by a change
+// that bypasses the store, so a second round finds the index current.
+func (s *Store) prepareIndexHeld(ctx context.Context, k Kind) error {
+	for round := 0; round < maxIndexRounds; round++ {
+		done, err := s.indexRound(ctx, k)
+		if done || err != nil {
+			return err
+		}
+	}
+	return nil // a foreign writer keeps changing the directory: keep the last scan
+}
+
+// indexRound reports whether k's index is current; if not, it scans once and installs
+// the result under the stamp its listing was taken at.
+func (s *Store) indexRound(ctx context.Context, k Kind) (current bool, err error) {
+	st, err := s.ListingStamp(k)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	old := s.indexes[k]
+	current = s.indexCurrent(k, old, st)
+	s.mu.Unlock()
+	if current {
+		return true, nil
+	}
+	ids, lst, err := s.list(k)
+	if err != nil {
+		return false, err
+	}
+	fresh, err := s.reconcile(ctx, k, lst, ids, old)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	if cur := s.indexes[k]; cur == old || cur == nil {
+		// (unless a publication of ours installed a newer one meanwhile)
+		s.indexes[k] = fresh
+	}
+	s.mu.Unlock()
+	return false, nil
 }
 
 // reconcile builds k's index for ids, reusing old's entries whose file is unchanged.

@@ -160,10 +160,10 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
 // from the outbox and messages indexes: kept current by this process's publications,
 // and reconciled only if another process published to their kind since.
 func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
-	if err := s.prepareIndex(ctx, KindOutbox); err != nil {
+	if err := s.prepareIndexHeld(ctx, KindOutbox); err != nil {
 		return err
 	}
-	if err := s.prepareIndex(ctx, KindMessages); err != nil {
+	if err := s.prepareIndexHeld(ctx, KindMessages); err != nil {
 		return err
 	}
 	var newBytes int64
