@@ -239,22 +239,36 @@ func publishedPaths(log []fsx.Op) map[string]bool {
 	return out
 }
 
-// A short write is never renamed into place.
-func TestShortWriteNeverPublished(t *testing.T) {
+// storeFailing opens a store in a fresh directory whose file system answers err to
+// every call of kind k on a path (the source, or for a rename the destination) under
+// prefix, and performs every other call.
+func storeFailing(t *testing.T, k fsx.OpKind, prefix string, err error) (*store.Store, *fsx.Faulty, *clock, string) {
+	t.Helper()
 	c := &clock{}
 	c.ns.Store(time.Now().UnixNano())
 	dir := t.TempDir()
-	m := newMessage(c.Now())
+	var faulty *fsx.Faulty
 	s := openAt(t, dir, c, func(inner fsx.FS) fsx.FS {
-		f := fsx.NewFaulty(inner)
-		f.Inject = func(op fsx.Op) error {
-			if op.Kind == fsx.OpWrite && strings.HasPrefix(op.Path, "messages/") {
-				return fsx.ErrShortWrite
+		faulty = fsx.NewFaulty(inner)
+		faulty.Inject = func(op fsx.Op) error {
+			p := op.Path
+			if op.Kind == fsx.OpRename {
+				p = op.Path2
+			}
+			if op.Kind == k && strings.HasPrefix(p, prefix) {
+				return err
 			}
 			return nil
 		}
-		return f
+		return faulty
 	})
+	return s, faulty, c, dir
+}
+
+// A short write is never renamed into place.
+func TestShortWriteNeverPublished(t *testing.T) {
+	s, _, c, dir := storeFailing(t, fsx.OpWrite, "messages/", fsx.ErrShortWrite)
+	m := newMessage(c.Now())
 	err := put(context.Background(), s, m)
 	if !errors.Is(err, errcode.OutboxStoreUnwritable) {
 		t.Fatalf("short write: %v", err)
@@ -269,20 +283,7 @@ func TestShortWriteNeverPublished(t *testing.T) {
 
 // EIO on the temp's fsync: no rename, and no retry of the fsync.
 func TestFsyncFailureIsNotRetried(t *testing.T) {
-	c := &clock{}
-	c.ns.Store(time.Now().UnixNano())
-	dir := t.TempDir()
-	var faulty *fsx.Faulty
-	s := openAt(t, dir, c, func(inner fsx.FS) fsx.FS {
-		faulty = fsx.NewFaulty(inner)
-		faulty.Inject = func(op fsx.Op) error {
-			if op.Kind == fsx.OpSync && strings.HasPrefix(op.Path, "messages/") {
-				return syscall.EIO
-			}
-			return nil
-		}
-		return faulty
-	})
+	s, faulty, c, _ := storeFailing(t, fsx.OpSync, "messages/", syscall.EIO)
 	m := newMessage(c.Now())
 	if err := put(context.Background(), s, m); !errors.Is(err, errcode.OutboxStoreUnwritable) {
 		t.Fatalf("fsync EIO: %v", err)
@@ -326,20 +327,7 @@ func TestDirectoryFsyncFailureNotAcknowledged(t *testing.T) {
 
 // EXDEV on rename: an error, and no copy is attempted in its place.
 func TestRenameEXDEVIsAnError(t *testing.T) {
-	c := &clock{}
-	c.ns.Store(time.Now().UnixNano())
-	dir := t.TempDir()
-	var faulty *fsx.Faulty
-	s := openAt(t, dir, c, func(inner fsx.FS) fsx.FS {
-		faulty = fsx.NewFaulty(inner)
-		faulty.Inject = func(op fsx.Op) error {
-			if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, "messages/") {
-				return syscall.EXDEV
-			}
-			return nil
-		}
-		return faulty
-	})
+	s, faulty, c, dir := storeFailing(t, fsx.OpRename, "messages/", syscall.EXDEV)
 	m := newMessage(c.Now())
 	if err := put(context.Background(), s, m); !errors.Is(err, errcode.OutboxStoreUnwritable) || !errors.Is(err, syscall.EXDEV) {
 		t.Fatalf("EXDEV: %v", err)
