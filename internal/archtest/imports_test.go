@@ -15,6 +15,7 @@ const module = "github.com/sealbridge/sealbridge"
 var allowed = map[string][]string{
 	"pkg/errcode":        {},
 	"internal/buildinfo": {},
+	"internal/dataroot":  {},
 	"internal/lru":       {},
 	"internal/fsx":       {"golang.org/x/sys"},
 	"internal/lockfile":  {"internal/fsx", "github.com/gofrs/flock", "golang.org/x/sys"},
