@@ -24,9 +24,6 @@ var stdin io.Reader = os.Stdin
 // maxBodyRead bounds the body send reads; the daemon enforces its own limit.
 const maxBodyRead = 16 << 20
 
-// maxSocketPath is the longest unix socket path Linux accepts (sun_path less NUL).
-const maxSocketPath = 107
-
 // daemonConn is a client of the identity's daemon.
 type daemonConn struct {
 	w   *who
@@ -40,12 +37,7 @@ func (w *who) connect() (*daemonConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	sock := client.SocketPath(w.root, string(id.DID()))
-	if len(sock) > maxSocketPath {
-		return nil, withHint(fmt.Errorf("the daemon's socket path %s is longer than %d bytes, the limit of unix sockets", sock, maxSocketPath),
-			"use a shorter --home")
-	}
-	return &daemonConn{w: w, did: id.DID(), c: client.New(sock)}, nil
+	return &daemonConn{w: w, did: id.DID(), c: client.ForIdentity(w.root, string(id.DID()))}, nil
 }
 
 // explain turns a client error into the command's error: no daemon (exit 3),

@@ -19,8 +19,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/carrier"
-	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -37,7 +38,8 @@ type Options struct {
 	// name (default "default").
 	Home, Identity string
 	Logger         *slog.Logger
-	// SocketPath overrides client.SocketPath(dataRoot, did).
+	// SocketPath overrides the socket path, by default the first of
+	// dataroot.SocketPaths (as client.SocketPath).
 	SocketPath string
 	// DrainTimeout bounds the wait for in-flight attempts at shutdown (default 10 s).
 	DrainTimeout time.Duration
@@ -67,7 +69,6 @@ type Daemon struct {
 	st      *store.Store
 	car     *carrier.Carrier
 	root    string
-	runDir  string
 	socket  string
 	pidFile *os.File
 	started time.Time
@@ -84,8 +85,9 @@ type Daemon struct {
 }
 
 // New loads the identity, opens its store and takes the one-daemon-per-identity lock
-// (flock on <run dir>/sealbridged.pid, which holds the pid). If another daemon holds
-// it the error reads "… already running (pid N)".
+// (flock on dataroot.PIDFile, which holds the pid). If another daemon holds it the
+// error reads "… already running (pid N)". A socket path longer than a unix socket
+// address holds is refused before anything is written.
 func New(opts Options) (*Daemon, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -107,25 +109,36 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	socket := opts.SocketPath
+	if socket == "" {
+		socket = dataroot.SocketPaths(root, string(id.DID()))[0]
+	}
+	if len(socket) > dataroot.MaxSocketPath {
+		hint := fmt.Sprintf("set XDG_RUNTIME_DIR to a short private directory (as systemd does: /run/user/%d) or use a shorter --home", os.Getuid())
+		if opts.SocketPath != "" {
+			hint = "use a shorter socket path"
+		}
+		return nil, errcode.WithHint(fmt.Errorf("the socket path %s is %d bytes, longer than the %d a unix socket address holds",
+			socket, len(socket), dataroot.MaxSocketPath), hint)
+	}
 	st, err := store.Open(id.Signer(), store.Options{Home: root})
 	if err != nil {
 		return nil, err
 	}
-	def := client.SocketPath(root, string(id.DID()))
 	d := &Daemon{opts: opts, log: opts.Logger.With("did", string(id.DID())), id: id, st: st, root: root,
-		runDir: filepath.Dir(def), socket: opts.SocketPath, ready: make(chan struct{}),
+		socket: socket, ready: make(chan struct{}),
 		leasesOK: make(chan struct{}), started: time.Now(), changes: newChangeFeed(opts.ChangeWindow)}
-	if d.socket == "" {
-		d.socket = def
-	}
-	if err := os.MkdirAll(d.runDir, 0o700); err != nil {
-		return nil, fmt.Errorf("run directory: %w", err)
-	}
-	if err := os.Chmod(d.runDir, 0o700); err != nil {
-		return nil, fmt.Errorf("run directory: %w", err)
+	if err := privateDir(filepath.Join(root, dataroot.RunDir)); err != nil {
+		return nil, err
 	}
 	if err := d.lock(); err != nil {
 		return nil, err
+	}
+	if opts.SocketPath == "" {
+		if err := privateDir(filepath.Dir(socket)); err != nil {
+			d.Close()
+			return nil, err
+		}
 	}
 	tr := opts.Transport
 	if tr == nil {
@@ -140,9 +153,38 @@ func New(opts Options) (*Daemon, error) {
 	return d, nil
 }
 
-// lock takes the pid-file lock and writes our pid into it.
+// privateDir creates dir (mode 0700) if it is missing, and refuses it if it is a
+// symlink or not a directory, belongs to another user or is open to group or others.
+func privateDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	switch st, _ := fi.Sys().(*syscall.Stat_t); {
+	case fi.Mode()&os.ModeSymlink != 0:
+		return errcode.WithHint(fmt.Errorf("%s is a symbolic link, not a directory", dir),
+			"remove it; sealbridged creates the directory")
+	case !fi.IsDir():
+		return errcode.WithHint(fmt.Errorf("%s is not a directory", dir), "remove it; sealbridged creates the directory")
+	case st != nil && int(st.Uid) != os.Geteuid():
+		return errcode.WithHint(fmt.Errorf("%s belongs to uid %d, not to this user (uid %d)", dir, st.Uid, os.Geteuid()),
+			"remove it, or run sealbridged as its owner")
+	case fi.Mode().Perm()&0o077 != 0:
+		return errcode.WithHint(fmt.Errorf("%s has mode %#o: group or others may use it", dir, fi.Mode().Perm()),
+			"chmod 700 "+dir)
+	}
+	return nil
+}
+
+// lock takes the pid-file lock and writes our pid into it. The file is never
+// removed: a daemon that opened it while we held the lock takes the lock on this
+// same file once we release it, so unlinking it would let a third daemon lock a
+// new file beside it.
 func (d *Daemon) lock() error {
-	path := filepath.Join(d.runDir, "sealbridged.pid")
+	path := dataroot.PIDFile(d.root, string(d.id.DID()))
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("pid file: %w", err)
@@ -174,11 +216,10 @@ func (d *Daemon) lock() error {
 }
 
 // Close releases the pid lock of a daemon whose Run was never called (Run releases
-// it itself when it returns).
+// it itself when it returns). The pid file stays: it is the lock.
 func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
 		if d.pidFile != nil {
-			_ = os.Remove(d.pidFile.Name())
 			_ = d.pidFile.Close()
 		}
 	})
@@ -290,12 +331,7 @@ func (d *Daemon) listen() (*net.UnixListener, error) {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("%s exists and is not a socket", d.socket)
 		}
-		var c net.Conn
-		err := client.ShortSocketAddr(d.socket, func(addr string) error {
-			var err error
-			c, err = net.DialTimeout("unix", addr, time.Second)
-			return err
-		})
+		c, err := net.DialTimeout("unix", d.socket, time.Second)
 		if err == nil {
 			c.Close()
 			return nil, fmt.Errorf("socket %s is in use by a live process", d.socket)
@@ -305,13 +341,8 @@ func (d *Daemon) listen() (*net.UnixListener, error) {
 			return nil, err
 		}
 	}
-	var ln *net.UnixListener
 	old := syscall.Umask(0o177)
-	err := client.ShortSocketAddr(d.socket, func(addr string) error {
-		var err error
-		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
-		return err
-	})
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: d.socket, Net: "unix"})
 	syscall.Umask(old)
 	if err != nil {
 		return nil, err
