@@ -248,7 +248,7 @@ func (c *Carrier) finish(r passResult) {
 	switch {
 	case r.err != nil:
 		c.storeError(r.err)
-		c.o.Logger.Warn("carrier: store failure, target delayed", "target", r.target, "delay", c.o.StoreFailureDelay, "err", r.err)
+		c.storeWarn("carrier: store failure, target delayed", "target", r.target, "delay", c.o.StoreFailureDelay, "err", r.err)
 		c.blocked[r.target] = now.Add(c.o.StoreFailureDelay)
 		c.event(Event{Kind: EventStoreError, Target: r.target, Err: r.err})
 		return
@@ -260,6 +260,16 @@ func (c *Carrier) finish(r passResult) {
 		delete(c.blocked, r.target)
 	}
 	c.event(Event{Kind: EventStoreOK, Target: r.target})
+}
+
+// storeWarn logs a store failure: a warning, or at debug level when Events
+// receives it (the receiver logs it then).
+func (c *Carrier) storeWarn(msg string, args ...any) {
+	if c.o.Events != nil {
+		c.o.Logger.Debug(msg, args...)
+		return
+	}
+	c.o.Logger.Warn(msg, args...)
 }
 
 func (c *Carrier) storeError(err error) {
@@ -284,7 +294,7 @@ func (c *Carrier) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 			return
 		}
 		c.storeError(err)
-		c.o.Logger.Warn("carrier: the schedule could not be read", "err", err)
+		c.storeWarn("carrier: the schedule could not be read", "err", err)
 		c.arm(now, now.Add(c.o.StoreFailureDelay))
 		c.event(Event{Kind: EventStoreError, Err: err})
 		return

@@ -31,7 +31,6 @@ type condLog struct {
 
 // condition is one key's state: the codes seen since it appeared.
 type condition struct {
-	code  string // the latest
 	since time.Time
 	codes map[string]*condRepeat
 }
@@ -58,7 +57,6 @@ func (c *condLog) warn(key, code, msg string, attrs ...any) bool {
 		cd = &condition{since: now, codes: map[string]*condRepeat{}}
 		c.conds[key] = cd
 	}
-	cd.code = code
 	r := cd.codes[code]
 	if r == nil {
 		r = &condRepeat{}

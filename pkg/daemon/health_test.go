@@ -437,6 +437,11 @@ func TestQueuedMessageShowsLastErrorAndNextAttempt(t *testing.T) {
 	}
 	// The daemon's clock stands still: one warning for the three failures of the
 	// first message, one line for its recovery, one warning for the second's.
+	// (An attempt's event follows its settlement: wait for the lines.)
+	eventually(t, 30*time.Second, "the second message's failure logged", func() (bool, string) {
+		n := len(logs.lines("level=WARN", "delivery: attempt failed", "target="+relayURL, "envelope="+envelopeOf(t, d, m2.MessageID)))
+		return n > 0, fmt.Sprint(n, " lines")
+	})
 	warns := logs.lines("level=WARN", "delivery: attempt failed", "target="+relayURL, "RELAY_BUSY")
 	if len(warns) != 2 {
 		t.Fatalf("%d failure warnings, want 2:\n%s", len(warns), strings.Join(warns, "\n"))
@@ -444,4 +449,20 @@ func TestQueuedMessageShowsLastErrorAndNextAttempt(t *testing.T) {
 	if got := logs.lines("level=INFO", "delivery: the relay accepts again", "target="+relayURL); len(got) != 1 {
 		t.Fatalf("%d recovery lines, want 1", len(got))
 	}
+}
+
+// envelopeOf returns the envelope id of message id.
+func envelopeOf(t *testing.T, d *Daemon, id string) string {
+	t.Helper()
+	sums, err := d.Store().OutboxSummaries(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sums {
+		if s.MessageID == id {
+			return s.EnvelopeID
+		}
+	}
+	t.Fatalf("no envelope of message %s", id)
+	return ""
 }

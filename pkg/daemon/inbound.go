@@ -296,9 +296,11 @@ func (f *follower) poll(ctx context.Context) error {
 					return err
 				}
 				f.d.m.storeError(err)
-				f.d.log.Warn("inbox: processing an envelope", "envelope", ie.EnvelopeID, "err", err)
+				f.d.cond.warn("inbox envelope "+ie.EnvelopeID, errClass(err), "inbox: processing an envelope",
+					"envelope", ie.EnvelopeID, "err", err)
 				continue // not acknowledged: fetched again next time
 			}
+			f.d.cond.clear("inbox envelope "+ie.EnvelopeID, "inbox: envelope processed", "envelope", ie.EnvelopeID)
 			if ack {
 				acks = append(acks, ie.EnvelopeID)
 			}
@@ -464,7 +466,7 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 	if p.state == store.ReceiptPersisted {
 		if !acked {
 			if err := f.rc.ack(ctx, []string{p.envelopeID}); err != nil {
-				d.log.Warn("inbox: acknowledging", "envelope", p.envelopeID, "err", err)
+				f.stuck(p, "inbox: acknowledging", err, "envelope", p.envelopeID)
 				return
 			}
 		}
@@ -474,7 +476,7 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 			next = store.ReceiptTerminal
 		}
 		if err := f.raise(ctx, rid, next, outcome); err != nil {
-			d.log.Warn("inbox: raising a receipt", "envelope", p.envelopeID, "err", err)
+			f.stuck(p, "inbox: raising a receipt", err, "envelope", p.envelopeID)
 			return
 		}
 		p.state = next
@@ -483,13 +485,13 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 		if p.confEnv == "" {
 			if err := f.confirm(ctx, p); err != nil {
 				d.m.storeError(err)
-				d.log.Warn("inbox: sending the delivery status", "envelope", p.envelopeID, "err", err)
+				f.stuck(p, "inbox: sending the delivery status", err, "envelope", p.envelopeID)
 				return
 			}
 		}
 		o, err := store.GetAs[*store.Outbox](d.st, p.confEnv)
 		if err != nil {
-			d.log.Warn("inbox: reading the delivery status", "envelope", p.confEnv, "err", err)
+			f.stuck(p, "inbox: reading the delivery status", err, "envelope", p.confEnv)
 			return
 		}
 		outcome := ""
@@ -506,7 +508,7 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 			return
 		}
 		if err := f.raise(ctx, rid, store.ReceiptTerminal, outcome); err != nil {
-			d.log.Warn("inbox: raising a receipt", "envelope", p.envelopeID, "err", err)
+			f.stuck(p, "inbox: raising a receipt", err, "envelope", p.envelopeID)
 			return
 		}
 		p.state = store.ReceiptTerminal
@@ -515,7 +517,14 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 		f.mu.Lock()
 		delete(f.pending, rid)
 		f.mu.Unlock()
+		d.cond.clear("inbox receipt "+p.envelopeID, "inbox: receipt finished", "envelope", p.envelopeID)
 	}
+}
+
+// stuck logs, as a condition of p's receipt, that advancing it failed: reconcile
+// retries it at every poll.
+func (f *follower) stuck(p *pendingReceipt, msg string, err error, attrs ...any) {
+	f.d.cond.warn("inbox receipt "+p.envelopeID, errClass(err), msg, append(attrs, "err", err)...)
 }
 
 // raise moves receipt rid up to state (never down), setting outcome if given.
