@@ -30,18 +30,26 @@ type SendRequest struct {
 	DeadlineMs int64  `json:"deadline,omitempty"`
 }
 
-// Message is a sent message's status as the daemon reports it.
+// Message is a sent message's status as the daemon reports it. For a queued
+// message, LastError is the last failed attempt's error and NextAttemptAt when the
+// next attempt is due (zero: now, or none scheduled); for a closed one LastError is
+// why it closed.
 type Message struct {
-	MessageID string    `json:"messageId"`
-	Status    string    `json:"status"`
-	ClosedBy  string    `json:"closedBy,omitempty"`
-	LastError string    `json:"lastError,omitempty"`
-	To        string    `json:"to"`
-	RelayURL  string    `json:"relayUrl"`
-	Attempts  int       `json:"attempts"`
-	CreatedAt time.Time `json:"createdAt"`
-	UpdatedAt time.Time `json:"updatedAt"`
-	Deadline  time.Time `json:"deadline"`
+	MessageID     string    `json:"messageId"`
+	Status        string    `json:"status"`
+	ClosedBy      string    `json:"closedBy,omitempty"`
+	LastError     string    `json:"lastError,omitempty"`
+	To            string    `json:"to"`
+	RelayURL      string    `json:"relayUrl"`
+	Attempts      int       `json:"attempts"`
+	NextAttemptAt time.Time `json:"nextAttemptAt,omitzero"`
+	CreatedAt     time.Time `json:"createdAt"`
+	UpdatedAt     time.Time `json:"updatedAt"`
+	Deadline      time.Time `json:"deadline"`
+	// Error, set only on an entry of a list, says that this message's record could
+	// not be read (OUTBOX_STORE_INVALID: run sealbridge-fsck); the entry then carries
+	// only MessageID.
+	Error *Error `json:"error,omitempty"`
 }
 
 // MessageList is one page of GET /v1/messages; Next, if set, is the `after` of the

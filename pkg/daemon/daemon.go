@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -82,6 +83,10 @@ type Daemon struct {
 
 	m       *metrics
 	changes *changeFeed
+	health  *health
+	cond    *condLog
+	clock   carrier.Clock  // the follower's timers and the condition logger's time
+	jitter  func() float64 // the follower's backoff jitter, in [0, 1)
 }
 
 // New loads the identity, opens its store and takes the one-daemon-per-identity lock
@@ -89,6 +94,9 @@ type Daemon struct {
 // error reads "… already running (pid N)". A socket path longer than a unix socket
 // address holds is refused before anything is written.
 func New(opts Options) (*Daemon, error) {
+	if err := checkOptions(opts); err != nil {
+		return nil, err
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -127,7 +135,9 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d := &Daemon{opts: opts, log: opts.Logger.With("did", string(id.DID())), id: id, st: st, root: root,
 		socket: socket, ready: make(chan struct{}),
-		leasesOK: make(chan struct{}), started: time.Now(), changes: newChangeFeed(opts.ChangeWindow)}
+		leasesOK: make(chan struct{}), started: time.Now(), changes: newChangeFeed(opts.ChangeWindow),
+		health: newHealth(), clock: carrier.WallClock(), jitter: rand.Float64}
+	d.cond = newCondLog(d.log, d.now)
 	if err := privateDir(filepath.Join(root, dataroot.RunDir)); err != nil {
 		return nil, err
 	}
@@ -147,6 +157,11 @@ func New(opts Options) (*Daemon, error) {
 	co := opts.Carrier
 	if co.Logger == nil {
 		co.Logger = d.log
+	}
+	if user := co.Events; user != nil {
+		co.Events = func(e carrier.Event) { d.carrierEvent(e); user(e) }
+	} else {
+		co.Events = d.carrierEvent
 	}
 	d.car = carrier.New(st, tr, co)
 	d.m = newMetrics(d)
@@ -357,32 +372,48 @@ func (d *Daemon) listen() (*net.UnixListener, error) {
 
 // startup expires the leases of operations a dead daemon left in flight (only one
 // daemon per identity runs, so they are orphans), then prepares the indexes. It runs
-// in the background: the API is served meanwhile.
+// in the background: the API is served meanwhile. Each step is retried until it
+// succeeds; a failure is a health problem, logged when it appears and when it clears.
 func (d *Daemon) startup(ctx context.Context) {
 	for attempt := 0; ; attempt++ {
 		n, err := d.st.ExpireOperationLeases(ctx, d.started)
 		if err == nil {
+			d.recovered("startup leases", "daemon: operation leases expired")
 			if n > 0 {
 				d.log.Info("daemon: took over operations left in flight", "operations", n)
 			}
 			break
 		}
-		d.m.storeError(err)
-		d.log.Warn("daemon: expiring operation leases", "err", err)
+		if ctx.Err() != nil {
+			return
+		}
+		d.problem("startup leases", "daemon: expiring operation leases", err)
 		if !sleepCtx(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
 			return
 		}
 	}
 	close(d.leasesOK)
-	if err := d.st.Prepare(ctx); err != nil {
-		d.m.storeError(err)
-		d.log.Warn("daemon: preparing indexes", "err", err)
-		return
+	for attempt := 0; ; attempt++ {
+		err := d.st.Prepare(ctx)
+		if err == nil {
+			d.recovered("startup indexes", "daemon: indexes prepared")
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		d.problem("startup indexes", "daemon: preparing indexes", err)
+		if !sleepCtx(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
+			return
+		}
 	}
 	d.prepared.Store(true)
 	d.car.Kick()
 }
 
+// maintain runs store maintenance every MaintainEvery. A failed pass, or steps
+// that failed, are logged as a condition (when it appears, at most once a minute
+// while it repeats, and when it clears).
 func (d *Daemon) maintain(ctx context.Context) {
 	t := time.NewTicker(d.opts.MaintainEvery)
 	defer t.Stop()
@@ -393,11 +424,18 @@ func (d *Daemon) maintain(ctx context.Context) {
 		case <-t.C:
 		}
 		rep, err := d.st.Maintain(ctx)
+		if err == nil && len(rep.Errors) > 0 {
+			err = rep.Errors[0]
+		}
 		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
 			d.m.storeError(err)
-			d.log.Warn("daemon: maintenance", "err", err)
+			d.cond.warn("maintenance", errClass(err), "daemon: maintenance", "failed_steps", len(rep.Errors), "err", err)
 			continue
 		}
+		d.cond.clear("maintenance", "daemon: maintenance works again")
 		d.log.Debug("daemon: maintenance", "report", fmt.Sprintf("%+v", rep))
 	}
 }
