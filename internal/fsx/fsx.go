@@ -72,6 +72,10 @@ type File interface {
 	// once).
 	Sync() error
 	Stat() (Info, error)
+	// SetTimes sets the file's access and modification times, in nanoseconds since
+	// the epoch (futimens); the file system keeps what its timestamp granularity
+	// allows. Only ProbeGranularity uses it, on an unnamed file.
+	SetTimes(atimeNs, mtimeNs int64) error
 	Close() error
 	// Fd returns the descriptor, for flock.
 	Fd() uintptr
