@@ -57,6 +57,9 @@ type Options struct {
 	// no inbound. PollEvery is the period of its fetches (default 1 s).
 	InboxRelay string
 	PollEvery  time.Duration
+	// Store holds further options of the identity's store (tests inject faults with
+	// its WrapFS); its Home and Dir are ignored.
+	Store store.Options
 }
 
 // Daemon is one running sealbridged.
@@ -107,7 +110,9 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := store.Open(id.Signer(), store.Options{Home: root})
+	so := opts.Store
+	so.Home, so.Dir = root, ""
+	st, err := store.Open(id.Signer(), so)
 	if err != nil {
 		return nil, err
 	}
