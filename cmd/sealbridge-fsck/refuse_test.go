@@ -270,3 +270,33 @@ func TestSourceTreeRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestIdentityByName: --identity takes a name, as in sealbridge and sealbridged,
+// looked up in the data root (the one of --home, or the one holding STORE-DIR);
+// $SEALBRIDGE_IDENTITY names it when --identity is not given.
+func TestIdentityByName(t *testing.T) {
+	root, dir, _ := dataRoot(t)
+	for _, c := range []struct {
+		args []string
+		env  string
+		code int
+		want string // in stdout or stderr
+	}{
+		{args: []string{"--json", "--identity", "default", dir}, code: exitProblems, want: `"ownerSource": "given"`},
+		{args: []string{"--identity", "other", dir}, code: exitOperational, want: "store directory of another identity"},
+		{args: []string{"--json", "--home", root}, env: "other", code: exitOperational, want: "does not exist"},
+		{args: []string{"--json", "--home", root}, env: "default", code: exitProblems, want: `"store": "` + dir + `"`},
+		{args: []string{"--home", root, "--identity", "nobody"}, code: exitOperational, want: "no identity nobody at " + root + "/identities/nobody.key"},
+	} {
+		t.Setenv(identityEnv, c.env)
+		r := runArgs(t, c.args...)
+		if r.code != c.code || !strings.Contains(r.stdout+r.stderr, c.want) {
+			t.Errorf("%v ($%s=%q): exit %d (want %d, with %q)\n%s%s", c.args, identityEnv, c.env, r.code, c.code, c.want, r.stdout, r.stderr)
+		}
+	}
+	// The repair command printed for a named identity repeats the name.
+	r := runArgs(t, "--json", "--home", root, "--identity", "default")
+	if d := doc(t, r); d.RepairCommand != "sealbridge-fsck --repair --home "+root+" --identity default" {
+		t.Fatalf("repairCommand %q", d.RepairCommand)
+	}
+}
