@@ -5,16 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // DefaultIdentity is the identity name used when none is given.
-const DefaultIdentity = "default"
-
-var identityName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$`)
+const DefaultIdentity = dataroot.DefaultIdentity
 
 // IdentityPath returns the key file of identity name under the data root home:
 // <home>/identities/<name>.key (a PKCS#8 PEM file, mode 0600). An empty name is
@@ -23,15 +21,15 @@ func IdentityPath(home, name string) string {
 	if name == "" {
 		name = DefaultIdentity
 	}
-	return filepath.Join(home, "identities", name+".key")
+	return dataroot.KeyFile(home, name)
 }
 
 func keyPath(home, name string) (string, error) {
 	if name == "" {
 		name = DefaultIdentity
 	}
-	if !identityName.MatchString(name) {
-		return "", fmt.Errorf("identity name %q: use letters, digits, '.', '_' and '-'", name)
+	if err := dataroot.CheckIdentityName(name); err != nil {
+		return "", err
 	}
 	root, err := store.DataRoot(home)
 	if err != nil {
