@@ -41,7 +41,11 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv("SEALBRIDGE_E2E_CARRIER_STORE"); dir != "" {
 		os.Exit(carrierMain(dir))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
 // fastOptions are carrier options that make an hour of schedule take a second.
