@@ -94,7 +94,7 @@ func startRelayProcess(t *testing.T, bin string) string {
 	select {
 	case u := <-lines:
 		return u
-	case <-time.After(20 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("relay did not start")
 	}
 	return ""
@@ -119,7 +119,7 @@ func startDaemonProcess(t *testing.T, bin, home string, c *client.Client) *daemo
 		cmd.Process.Signal(syscall.SIGTERM)
 		<-p.done
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for c.Ready(context.Background()) != nil {
 		select {
 		case <-p.done:
@@ -206,7 +206,7 @@ func TestDaemonCrashIdempotentResend(t *testing.T) {
 	// Phase 2: the same 200 requests with the same keys.
 	ids := make([]string, n)
 	for i := 0; i < n; i++ {
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(60 * time.Second)
 		for {
 			m, err := c.Send(context.Background(), req(i), key(i))
 			if err == nil {
