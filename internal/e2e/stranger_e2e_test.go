@@ -204,7 +204,7 @@ func TestStrangerFirstUse(t *testing.T) {
 	start := time.Now()
 	bin := buildCommands(t)
 	u := newStranger(t, bin)
-	t.Logf("HOME=%s (%d characters), XDG_RUNTIME_DIR=%s; binaries built in %s", u.home, len(u.home), u.runtime, time.Since(start).Round(time.Millisecond))
+	t.Logf("HOME=%s (%d characters), XDG_RUNTIME_DIR=%s; binaries ready after %s", u.home, len(u.home), u.runtime, time.Since(start).Round(time.Millisecond))
 	root := filepath.Join(u.home, ".local", "state", "sealbridge")
 
 	// init, without --home: the keys land in the default data root.
