@@ -318,8 +318,11 @@ type cached struct {
 	racy bool // cached within the racy window of the file's ctime
 }
 
-func (s *Store) isRacy(tsNs int64) bool {
-	return s.now().UnixNano()-tsNs < int64(s.racyWindow())
+func (s *Store) isRacy(tsNs int64) bool { return s.racyAt(s.now(), tsNs) }
+
+// racyAt reports whether the file-system timestamp tsNs is racy as of now.
+func (s *Store) racyAt(now time.Time, tsNs int64) bool {
+	return now.UnixNano()-tsNs < int64(s.racyWindow())
 }
 
 // racyWindow returns this store's racy window, probing the file system's timestamp
@@ -560,6 +563,7 @@ func (s *Store) readDirIDs(k Kind) ([]string, error) {
 // the new generation. Anything that was not current before is dropped.
 func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerprint, before Stamp, oldGen, newGen int64) {
 	after, err := s.ListingStamp(k)
+	racy := s.isRacy(fp.CtimeNs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for kind, c := range s.listings {
@@ -592,7 +596,7 @@ func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerpri
 		if err != nil || !s.indexCurrent(k, ix, before) {
 			delete(s.indexes, k)
 		} else {
-			ix.apply(id, rec, fp)
+			ix.apply(id, rec, fp, racy)
 			ix.stamp = after
 		}
 	}
