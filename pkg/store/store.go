@@ -320,7 +320,9 @@ type cached struct {
 
 func (s *Store) isRacy(tsNs int64) bool { return s.racyAt(s.now(), tsNs) }
 
-// racyAt reports whether the file-system timestamp tsNs is racy as of now.
+// racyAt reports whether the file-system timestamp tsNs is racy as of now. What is
+// read is judged by the clock read before the read began: a change that lands
+// between the read and a later clock reading could still keep the timestamp.
 func (s *Store) racyAt(now time.Time, tsNs int64) bool {
 	return now.UnixNano()-tsNs < int64(s.racyWindow())
 }
@@ -348,8 +350,10 @@ func (s *Store) racyWindow() time.Duration {
 	return w
 }
 
-func (s *Store) remember(path string, data []byte, fp fsx.Fingerprint, rec Record) {
-	s.cache.Add(path, &cached{fp: fp, data: data, rec: rec, racy: s.isRacy(fp.CtimeNs)}, int64(len(data)))
+// remember caches rec, read (or written) as data from the file with fingerprint fp,
+// judged racy or not as of now, a clock reading taken before the file was read.
+func (s *Store) remember(path string, data []byte, fp fsx.Fingerprint, rec Record, now time.Time) {
+	s.cache.Add(path, &cached{fp: fp, data: data, rec: rec, racy: s.racyAt(now, fp.CtimeNs)}, int64(len(data)))
 }
 
 // read returns the verified record at kind/id, or nil if absent. Any failure evicts
@@ -385,15 +389,17 @@ func (s *Store) readFP(k Kind, id string) (Record, fsx.Fingerprint, error) {
 		}
 		// A racy entry: the inode may have been rewritten within the same tick.
 		// Compare the bytes instead of trusting the fingerprint alone.
+		now := s.now()
 		data, rinfo, err := fsx.ReadFile(s.fs, path, s.limits.MaxBytes(k))
 		if err == nil && rinfo.Fingerprint() == fp && bytes.Equal(data, c.data) {
-			if !s.isRacy(fp.CtimeNs) {
+			if !s.racyAt(now, fp.CtimeNs) {
 				s.cache.Add(path, &cached{fp: fp, data: c.data, rec: c.rec}, int64(len(c.data)))
 			}
 			return c.rec, fp, nil
 		}
 	}
 	s.cache.Remove(path)
+	now := s.now()
 	data, rinfo, err := fsx.ReadFile(s.fs, path, s.limits.MaxBytes(k))
 	if err != nil {
 		if fsx.IsNotExist(err) {
@@ -410,7 +416,7 @@ func (s *Store) readFP(k Kind, id string) (Record, fsx.Fingerprint, error) {
 	}
 	// Cache only if the path still names the file we read, unchanged.
 	if after, err := s.fs.Lstat(path); err == nil && after.Fingerprint() == rinfo.Fingerprint() {
-		s.remember(path, data, rinfo.Fingerprint(), rec)
+		s.remember(path, data, rinfo.Fingerprint(), rec, now)
 	}
 	return rec, rinfo.Fingerprint(), nil
 }
@@ -488,6 +494,13 @@ func (s *Store) ListingStamp(k Kind) (Stamp, error) {
 	return Stamp{Dir: info.DirStamp(), Gen: gen}, nil
 }
 
+// stampRacyAt reports whether the listing stamp st is racy as of now: within the racy
+// window of its directory's mtime or ctime, so that a later change to the directory
+// may leave the stamp as it is.
+func (s *Store) stampRacyAt(now time.Time, st Stamp) bool {
+	return !st.Absent && (s.racyAt(now, st.Dir.MtimeNs) || s.racyAt(now, st.Dir.CtimeNs))
+}
+
 // listing is a cached sorted id list of one kind.
 type listing struct {
 	stamp Stamp
@@ -522,11 +535,12 @@ func (s *Store) list(k Kind) ([]string, Stamp, error) {
 	if st.Absent {
 		return nil, st, nil
 	}
+	now := s.now()
 	ids, err := s.readDirIDs(k)
 	if err != nil {
 		return nil, st, err
 	}
-	racy := s.isRacy(st.Dir.MtimeNs) || s.isRacy(st.Dir.CtimeNs)
+	racy := s.stampRacyAt(now, st)
 	s.mu.Lock()
 	s.listings[k] = &listing{stamp: st, racy: racy, ids: ids}
 	s.mu.Unlock()
@@ -557,13 +571,14 @@ func (s *Store) readDirIDs(k Kind) ([]string, error) {
 }
 
 // adoptPublication updates this process's listings and indexes after it published
-// (rec != nil) or removed (rec == nil) kind/id under the lock. The generation moved
-// from oldGen to newGen and only k's directory changed, so k's cached list and index
-// are patched and move to k's new stamp, and every other kind's cached stamp takes
-// the new generation. Anything that was not current before is dropped.
-func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerprint, before Stamp, oldGen, newGen int64) {
+// (rec != nil, from the file with fingerprint fp, racy if fp was taken within the
+// racy window of its ctime) or removed (rec == nil) kind/id under the lock. The
+// generation moved from oldGen to newGen and only k's directory changed, so k's
+// cached list and index are patched and move to k's new stamp, and every other
+// kind's cached stamp takes the new generation. Anything that was not current before
+// is dropped.
+func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerprint, racy bool, before Stamp, oldGen, newGen int64) {
 	after, err := s.ListingStamp(k)
-	racy := s.isRacy(fp.CtimeNs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for kind, c := range s.listings {
