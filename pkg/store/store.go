@@ -494,6 +494,13 @@ func (s *Store) ListingStamp(k Kind) (Stamp, error) {
 	return Stamp{Dir: info.DirStamp(), Gen: gen}, nil
 }
 
+// StampRacy reports whether the listing stamp st, just taken, is racy: a later change
+// to the kind's directory within the same timestamp tick may leave the stamp as it
+// is. A caller that detects changes by comparing stamps must not take an equal stamp
+// for "unchanged" if the earlier one was racy when taken (the store's cached listings
+// follow the same rule). Ask before reading what the stamp stands for.
+func (s *Store) StampRacy(st Stamp) bool { return s.stampRacyAt(s.now(), st) }
+
 // stampRacyAt reports whether the listing stamp st is racy as of now: within the racy
 // window of its directory's mtime or ctime, so that a later change to the directory
 // may leave the stamp as it is.
