@@ -256,29 +256,40 @@ func (d *Daemon) detectChanges(ctx context.Context) {
 // detector is the change detector's state between polls.
 type detector struct {
 	d        *Daemon
-	stamps   map[store.Kind]store.Stamp
+	stamps   map[store.Kind]seenStamp
 	baseline bool
+}
+
+// seenStamp is the listing stamp a kind was last scanned at, and whether it was racy
+// then: a racy stamp may stay the same across a change, so it is scanned again.
+type seenStamp struct {
+	stamp store.Stamp
+	racy  bool
 }
 
 var detectorKinds = []store.Kind{store.KindMessages, store.KindOutbox, store.KindReceipts, store.KindObservations}
 
 func (d *Daemon) newDetector() *detector {
-	return &detector{d: d, stamps: map[store.Kind]store.Stamp{}, baseline: true}
+	return &detector{d: d, stamps: map[store.Kind]seenStamp{}, baseline: true}
 }
 
-// poll checks every kind once. A kind that cannot be listed or read is a health
-// problem ("changes <kind>"), logged as a condition, until a later poll reads it;
-// then the problems the API met are read again.
+// poll checks every kind once: a kind is scanned when its listing stamp moved since
+// the last scan, or did not but was racy then (a change within the file system's
+// timestamp tick can leave the stamp as it is). A kind that cannot be listed or read
+// is a health problem ("changes <kind>"), logged as a condition, until a later poll
+// reads it; then the problems the API met are read again.
 func (dt *detector) poll(ctx context.Context) {
 	d, f := dt.d, dt.d.changes
 	ok := true
 	for _, k := range detectorKinds {
 		key := "changes " + string(k)
 		st, err := d.st.ListingStamp(k)
+		racy := false
 		if err == nil {
-			if old, seen := dt.stamps[k]; seen && old == st {
+			if old, seen := dt.stamps[k]; seen && old.stamp == st && !old.racy {
 				continue
 			}
+			racy = d.st.StampRacy(st) // judged before the scan reads what st stands for
 			err = d.scanKind(ctx, k, dt.baseline)
 		}
 		if err != nil {
@@ -288,7 +299,7 @@ func (dt *detector) poll(ctx context.Context) {
 			}
 			continue
 		}
-		dt.stamps[k] = st
+		dt.stamps[k] = seenStamp{stamp: st, racy: racy}
 		d.recovered(key, "daemon: change detector: the store reads again", "kind", k)
 	}
 	if dt.baseline && ok {

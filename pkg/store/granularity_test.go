@@ -22,10 +22,12 @@ import (
 // directory's ctime as its mtime, which the tests set back to the same whole second
 // after every change, so a same-size rewrite on the same inode keeps the whole
 // fingerprint and a directory change keeps the listing stamp. It counts the opens of
-// record files and the directory listings.
+// record files and the directory listings, and calls read (if set) when a record
+// file is closed (read(false)) and when a directory has been listed (read(true)).
 type sameSecondFS struct {
 	*fsx.Coarse
 	opens, readDirs *atomic.Int64
+	read            func(listing bool)
 }
 
 func (f sameSecondFS) Lstat(name string) (fsx.Info, error) {
@@ -42,15 +44,33 @@ func (f sameSecondFS) OpenFile(name string, flag int, perm uint32) (fsx.File, er
 	if err != nil {
 		return nil, err
 	}
-	return sameSecondFile{file}, nil
+	if strings.HasSuffix(name, ".json") && f.read != nil {
+		return sameSecondFile{File: file, closed: func() { f.read(false) }}, nil
+	}
+	return sameSecondFile{File: file}, nil
 }
 
 func (f sameSecondFS) ReadDir(name string) ([]fsx.DirEntry, error) {
 	f.readDirs.Add(1)
-	return f.Coarse.ReadDir(name)
+	ents, err := f.Coarse.ReadDir(name)
+	if f.read != nil {
+		f.read(true)
+	}
+	return ents, err
 }
 
-type sameSecondFile struct{ fsx.File }
+type sameSecondFile struct {
+	fsx.File
+	closed func()
+}
+
+func (f sameSecondFile) Close() error {
+	err := f.File.Close()
+	if f.closed != nil {
+		f.closed()
+	}
+	return err
+}
 
 func (f sameSecondFile) Stat() (fsx.Info, error) {
 	info, err := f.File.Stat()
@@ -62,6 +82,8 @@ func (f sameSecondFile) Stat() (fsx.Info, error) {
 type oneSecond struct {
 	s               *store.Store
 	now             atomic.Int64 // the store's clock, ns since the epoch
+	jumpFile        atomic.Int64 // if not 0, the clock after the next record file read
+	jumpListing     atomic.Int64 // if not 0, the clock after the next directory listing
 	opens, readDirs atomic.Int64
 }
 
@@ -75,13 +97,32 @@ func openOneSecond(t *testing.T, dir string, at time.Duration) *oneSecond {
 	o.s = openStore(t, store.Options{Dir: dir,
 		Now: func() time.Time { return time.Unix(0, o.now.Load()) },
 		WrapFS: func(inner fsx.FS) fsx.FS {
-			return sameSecondFS{Coarse: fsx.NewCoarse(inner, time.Second), opens: &o.opens, readDirs: &o.readDirs}
+			return sameSecondFS{Coarse: fsx.NewCoarse(inner, time.Second), opens: &o.opens, readDirs: &o.readDirs,
+				read: func(listing bool) {
+					jump := &o.jumpFile
+					if listing {
+						jump = &o.jumpListing
+					}
+					if j := jump.Swap(0); j != 0 {
+						o.now.Store(j)
+					}
+				}}
 		}})
 	return o
 }
 
 // at sets the store's clock to d after sameSecond.
 func (o *oneSecond) at(d time.Duration) { o.now.Store(sameSecond.Add(d).UnixNano()) }
+
+// jumpDuringFileRead sets the store's clock to d after sameSecond as soon as the next
+// record file read is closed, and jumpDuringListing as soon as the next directory
+// listing has been read: the read began before that time and ended after it.
+func (o *oneSecond) jumpDuringFileRead(d time.Duration) {
+	o.jumpFile.Store(sameSecond.Add(d).UnixNano())
+}
+func (o *oneSecond) jumpDuringListing(d time.Duration) {
+	o.jumpListing.Store(sameSecond.Add(d).UnixNano())
+}
 
 // setSameSecond sets path's mtime to sameSecond.
 func setSameSecond(t *testing.T, path string) {
@@ -286,4 +327,60 @@ func TestOneSecondFSListingChangeNeverHidden(t *testing.T) {
 	if got := o.readDirs.Load(); got != n {
 		t.Fatalf("a listing taken after the racy window read the directory %d more times; want 0", got-n)
 	}
+}
+
+// A read is judged racy by the clock read before it began: a read that starts inside
+// the racy window and ends after it (the clock jumps to the window's end while the
+// file or directory is read) leaves a racy cache entry, listing and index entry, so a
+// same-second change that landed after the read is still seen.
+func TestOneSecondFSRacyJudgedByClockBeforeRead(t *testing.T) {
+	const window = time.Second + 20*time.Millisecond
+	t.Run("cache", func(t *testing.T) {
+		dir := t.TempDir()
+		m, path, _ := oneSecondMessage(t, dir)
+		o := openOneSecond(t, dir, 500*time.Millisecond)
+		o.jumpDuringFileRead(window)
+		if got, err := getMessage(t, o.s, m.MessageID); err != nil || got == nil || got.Attempts != 0 {
+			t.Fatalf("first Get = %+v, %v", got, err)
+		}
+		overwriteSameSecond(t, path, signed(t, m, 1))
+		if got, err := getMessage(t, o.s, m.MessageID); err != nil || got == nil || got.Attempts != 1 {
+			t.Fatalf("after a same-second rewrite: Get = %+v, %v (the cached old version was served)", got, err)
+		}
+	})
+	t.Run("listing", func(t *testing.T) {
+		dir := t.TempDir()
+		a := newMessage(t, time.Now())
+		w := openStore(t, store.Options{Dir: dir})
+		mustPut(t, w, a)
+		kindDir := filepath.Join(dir, "messages")
+		setSameSecond(t, kindDir)
+		o := openOneSecond(t, dir, 500*time.Millisecond)
+		o.jumpDuringListing(window)
+		if ids, err := o.s.List(store.KindMessages); err != nil || !slices.Equal(ids, []string{a.MessageID}) {
+			t.Fatalf("first List = %v, %v", ids, err)
+		}
+		if err := os.Remove(filepath.Join(kindDir, a.MessageID+".json")); err != nil {
+			t.Fatal(err)
+		}
+		setSameSecond(t, kindDir)
+		if ids, err := o.s.List(store.KindMessages); err != nil || len(ids) != 0 {
+			t.Fatalf("after a same-second removal: List = %v, %v (the cached listing was served)", ids, err)
+		}
+	})
+	t.Run("index", func(t *testing.T) {
+		dir := t.TempDir()
+		m, path, _ := oneSecondMessage(t, dir)
+		o := openOneSecond(t, dir, 500*time.Millisecond)
+		writer := openStore(t, store.Options{Dir: dir})
+		o.jumpDuringFileRead(window)
+		if e, err := messageSummary(t, o.s, m.MessageID); err != nil || e.Attempts != 0 {
+			t.Fatalf("first index read: %+v, %v", e, err)
+		}
+		publishOther(t, writer, dir)
+		overwriteSameSecond(t, path, signed(t, m, 1))
+		if e, err := messageSummary(t, o.s, m.MessageID); err != nil || e.Attempts != 1 {
+			t.Fatalf("after a same-second rewrite: index entry %+v, %v (the old summary was kept)", e, err)
+		}
+	})
 }

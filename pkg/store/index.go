@@ -46,6 +46,7 @@ type MessageSummary struct {
 type index struct {
 	stamp    Stamp
 	fps      map[string]fsx.Fingerprint // the file each entry summarizes
+	racy     map[string]bool            // entries fingerprinted within the racy window of the file's ctime
 	outbox   map[string]OutboxSummary
 	messages map[string]MessageSummary
 	ops      map[string]OperationSummary
@@ -80,7 +81,7 @@ func summarizeMessage(r *Message) MessageSummary {
 }
 
 func newIndex(k Kind, st Stamp) *index {
-	ix := &index{stamp: st, fps: map[string]fsx.Fingerprint{}}
+	ix := &index{stamp: st, fps: map[string]fsx.Fingerprint{}, racy: map[string]bool{}}
 	switch k {
 	case KindOutbox:
 		ix.outbox = map[string]OutboxSummary{}
@@ -92,9 +93,15 @@ func newIndex(k Kind, st Stamp) *index {
 	return ix
 }
 
-// apply records rec (nil: removed), read from the file with fingerprint fp, under id.
-func (ix *index) apply(id string, rec Record, fp fsx.Fingerprint) {
+// apply records rec (nil: removed), read from the file with fingerprint fp, under id;
+// racy says fp was taken within the racy window of the file's ctime.
+func (ix *index) apply(id string, rec Record, fp fsx.Fingerprint, racy bool) {
 	ix.fps[id] = fp
+	if racy {
+		ix.racy[id] = true
+	} else {
+		delete(ix.racy, id)
+	}
 	switch r := rec.(type) {
 	case *Outbox:
 		ix.outbox[id] = summarizeOutbox(r)
@@ -105,6 +112,7 @@ func (ix *index) apply(id string, rec Record, fp fsx.Fingerprint) {
 			LeaseUntil: r.LeaseUntil, RetainUntil: r.RetainUntil, Bytes: int64(len(r.Response))}
 	case nil:
 		delete(ix.fps, id)
+		delete(ix.racy, id)
 		delete(ix.outbox, id)
 		delete(ix.messages, id)
 		delete(ix.ops, id)
@@ -114,6 +122,9 @@ func (ix *index) apply(id string, rec Record, fp fsx.Fingerprint) {
 // copyEntry copies id's entry from old.
 func (ix *index) copyEntry(old *index, id string) {
 	ix.fps[id] = old.fps[id]
+	if old.racy[id] {
+		ix.racy[id] = true
+	}
 	if e, ok := old.outbox[id]; ok {
 		ix.outbox[id] = e
 	}
@@ -211,7 +222,10 @@ func (s *Store) indexRound(ctx context.Context, k Kind) (current bool, err error
 }
 
 // reconcile builds k's index for ids, reusing old's entries whose file is unchanged.
-// old is only read: entries are copied under s.mu.
+// An entry whose fingerprint was racy when taken is not reused on the fingerprint
+// alone (the file may have been rewritten within the same tick): it is read and
+// verified again, and trusted from then on once the racy window has passed. old is
+// only read: entries are copied under s.mu.
 func (s *Store) reconcile(ctx context.Context, k Kind, st Stamp, ids []string, old *index) (*index, error) {
 	fresh := newIndex(k, st)
 	for _, id := range ids {
@@ -229,20 +243,22 @@ func (s *Store) reconcile(ctx context.Context, k Kind, st Stamp, ids []string, o
 		if old != nil {
 			s.mu.Lock()
 			known, ok := old.fps[id]
-			if ok && known == fp {
+			reuse := ok && known == fp && !old.racy[id]
+			if reuse {
 				fresh.copyEntry(old, id)
 			}
 			s.mu.Unlock()
-			if ok && known == fp {
+			if reuse {
 				continue
 			}
 		}
-		r, err := s.read(k, id)
+		now := s.now() // before the read: what is read then is racy or not as of now
+		r, rfp, err := s.readFP(k, id)
 		if err != nil {
 			return nil, err
 		}
 		if r != nil {
-			fresh.apply(id, r, fp)
+			fresh.apply(id, r, rfp, s.racyAt(now, rfp.CtimeNs))
 		}
 	}
 	return fresh, nil

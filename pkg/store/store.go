@@ -322,8 +322,13 @@ type cached struct {
 	racy bool // cached within the racy window of the file's ctime
 }
 
-func (s *Store) isRacy(tsNs int64) bool {
-	return s.now().UnixNano()-tsNs < int64(s.racyWindow())
+func (s *Store) isRacy(tsNs int64) bool { return s.racyAt(s.now(), tsNs) }
+
+// racyAt reports whether the file-system timestamp tsNs is racy as of now. What is
+// read is judged by the clock read before the read began: a change that lands
+// between the read and a later clock reading could still keep the timestamp.
+func (s *Store) racyAt(now time.Time, tsNs int64) bool {
+	return now.UnixNano()-tsNs < int64(s.racyWindow())
 }
 
 // racyWindow returns this store's racy window, probing the file system's timestamp
@@ -349,8 +354,10 @@ func (s *Store) racyWindow() time.Duration {
 	return w
 }
 
-func (s *Store) remember(path string, data []byte, fp fsx.Fingerprint, rec Record) {
-	s.cache.Add(path, &cached{fp: fp, data: data, rec: rec, racy: s.isRacy(fp.CtimeNs)}, int64(len(data)))
+// remember caches rec, read (or written) as data from the file with fingerprint fp,
+// judged racy or not as of now, a clock reading taken before the file was read.
+func (s *Store) remember(path string, data []byte, fp fsx.Fingerprint, rec Record, now time.Time) {
+	s.cache.Add(path, &cached{fp: fp, data: data, rec: rec, racy: s.racyAt(now, fp.CtimeNs)}, int64(len(data)))
 }
 
 // read returns the verified record at kind/id, or nil if absent. Any failure evicts
@@ -386,15 +393,17 @@ func (s *Store) readFP(k Kind, id string) (Record, fsx.Fingerprint, error) {
 		}
 		// A racy entry: the inode may have been rewritten within the same tick.
 		// Compare the bytes instead of trusting the fingerprint alone.
+		now := s.now()
 		data, rinfo, err := fsx.ReadFile(s.fs, path, s.limits.MaxBytes(k))
 		if err == nil && rinfo.Fingerprint() == fp && bytes.Equal(data, c.data) {
-			if !s.isRacy(fp.CtimeNs) {
+			if !s.racyAt(now, fp.CtimeNs) {
 				s.cache.Add(path, &cached{fp: fp, data: c.data, rec: c.rec}, int64(len(c.data)))
 			}
 			return c.rec, fp, nil
 		}
 	}
 	s.cache.Remove(path)
+	now := s.now()
 	data, rinfo, err := fsx.ReadFile(s.fs, path, s.limits.MaxBytes(k))
 	if err != nil {
 		if fsx.IsNotExist(err) {
@@ -411,7 +420,7 @@ func (s *Store) readFP(k Kind, id string) (Record, fsx.Fingerprint, error) {
 	}
 	// Cache only if the path still names the file we read, unchanged.
 	if after, err := s.fs.Lstat(path); err == nil && after.Fingerprint() == rinfo.Fingerprint() {
-		s.remember(path, data, rinfo.Fingerprint(), rec)
+		s.remember(path, data, rinfo.Fingerprint(), rec, now)
 	}
 	return rec, rinfo.Fingerprint(), nil
 }
@@ -489,6 +498,20 @@ func (s *Store) ListingStamp(k Kind) (Stamp, error) {
 	return Stamp{Dir: info.DirStamp(), Gen: gen}, nil
 }
 
+// StampRacy reports whether the listing stamp st, just taken, is racy: a later change
+// to the kind's directory within the same timestamp tick may leave the stamp as it
+// is. A caller that detects changes by comparing stamps must not take an equal stamp
+// for "unchanged" if the earlier one was racy when taken (the store's cached listings
+// follow the same rule). Ask before reading what the stamp stands for.
+func (s *Store) StampRacy(st Stamp) bool { return s.stampRacyAt(s.now(), st) }
+
+// stampRacyAt reports whether the listing stamp st is racy as of now: within the racy
+// window of its directory's mtime or ctime, so that a later change to the directory
+// may leave the stamp as it is.
+func (s *Store) stampRacyAt(now time.Time, st Stamp) bool {
+	return !st.Absent && (s.racyAt(now, st.Dir.MtimeNs) || s.racyAt(now, st.Dir.CtimeNs))
+}
+
 // listing is a cached sorted id list of one kind.
 type listing struct {
 	stamp Stamp
@@ -523,11 +546,12 @@ func (s *Store) list(k Kind) ([]string, Stamp, error) {
 	if st.Absent {
 		return nil, st, nil
 	}
+	now := s.now()
 	ids, err := s.readDirIDs(k)
 	if err != nil {
 		return nil, st, err
 	}
-	racy := s.isRacy(st.Dir.MtimeNs) || s.isRacy(st.Dir.CtimeNs)
+	racy := s.stampRacyAt(now, st)
 	s.mu.Lock()
 	s.listings[k] = &listing{stamp: st, racy: racy, ids: ids}
 	s.mu.Unlock()
@@ -575,11 +599,13 @@ func (s *Store) endPublication(k Kind) {
 }
 
 // adoptPublication updates this process's listings and indexes after it published
-// (rec != nil) or removed (rec == nil) kind/id under the lock. The generation moved
-// from oldGen to newGen and only k's directory changed, so k's cached list and index
-// are patched and move to k's new stamp, and every other kind's cached stamp takes
-// the new generation. Anything that was not current before is dropped.
-func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerprint, before Stamp, oldGen, newGen int64) {
+// (rec != nil, from the file with fingerprint fp, racy if fp was taken within the
+// racy window of its ctime) or removed (rec == nil) kind/id under the lock. The
+// generation moved from oldGen to newGen and only k's directory changed, so k's
+// cached list and index are patched and move to k's new stamp, and every other
+// kind's cached stamp takes the new generation. Anything that was not current before
+// is dropped.
+func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerprint, racy bool, before Stamp, oldGen, newGen int64) {
 	after, err := s.ListingStamp(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -615,7 +641,7 @@ func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerpri
 		if err != nil || !s.indexCurrent(k, ix, before) && !s.indexCurrent(k, ix, after) {
 			delete(s.indexes, k)
 		} else {
-			ix.apply(id, rec, fp)
+			ix.apply(id, rec, fp, racy)
 			ix.stamp = after
 		}
 	}

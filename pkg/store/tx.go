@@ -419,13 +419,14 @@ func (tx *Tx) published(w *write, before Stamp) error {
 	p := w.path()
 	tx.reads[p] = w.rec
 	var fp fsx.Fingerprint
+	now := tx.s.now()
 	if w.rec == nil {
 		tx.s.cache.Remove(p)
 	} else if info, err := tx.s.fs.Lstat(p); err == nil {
 		fp = info.Fingerprint()
-		tx.s.remember(p, w.data, fp, w.rec)
+		tx.s.remember(p, w.data, fp, w.rec, now)
 	}
-	tx.s.adoptPublication(w.kind, w.id, w.rec, fp, before, oldGen, newGen)
+	tx.s.adoptPublication(w.kind, w.id, w.rec, fp, w.rec != nil && tx.s.racyAt(now, fp.CtimeNs), before, oldGen, newGen)
 	return nil
 }
 
