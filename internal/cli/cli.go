@@ -99,7 +99,7 @@ func (p Program) Report(w io.Writer, err error) {
 	}
 }
 
-// nonEmpty is a string flag that refuses an empty value, so that "--home ''" (an
+// nonEmpty is a string flag that refuses an empty value, so that "--home ”" (an
 // unset variable in a script) is a usage error instead of silently meaning the
 // default or ".".
 type nonEmpty struct{ p *string }
@@ -120,7 +120,7 @@ func (v nonEmpty) Set(s string) error {
 }
 
 // NonEmptyVar defines a string flag name on fs, stored in *p with default def,
-// whose value may not be given as "": "--name ''" fails to parse (a usage error
+// whose value may not be given as "": "--name ”" fails to parse (a usage error
 // from ParseFlags).
 func NonEmptyVar(fs *flag.FlagSet, p *string, name, def string) {
 	*p = def
