@@ -99,7 +99,7 @@ func (p Program) Report(w io.Writer, err error) {
 	}
 }
 
-// nonEmpty is a string flag that refuses an empty value, so that "--home ”" (an
+// nonEmpty is a string flag that refuses an empty value, so that --home "" (an
 // unset variable in a script) is a usage error instead of silently meaning the
 // default or ".".
 type nonEmpty struct{ p *string }
