@@ -120,7 +120,7 @@ func (v nonEmpty) Set(s string) error {
 }
 
 // NonEmptyVar defines a string flag name on fs, stored in *p with default def,
-// whose value may not be given as "": "--name ”" fails to parse (a usage error
+// whose value may not be given as "": --name "" fails to parse (a usage error
 // from ParseFlags).
 func NonEmptyVar(fs *flag.FlagSet, p *string, name, def string) {
 	*p = def
