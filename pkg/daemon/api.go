@@ -385,7 +385,8 @@ func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
 	if status == http.StatusServiceUnavailable || c == errcode.IdempotencyInProgress {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeError(w, status, c.String(), err.Error())
+	// The code is the answer's "code"; its message is what the error says after it.
+	writeError(w, status, c.String(), strings.TrimPrefix(err.Error(), c.String()+": "))
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {
