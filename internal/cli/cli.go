@@ -177,16 +177,23 @@ func (l *LogFlags) Logger(w io.Writer) (*slog.Logger, error) {
 // ("status ID --json"); everything after a "--" is positional. It returns the
 // positional arguments. A help flag returns flag.ErrHelp; any other parse error,
 // and an empty positional argument, is a *UsageError whose Help is
-// "<fs.Name()> --help". fs should be silent (ContinueOnError, output discarded).
+// "<fs.Name()> --help". A flag set named "PROG CMD" prefixes the message with
+// "CMD: " (the error line already names PROG). fs should be silent
+// (ContinueOnError, output discarded).
 func ParseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
-	usage := func(err error) error { return &UsageError{Err: err, Help: fs.Name() + " --help"} }
+	usage := func(err error) error {
+		if _, cmd, ok := strings.Cut(fs.Name(), " "); ok {
+			err = fmt.Errorf("%s: %w", cmd, err)
+		}
+		return &UsageError{Err: err, Help: fs.Name() + " --help"}
+	}
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}
-			return nil, usage(fmt.Errorf("%s: %w", fs.Name(), err))
+			return nil, usage(err)
 		}
 		rest := fs.Args()
 		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
@@ -201,7 +208,7 @@ func ParseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 	for _, a := range pos {
 		if a == "" {
-			return nil, usage(fmt.Errorf("%s: an argument is empty (an unset shell variable?)", fs.Name()))
+			return nil, usage(errors.New("an argument is empty (an unset shell variable?)"))
 		}
 	}
 	return pos, nil

@@ -126,3 +126,12 @@ func TestShellQuote(t *testing.T) {
 		}
 	}
 }
+
+func TestParseFlagsMessageNamesTheCommandOnce(t *testing.T) {
+	for name, want := range map[string]string{"prog sub": "sub: flag provided but not defined: -x", "prog": "flag provided but not defined: -x"} {
+		_, err := ParseFlags(newFS(name), []string{"-x"})
+		if err == nil || err.Error() != want {
+			t.Errorf("flag set %q: %v, want %q", name, err, want)
+		}
+	}
+}
