@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sealbridge/sealbridge/pkg/daemon"
+	"github.com/sealbridge/sealbridge/pkg/relay"
 )
 
 // Every command has its own usage: "sealbridge CMD --help", "-h" and
@@ -30,6 +31,10 @@ func TestCommandHelp(t *testing.T) {
 		if !strings.Contains(out, flag) {
 			t.Errorf("send --help does not describe %s", flag)
 		}
+	}
+	// One default relay address, the one sealbridge-relay uses too.
+	if _, out, _ := sb(t, "relay", "--help"); !strings.Contains(out, "(default "+relay.DefaultListen+";") {
+		t.Errorf("relay --help does not give the default --listen %s:\n%s", relay.DefaultListen, out)
 	}
 	if code, _, errs := sb(t, "help", "nope"); code != exitUsage || !strings.Contains(errs, `unknown command "nope"`) {
 		t.Errorf("help nope: %d %q", code, errs)
