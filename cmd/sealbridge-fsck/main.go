@@ -21,7 +21,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/dataroot"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -115,6 +117,10 @@ var (
 	testOnlyRepair func(fsck.ActionResult)
 )
 
+// prog is this binary's conventions (internal/cli): usage errors exit 16.
+var prog = cli.Program{Name: "sealbridge-fsck", UsageExit: exitUsage}
+
+// errUsage marks a usage error (as does a *cli.UsageError).
 var errUsage = errors.New("usage error")
 
 type config struct {
@@ -142,19 +148,9 @@ func parseArgs(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.version, "version", false, "")
 	fs.StringVar(&c.home, "home", "", "")
 	fs.StringVar(&c.identityArg, "identity", "", "")
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return c, flag.ErrHelp
-			}
-			return c, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
+	positional, err := cli.ParseFlags(fs, args)
+	if err != nil {
+		return c, err
 	}
 	if c.version {
 		return c, nil
@@ -316,8 +312,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprint(stdout, usage)
 		return exitClean
 	case err != nil:
-		fmt.Fprintf(stderr, "sealbridge-fsck: error: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
-		fmt.Fprintf(stderr, "sealbridge-fsck: hint: run sealbridge-fsck -h for help\n")
+		prog.Report(stderr, usageOf(err))
 		return exitCode(err, nil, nil)
 	case cfg.version:
 		fmt.Fprintf(stdout, "sealbridge-fsck %s\n", version())
@@ -369,7 +364,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 // exitCode is the one place that maps an outcome to an exit code.
 func exitCode(err error, before, after *fsck.Report) int {
 	switch {
-	case errors.Is(err, errUsage):
+	case errors.Is(err, errUsage), cli.IsUsage(err):
 		return exitUsage
 	case errors.Is(err, context.Canceled):
 		return exitCancelled
@@ -396,7 +391,7 @@ func writeError(w io.Writer, cfg config, err error, repairs []fsck.ActionResult,
 		fmt.Fprintf(w, "sealbridge-fsck: cancelled; the store is intact (%d %s made)\n", done, plural(done, "change", "changes"))
 		return
 	}
-	fmt.Fprintf(w, "sealbridge-fsck: error: %v\n", err)
+	prog.Report(w, err)
 	repair := ""
 	if cfg.repair {
 		repair = " --repair"
@@ -416,6 +411,15 @@ func writeError(w io.Writer, cfg config, err error, repairs []fsck.ActionResult,
 		fmt.Fprintf(w, "sealbridge-fsck: hint: give the owner's did:key with --identity, or create the identity with: sealbridge init --home %s --identity %s\n",
 			shellQuote(cfg.root), shellQuote(cfg.identityArg))
 	}
+}
+
+// usageOf is a parse error as a *cli.UsageError, without the "usage error: " that
+// errUsage puts before a message (the error line says what it is); a hint is kept.
+func usageOf(err error) error {
+	if msg, ok := strings.CutPrefix(err.Error(), errUsage.Error()+": "); ok {
+		err = errcode.WithHint(errors.New(msg), errcode.HintOf(err))
+	}
+	return cli.AsUsage(err)
 }
 
 func changedNote(done int) string {

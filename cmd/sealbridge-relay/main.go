@@ -1,10 +1,11 @@
 // Command sealbridge-relay runs sealbridge's reference relay (docs/RELAY.md).
 //
-//	sealbridge-relay --listen 127.0.0.1:0 --home DIR [--identity-file FILE]
+//	sealbridge-relay [--listen 127.0.0.1:8470] [--home DIR] [--identity-file FILE]
 //	sealbridge-relay --version
 //
 // On first start it creates the relay identity (a PKCS#8 PEM key file, mode
-// 0600, default DIR/relay-identity.pem); afterwards it loads it. It prints
+// 0600, default DIR/relay-identity.pem); afterwards it loads it. DIR defaults to
+// the data root, as for "sealbridge relay". It prints
 // "listening http://ADDR" and "relay DID" on standard output, logs to standard
 // error, and shuts down gracefully on SIGTERM or SIGINT.
 package main
@@ -25,8 +26,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/cli"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 func main() {
@@ -35,72 +39,97 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `usage: sealbridge-relay --listen ADDR --home DIR [--identity-file FILE]
+const usage = `usage: sealbridge-relay [--listen ADDR] [--home DIR] [--identity-file FILE]
+                        [--log-format text|json] [--log-level L]
        sealbridge-relay --version
 
+Runs sealbridge's reference relay (docs/RELAY.md) in the foreground: it prints
+"listening http://ADDR" and "relay DID" on standard output and logs on standard
+error; SIGTERM or SIGINT stops it gracefully. "sealbridge relay" runs the same relay.
+
   --listen ADDR         address to listen on (default 127.0.0.1:8470; port 0 picks one)
-  --home DIR            data root: the relay's store and inboxes (required)
+  --home DIR            data root: the relay's store and inboxes (default:
+                        $SEALBRIDGE_HOME, else $XDG_STATE_HOME/sealbridge, else
+                        ~/.local/state/sealbridge)
   --identity-file FILE  the relay's key (default DIR/relay-identity.pem; created if absent)
+  --log-format FORMAT   text or json (default text)
   --log-level LEVEL     debug, info, warn or error (default info)
   --version             print the version and exit
+
+Examples:
+  sealbridge-relay --home ~/sb-relay
+  sealbridge-relay --listen 0.0.0.0:8470 --home /var/lib/sealbridge-relay --log-format json
+
+Exit status:
+  0   stopped by SIGTERM or SIGINT (or --help, --version)
+  1   failure: cannot listen, cannot open its key or store, or serving failed
+  2   usage error
 `
+
+// prog is this binary's conventions (internal/cli).
+var prog = cli.Program{Name: "sealbridge-relay", UsageExit: 2}
 
 // run is main without the process: it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := serve(ctx, args, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	prog.Report(stderr, err)
+	return prog.Exit(err, 1)
+}
+
+// serve parses args and runs the relay until ctx ends.
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sealbridge-relay", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	listen := fs.String("listen", "127.0.0.1:8470", "")
-	home := fs.String("home", "", "")
-	idFile := fs.String("identity-file", "", "")
-	logLevel := fs.String("log-level", "info", "")
+	var listen, home, idFile string
+	cli.NonEmptyVar(fs, &listen, "listen", relay.DefaultListen)
+	cli.HomeFlag(fs, &home)
+	cli.NonEmptyVar(fs, &idFile, "identity-file", "")
+	logFlags := cli.AddLogFlags(fs)
 	showVersion := fs.Bool("version", false, "")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, usage)
-			return 0
-		}
-		fmt.Fprintf(stderr, "sealbridge-relay: %v\n%s", err, usage)
-		return 2
+	pos, err := cli.ParseFlags(fs, args)
+	if err != nil {
+		return err
 	}
 	if *showVersion {
 		fmt.Fprintf(stdout, "sealbridge-relay %s\n", version())
-		return 0
+		return nil
 	}
-	if fs.NArg() > 0 || *home == "" {
-		fmt.Fprintf(stderr, "sealbridge-relay: --home is required and no arguments are taken\n%s", usage)
-		return 2
+	if len(pos) > 0 {
+		return cli.Usagef("unexpected argument %q: sealbridge-relay takes flags only", pos[0])
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "sealbridge-relay: --log-level: %v\n", err)
-		return 2
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	if err := os.MkdirAll(*home, 0o700); err != nil {
-		fmt.Fprintf(stderr, "sealbridge-relay: %v\n", err)
-		return 1
-	}
-	if *idFile == "" {
-		*idFile = filepath.Join(*home, "relay-identity.pem")
-	}
-	id, created, err := identity.LoadOrCreateKeyFile(*idFile)
+	log, err := logFlags.Logger(stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "sealbridge-relay: %v\n", err)
-		return 1
+		return err
+	}
+	root, err := store.DataRoot(home)
+	if err != nil {
+		return errcode.WithHint(err, "give --home DIR")
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return err
+	}
+	if idFile == "" {
+		idFile = filepath.Join(root, "relay-identity.pem")
+	}
+	id, created, err := identity.LoadOrCreateKeyFile(idFile)
+	if err != nil {
+		return err
 	}
 	if created {
-		log.Info("relay: created identity", "file", *idFile, "did", string(id.DID()))
+		log.Info("relay: created identity", "file", idFile, "did", string(id.DID()))
 	}
-	r, err := relay.New(relay.Options{Identity: id, Home: *home, Logger: log})
+	r, err := relay.New(relay.Options{Identity: id, Home: root, Logger: log})
 	if err != nil {
-		fmt.Fprintf(stderr, "sealbridge-relay: %v\n", err)
-		return 1
+		return err
 	}
 	defer r.Close()
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		fmt.Fprintf(stderr, "sealbridge-relay: %v\n", err)
-		return 1
+		return errcode.WithHint(err, "choose another address with --listen (port 0 picks a free one)")
 	}
 	srv := &http.Server{
 		Handler:           r.Handler(),
@@ -120,20 +149,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
-		fmt.Fprintf(stderr, "sealbridge-relay: serve: %v\n", err)
-		return 1
+		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("relay: shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("relay: shutdown", "err", err)
 		_ = srv.Close()
-		return 1
+		return fmt.Errorf("shutdown: %w", err)
 	}
 	log.Info("relay: stopped", "accepted", r.Stats().Accepted)
-	return 0
+	return nil
 }
 
 // version is the module version and VCS revision of this binary.

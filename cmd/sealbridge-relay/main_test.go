@@ -25,8 +25,51 @@ func TestVersionAndUsage(t *testing.T) {
 		!strings.HasPrefix(out.String(), "sealbridge-relay ") {
 		t.Fatalf("%d %q", code, out.String())
 	}
-	if code := run(context.Background(), nil, &out, &errb); code != 2 {
-		t.Fatalf("no --home: %d", code)
+	for _, h := range []string{"--help", "-h"} {
+		out.Reset()
+		code := run(context.Background(), []string{h}, &out, &errb)
+		if code != 0 || !strings.HasPrefix(out.String(), "usage: sealbridge-relay") {
+			t.Fatalf("%s: %d %q", h, code, out.String())
+		}
+		for _, want := range []string{"Exit status:", "  0 ", "  1 ", "  2 ", "(default " + relay.DefaultListen + ";", "$SEALBRIDGE_HOME", "--log-format"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%s does not say %q", h, want)
+			}
+		}
+	}
+}
+
+// Usage errors exit 2 with "sealbridge-relay: error:" and the usage hint; an empty
+// --home (an unset variable) is one, never the default data root.
+func TestUsageErrors(t *testing.T) {
+	t.Setenv("SEALBRIDGE_HOME", t.TempDir()) // nothing may touch the real default
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // were a relay to start, it stops at once
+	for _, args := range [][]string{
+		{"--home", ""}, {"--home="}, {"--listen", ""}, {"--identity-file", ""}, {"--nope"},
+		{"--home", t.TempDir(), "extra"}, {"--log-format", "xml"}, {"--log-level", "loud"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(ctx, append([]string{"--listen=127.0.0.1:0"}, args...), &out, &errb)
+		if code != 2 || !strings.HasPrefix(errb.String(), "sealbridge-relay: error: ") ||
+			!strings.Contains(errb.String(), "sealbridge-relay: hint: run 'sealbridge-relay --help' for usage") {
+			t.Errorf("%q: exit %d, stderr %q: want a usage error", args, code, errb.String())
+		}
+	}
+}
+
+// The relay's data root defaults like every other binary's: $SEALBRIDGE_HOME.
+func TestHomeFromEnvironment(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("SEALBRIDGE_HOME", home)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errb bytes.Buffer
+	if code := run(ctx, []string{"--listen", "127.0.0.1:0"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if _, err := os.Stat(filepath.Join(home, "relay-identity.pem")); err != nil {
+		t.Fatalf("no key under $SEALBRIDGE_HOME: %v", err)
 	}
 }
 

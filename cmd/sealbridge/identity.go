@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -20,11 +21,11 @@ type who struct {
 	root       string // the resolved data root
 }
 
-// identityFlags adds --home and --identity to fs.
+// identityFlags adds --home and --identity to fs (cli.HomeFlag, cli.IdentityFlag).
 func identityFlags(fs *flag.FlagSet) *who {
 	w := &who{}
-	fs.StringVar(&w.home, "home", "", "")
-	fs.StringVar(&w.name, "identity", daemon.DefaultIdentity, "")
+	cli.HomeFlag(fs, &w.home)
+	cli.IdentityFlag(fs, &w.name)
 	return w
 }
 

@@ -12,11 +12,15 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
+
+	"github.com/sealbridge/sealbridge/internal/cli"
+	"github.com/sealbridge/sealbridge/pkg/daemon"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
 const usage = `usage: sealbridge COMMAND [flags]
+       sealbridge COMMAND --help      (or: sealbridge help COMMAND)
 
 Commands:
   init     [--home DIR] [--identity NAME]       create an identity, print its DID
@@ -43,7 +47,7 @@ Commands:
   watch    [--topics messages,outbox,receipts,observations] [--json]
                                                 follow the daemon's change feed, one
                                                 line per change: TIME TOPIC ID STATE
-  relay    [--listen 127.0.0.1:8440] [--home DIR]
+  relay    [--listen 127.0.0.1:8470] [--home DIR]
                                                 run a reference relay in the foreground
   demo     [--messages 100] [--keep] [--timeout 2m]
                                                 run two daemons and a relay in a temp
@@ -52,7 +56,8 @@ Commands:
 Common flags:
   --home DIR         the data root (default: $SEALBRIDGE_HOME, else
                      $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge)
-  --identity NAME    the identity's name under the data root (default "default")
+  --identity NAME    the identity's name under the data root (default:
+                     $SEALBRIDGE_IDENTITY, else "default")
   --version          print the version and exit
 
 send, status and ls talk to the identity's daemon over its unix socket; start it
@@ -62,19 +67,12 @@ Examples:
   sealbridge demo
   sealbridge init --home ~/sb --identity alice
   sealbridged --home ~/sb --identity alice &
-  echo hello | sealbridge send --home ~/sb --identity alice --to did:key:z6Mk… --relay http://127.0.0.1:8440
+  echo hello | sealbridge send --home ~/sb --identity alice --to did:key:z6Mk… --relay http://127.0.0.1:8470
   sealbridge status --home ~/sb --identity alice 0190b6a4-…
   sealbridge ls --home ~/sb --identity alice --status queued
-  sealbridge relay --listen 127.0.0.1:8440 --home ~/sb-relay
+  sealbridge relay --listen 127.0.0.1:8470 --home ~/sb-relay
 
-Exit status:
-  0   success
-  1   failure (a command failed, the demo did not relay everything or fsck found problems)
-  2   usage error
-  3   no daemon is running for the identity
-  4   send: the outcome is unknown (the message may have been accepted); run the
-      command printed in the hint to finish it without sending it twice
-`
+` + exitStatus
 
 // Exit codes; exitCode maps errors to them.
 const (
@@ -124,19 +122,33 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	case "--version", "-version", "version":
 		fmt.Fprintf(stdout, "sealbridge %s\n", version())
 		return exitOK
-	case "-h", "-help", "--help", "help":
+	case "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
+	case "help":
+		if len(args) == 1 {
+			fmt.Fprint(stdout, usage)
+			return exitOK
+		}
+		if u, ok := commandUsage[args[1]]; ok {
+			fmt.Fprint(stdout, u+"\n"+exitStatus)
+			return exitOK
+		}
+		return report(stderr, usageErrorf("help: unknown command %q", args[1]))
 	}
 	for _, c := range commands {
 		if c.name == args[0] {
 			err := c.run(ctx, args[1:], stdout, stderr)
 			if errors.Is(err, flag.ErrHelp) {
-				fmt.Fprint(stdout, usage)
+				fmt.Fprint(stdout, commandUsage[c.name]+"\n"+exitStatus)
 				return exitOK
 			}
 			if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 				err = errors.New("interrupted")
+			}
+			var ue *cli.UsageError
+			if errors.As(err, &ue) && ue.Help == "" {
+				ue.Help = "sealbridge " + c.name + " --help"
 			}
 			return report(stderr, err)
 		}
@@ -144,14 +156,11 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return report(stderr, usageErrorf("unknown command %q", args[0]))
 }
 
-// usageError is a command-line mistake: exit 2, with the usage hint.
-type usageError struct{ msg string }
+// prog is this binary's conventions (internal/cli).
+var prog = cli.Program{Name: "sealbridge", UsageExit: exitUsage}
 
-func (e *usageError) Error() string { return e.msg }
-
-func usageErrorf(format string, a ...any) error {
-	return &usageError{fmt.Sprintf(format, a...)}
-}
+// usageErrorf is a command-line mistake: exit 2, with the usage hint.
+func usageErrorf(format string, a ...any) error { return cli.Usagef(format, a...) }
 
 // noDaemonError: the identity's daemon socket is missing or refuses connections.
 type noDaemonError struct {
@@ -166,28 +175,21 @@ func (e *noDaemonError) Error() string {
 
 func (e *noDaemonError) Unwrap() error { return e.err }
 
-// hintError adds a "hint:" line to an error.
-type hintError struct {
-	err  error
-	hint string
-}
-
-func (e *hintError) Error() string { return e.err.Error() }
-func (e *hintError) Unwrap() error { return e.err }
-
+// withHint adds a "hint:" line to an error (errcode.WithHint).
 func withHint(err error, format string, a ...any) error {
-	return &hintError{err: err, hint: fmt.Sprintf(format, a...)}
+	return errcode.WithHint(err, fmt.Sprintf(format, a...))
 }
 
-// exitCode is the one place errors become exit codes.
+// exitCode is the one place errors become exit codes. An invalid option the
+// daemon package finds (*daemon.OptionError) is a usage error too.
 func exitCode(err error) int {
-	var ue *usageError
 	var nd *noDaemonError
 	var is *incompleteSend
+	var oe *daemon.OptionError
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue):
+	case cli.IsUsage(err), errors.As(err, &oe):
 		return exitUsage
 	case errors.As(err, &nd):
 		return exitNoDaemon
@@ -201,19 +203,12 @@ func exitCode(err error) int {
 // report prints err as "sealbridge: error:" and "sealbridge: hint:" lines and
 // returns its exit code.
 func report(stderr io.Writer, err error) int {
-	code := exitCode(err)
-	if err == nil {
-		return code
+	var oe *daemon.OptionError
+	if errors.As(err, &oe) {
+		err = cli.AsUsage(err)
 	}
-	fmt.Fprintf(stderr, "sealbridge: error: %v\n", err)
-	var he *hintError
-	if errors.As(err, &he) {
-		fmt.Fprintf(stderr, "sealbridge: hint: %s\n", he.hint)
-	}
-	if code == exitUsage {
-		fmt.Fprintln(stderr, "sealbridge: hint: run 'sealbridge --help' for usage")
-	}
-	return code
+	prog.Report(stderr, err)
+	return exitCode(err)
 }
 
 // newFlagSet returns a silent flag set: run prints errors its own way.
@@ -224,37 +219,13 @@ func newFlagSet(name string) *flag.FlagSet {
 }
 
 // parseFlags parses args allowing flags after positional arguments
-// ("status ID --json"), and returns the positional arguments.
+// ("status ID --json"), and returns the positional arguments (cli.ParseFlags).
 func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, usageErrorf("%s: %v", fs.Name(), err)
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		if args[0] == "--" {
-			return append(pos, args[1:]...), nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
+	return cli.ParseFlags(fs, args)
 }
 
 // version is the module version and VCS revision of this binary.
 func version() string { return buildinfo.Version() }
 
 // shellQuote quotes s for a POSIX shell when needed.
-func shellQuote(s string) string {
-	if s != "" && strings.IndexFunc(s, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@%+=,~", r))
-	}) < 0 {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
+func shellQuote(s string) string { return cli.ShellQuote(s) }

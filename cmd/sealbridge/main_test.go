@@ -61,7 +61,7 @@ func TestUsageErrorsAndExitCodes(t *testing.T) {
 		{"version", []string{"--version"}, exitOK, "sealbridge ", ""},
 		{"unknown flag", []string{"whoami", "--nope"}, exitUsage, "", "flag provided but not defined: -nope"},
 		{"init argument", []string{"init", "--home", home, "extra"}, exitUsage, "", `unexpected argument "extra"`},
-		{"bad identity name", []string{"init", "--home", home, "--identity", "../x"}, exitFailure, "", "identity name"},
+		{"bad identity name", []string{"init", "--home", home, "--identity", "../x"}, exitUsage, "", "is not an identity name"},
 		{"send no --to", []string{"send", "--relay", "http://127.0.0.1:1"}, exitUsage, "", "--to DID is required"},
 		{"send no --relay", []string{"send", "--to", did}, exitUsage, "", "--relay URL is required"},
 		{"send bad DID", []string{"send", "--to", "did:key:nope", "--relay", "http://127.0.0.1:1"}, exitUsage, "", "not a valid did:key"},
@@ -100,6 +100,7 @@ func TestExitCodeSwitch(t *testing.T) {
 		{withHint(usageErrorf("bad"), "h"), 2},
 		{&noDaemonError{did: "did:key:z", home: "/h", name: "n"}, 3},
 		{withHint(&noDaemonError{}, "h"), 3},
+		{&daemon.OptionError{Option: "--inbox-relay", Err: errors.New("bad")}, 2},
 	} {
 		if got := exitCode(tc.err); got != tc.code {
 			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.code)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -20,24 +21,24 @@ import (
 // sealbridge-relay uses, so both serve the same relay from one directory).
 const relayKeyFile = "relay-identity.pem"
 
-// cmdRelay: sealbridge relay [--listen 127.0.0.1:8440] [--home DIR]
+// cmdRelay: sealbridge relay [--listen 127.0.0.1:8470] [--home DIR] [--log-format F] [--log-level L]
 func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("relay")
-	listen := fs.String("listen", "127.0.0.1:8440", "")
-	home := fs.String("home", "", "")
-	logLevel := fs.String("log-level", "info", "")
+	var listen, home string
+	cli.NonEmptyVar(fs, &listen, "listen", relay.DefaultListen)
+	cli.HomeFlag(fs, &home)
+	logFlags := cli.AddLogFlags(fs)
 	if err := noArgs(fs, args); err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return usageErrorf("relay: --log-level: %v", err)
+	log, err := logFlags.Logger(stderr)
+	if err != nil {
+		return err
 	}
-	root, err := store.DataRoot(*home)
+	root, err := store.DataRoot(home)
 	if err != nil {
 		return withHint(err, "give --home DIR")
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return err
 	}
@@ -54,7 +55,7 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer r.Close()
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return withHint(err, "choose another address with --listen (port 0 picks a free one)")
 	}

@@ -1,11 +1,13 @@
 // Command sealbridged is sealbridge's daemon: one identity's outbox, its carrier and
 // the local API on a unix socket (docs/DAEMON.md).
 //
-//	sealbridged --home DIR [--identity NAME] [--log-format text|json] [--log-level L]
+//	sealbridged [--home DIR] [--identity NAME] [--log-format text|json] [--log-level L]
 //	sealbridged --version
 //
 // SIGTERM or SIGINT drains in-flight attempts (bounded) and exits 0. A second daemon
-// for the same identity exits 1 with "already running (pid N)".
+// for the same identity exits 1 with "already running (pid N)"; an invalid flag or
+// option exits 2. Errors are printed as "sealbridged: error:" and "sealbridged: hint:"
+// lines.
 package main
 
 import (
@@ -15,13 +17,16 @@ import (
 	"fmt"
 	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"io"
-	"log/slog"
+	iofs "io/fs"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 func main() {
@@ -30,12 +35,18 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `usage: sealbridged --home DIR [--identity NAME] [--log-format text|json]
+const usage = `usage: sealbridged [--home DIR] [--identity NAME] [--log-format text|json] [--log-level L]
+                   [--inbox-relay URL] [flags]
        sealbridged --version
 
-  --home DIR           data root (default $SEALBRIDGE_HOME, $XDG_STATE_HOME/sealbridge,
-                       ~/.local/state/sealbridge)
-  --identity NAME      identity to serve (default "default"; create it with sealbridge init)
+Runs one identity's daemon: its outbox, the carrier that relays it, and the local
+API on a unix socket (docs/DAEMON.md). SIGTERM or SIGINT drains in-flight attempts
+and exits 0.
+
+  --home DIR           the data root (default: $SEALBRIDGE_HOME, else
+                       $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge)
+  --identity NAME      identity to serve (default: $SEALBRIDGE_IDENTITY, else
+                       "default"; create it with sealbridge init)
   --log-format FORMAT  text or json (default text)
   --log-level LEVEL    debug, info, warn or error (default info)
   --drain-timeout D    bound on draining in-flight attempts at shutdown (default 10s)
@@ -45,65 +56,74 @@ const usage = `usage: sealbridged --home DIR [--identity NAME] [--log-format tex
                        confirmations (default: none, send only)
   --poll-every D       period of inbox fetches (default 1s)
   --version            print the version and exit
+
+Examples:
+  sealbridged --home ~/sb --identity alice
+  sealbridged --identity bob --inbox-relay http://127.0.0.1:8470 --log-format json
+
+Exit status:
+  0   stopped by SIGTERM or SIGINT after draining (or --help, --version)
+  1   failure: the daemon could not start (no identity, already running, …) or failed
+  2   usage error: a flag or option value is invalid
 `
 
+// prog is this binary's conventions (internal/cli).
+var prog = cli.Program{Name: "sealbridged", UsageExit: 2}
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := runErr(ctx, args, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	var oe *daemon.OptionError
+	if errors.As(err, &oe) {
+		err = cli.AsUsage(err) // found by the daemon, but a usage error all the same
+	}
+	prog.Report(stderr, err)
+	return prog.Exit(err, 1)
+}
+
+func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sealbridged", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	home := fs.String("home", "", "")
-	name := fs.String("identity", daemon.DefaultIdentity, "")
-	logFormat := fs.String("log-format", "text", "")
-	logLevel := fs.String("log-level", "info", "")
+	var home, name string
+	cli.HomeFlag(fs, &home)
+	cli.IdentityFlag(fs, &name)
+	logFlags := cli.AddLogFlags(fs)
 	drain := fs.Duration("drain-timeout", daemon.DefaultDrainTimeout, "")
 	sendTimeout := fs.Duration("send-timeout", 0, "")
 	leaseFor := fs.Duration("lease-for", 0, "")
 	inboxRelay := fs.String("inbox-relay", "", "")
 	pollEvery := fs.Duration("poll-every", 0, "")
 	showVersion := fs.Bool("version", false, "")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, usage)
-			return 0
-		}
-		fmt.Fprintf(stderr, "sealbridged: %v\n%s", err, usage)
-		return 2
+	pos, err := cli.ParseFlags(fs, args)
+	if err != nil {
+		return err
 	}
 	if *showVersion {
 		fmt.Fprintf(stdout, "sealbridged %s\n", version())
-		return 0
+		return nil
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sealbridged: no arguments are taken\n%s", usage)
-		return 2
+	if len(pos) > 0 {
+		return cli.Usagef("unexpected argument %q: sealbridged takes flags only", pos[0])
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "sealbridged: --log-level: %v\n", err)
-		return 2
+	log, err := logFlags.Logger(stderr)
+	if err != nil {
+		return err
 	}
-	hopts := &slog.HandlerOptions{Level: level}
-	var log *slog.Logger
-	switch *logFormat {
-	case "text":
-		log = slog.New(slog.NewTextHandler(stderr, hopts))
-	case "json":
-		log = slog.New(slog.NewJSONHandler(stderr, hopts))
-	default:
-		fmt.Fprintf(stderr, "sealbridged: --log-format must be text or json\n")
-		return 2
-	}
-	d, err := daemon.New(daemon.Options{Home: *home, Identity: *name, Logger: log, DrainTimeout: *drain,
+	d, err := daemon.New(daemon.Options{Home: home, Identity: name, Logger: log, DrainTimeout: *drain,
 		Version: version(), Carrier: carrier.Options{SendTimeout: *sendTimeout, LeaseFor: *leaseFor},
 		InboxRelay: *inboxRelay, PollEvery: *pollEvery})
 	if err != nil {
-		fmt.Fprintf(stderr, "sealbridged: %v\n", err)
-		return 1
+		if errors.Is(err, iofs.ErrNotExist) && errcode.HintOf(err) == "" {
+			if root, rerr := store.DataRoot(home); rerr == nil {
+				err = errcode.WithHint(err, "create it with: sealbridge init --home "+cli.ShellQuote(root)+" --identity "+cli.ShellQuote(name))
+			}
+		}
+		return err
 	}
-	if err := d.Run(ctx); err != nil {
-		fmt.Fprintf(stderr, "sealbridged: %v\n", err)
-		return 1
-	}
-	return 0
+	return d.Run(ctx)
 }
 
 // version is the module version and VCS revision of this binary.

@@ -17,6 +17,7 @@ var allowed = map[string][]string{
 	"internal/buildinfo": {},
 	"internal/dataroot":  {},
 	"internal/lru":       {},
+	"internal/cli":       {"pkg/errcode"},
 	"internal/fsx":       {"golang.org/x/sys"},
 	"internal/lockfile":  {"internal/fsx", "github.com/gofrs/flock", "golang.org/x/sys"},
 	"internal/crashtest": {"internal/fsx"},

@@ -15,7 +15,7 @@ var identityName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$`)
 // digits, '.', '_' and '-', not starting with '.' or '-', at most 64 characters.
 func CheckIdentityName(name string) error {
 	if !identityName.MatchString(name) {
-		return fmt.Errorf("identity name %q: use letters, digits, '.', '_' and '-'", name)
+		return fmt.Errorf("%q is not an identity name: use up to 64 letters, digits, '.', '_' and '-', not starting with '.' or '-'", name)
 	}
 	return nil
 }

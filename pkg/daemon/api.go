@@ -532,7 +532,8 @@ func (d *Daemon) classify(w http.ResponseWriter, err error) (int, string, string
 	if status == http.StatusServiceUnavailable || c == errcode.IdempotencyInProgress {
 		w.Header().Set("Retry-After", "1")
 	}
-	return status, c.String(), err.Error()
+	// The code is the answer's "code"; its message is what the error says after it.
+	return status, c.String(), strings.TrimPrefix(err.Error(), c.String()+": ")
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

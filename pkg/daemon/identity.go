@@ -29,7 +29,7 @@ func keyPath(home, name string) (string, error) {
 		name = DefaultIdentity
 	}
 	if err := dataroot.CheckIdentityName(name); err != nil {
-		return "", err
+		return "", &OptionError{Option: "--identity", Err: err}
 	}
 	root, err := store.DataRoot(home)
 	if err != nil {
@@ -65,7 +65,10 @@ func InitIdentity(home, name string) (*identity.Identity, error) {
 	return id, nil
 }
 
-// LoadIdentity loads identity name from the data root home.
+// LoadIdentity loads identity name from the data root home. A missing key file is
+// an error wrapping os.ErrNotExist that names the identity and the path once (the
+// commands add the hint to create it, with their flags); an invalid name is an
+// *OptionError for --identity.
 func LoadIdentity(home, name string) (*identity.Identity, error) {
 	path, err := keyPath(home, name)
 	if err != nil {
@@ -73,8 +76,9 @@ func LoadIdentity(home, name string) (*identity.Identity, error) {
 	}
 	id, err := identity.LoadKeyFile(path)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("no identity %s at %s (create one with `sealbridge init`): %w", nameOr(name), path, err)
+		var pe *os.PathError
+		if errors.Is(err, os.ErrNotExist) && errors.As(err, &pe) {
+			return nil, fmt.Errorf("no identity %s at %s: %w", nameOr(name), path, pe.Err)
 		}
 		return nil, err
 	}

@@ -42,10 +42,11 @@ func FormatDID(pub ed25519.PublicKey) DID {
 // ValidatePublicKey errors. ParseDID never panics.
 func ParseDID(s string) (PublicKey, error) {
 	if len(s) > maxDIDLen {
-		return nil, fmt.Errorf("identity: parse DID (%d bytes): %w", len(s), ErrDIDLength)
+		return nil, fmt.Errorf("%w (%d bytes)", ErrDIDLength, len(s))
 	}
+	// The errors wrapped already say "identity: …": add the DID, not a second prefix.
 	fail := func(err error) (PublicKey, error) {
-		return nil, fmt.Errorf("identity: parse DID %q: %w", s, err)
+		return nil, fmt.Errorf("%w: %q", err, s)
 	}
 	rest, ok := strings.CutPrefix(s, didPrefix)
 	if !ok {

@@ -187,3 +187,13 @@ func TestParseDIDRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestParseDIDErrorSaysItOnce: the DID error has one "identity:" prefix.
+func TestParseDIDErrorSaysItOnce(t *testing.T) {
+	for _, s := range []string{"did:key:nope", "did:web:x", "did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2do", strings.Repeat("x", 200)} {
+		_, err := identity.ParseDID(s)
+		if err == nil || strings.Count(err.Error(), "identity:") != 1 {
+			t.Errorf("ParseDID(%q): %v, want one \"identity:\" prefix", s, err)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -63,7 +64,7 @@ func WriteKeyFile(path string, id *Identity) error {
 	if err := publish(tmp, path); err != nil {
 		unix.Unlink(tmp)
 		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("identity: write key file %s: %w", path, ErrKeyFileExists)
+			return atPath(path, ErrKeyFileExists)
 		}
 		return fmt.Errorf("identity: write key file %s: %w", path, err)
 	}
@@ -152,7 +153,7 @@ func LoadKeyFile(path string) (*Identity, error) {
 	if err != nil {
 		perr := &os.PathError{Op: "open", Path: path, Err: err}
 		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EMLINK) {
-			return nil, fmt.Errorf("identity: key file %s is a symbolic link: %w: %w", path, ErrKeyFileType, perr)
+			return nil, atPath(path, fmt.Errorf("%w: a symbolic link (%w)", ErrKeyFileType, err))
 		}
 		return nil, fmt.Errorf("identity: key file: %w", perr)
 	}
@@ -162,7 +163,7 @@ func LoadKeyFile(path string) (*Identity, error) {
 		return nil, fmt.Errorf("identity: key file: %w", &os.PathError{Op: "fstat", Path: path, Err: err})
 	}
 	if err := checkKeyFileStat(&st); err != nil {
-		return nil, fmt.Errorf("identity: key file %s: %w", path, err)
+		return nil, atPath(path, err)
 	}
 	buf := make([]byte, maxKeyFileSize+1)
 	defer clear(buf)
@@ -181,14 +182,36 @@ func LoadKeyFile(path string) (*Identity, error) {
 		n += m
 	}
 	if n > maxKeyFileSize { // it grew after fstat
-		return nil, fmt.Errorf("identity: key file %s: %w", path, ErrKeyFileSize)
+		return nil, atPath(path, ErrKeyFileSize)
 	}
 	id, err := parseKeyPEM(buf[:n])
 	if err != nil {
-		return nil, fmt.Errorf("identity: key file %s: %w", path, err)
+		return nil, atPath(path, err)
 	}
 	return id, nil
 }
+
+// keyFileErrPrefix starts the text of every ErrKeyFile… sentinel.
+const keyFileErrPrefix = "identity: key file"
+
+// keyFileError names the key file in an error wrapping an ErrKeyFile… sentinel,
+// once: "identity: key file PATH is not …", not "identity: key file PATH:
+// identity: key file is not …".
+type keyFileError struct {
+	path string
+	err  error
+}
+
+func atPath(path string, err error) error { return &keyFileError{path: path, err: err} }
+
+func (e *keyFileError) Error() string {
+	if s := e.err.Error(); strings.HasPrefix(s, keyFileErrPrefix+" ") {
+		return keyFileErrPrefix + " " + e.path + s[len(keyFileErrPrefix):]
+	}
+	return keyFileErrPrefix + " " + e.path + ": " + e.err.Error()
+}
+
+func (e *keyFileError) Unwrap() error { return e.err }
 
 // checkKeyFileStat applies LoadKeyFile's rules to an fstat result.
 func checkKeyFileStat(st *unix.Stat_t) error {

@@ -345,3 +345,49 @@ func TestLoadOrCreateKeyFile(t *testing.T) {
 		t.Fatalf("0644 key file: %v, want ErrKeyFileMode", err)
 	}
 }
+
+// TestKeyFileErrorsSayItOnce: each refusal names the package and the path once
+// ("identity: key file PATH is not …"), never "identity: key file PATH: identity:
+// key file …".
+func TestKeyFileErrorsSayItOnce(t *testing.T) {
+	dir := t.TempDir()
+	_, good := writeKey(t, dir, "good.key")
+	junk := filepath.Join(dir, "junk.key")
+	if err := os.WriteFile(junk, []byte("not a key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := filepath.Join(dir, "open.key")
+	if err := os.WriteFile(open, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.key")
+	if err := os.Symlink(good, link); err != nil {
+		t.Fatal(err)
+	}
+	load := func(p string) func() error {
+		return func() error { _, err := identity.LoadKeyFile(p); return err }
+	}
+	for _, c := range []struct {
+		name, path string
+		do         func() error
+		want       error
+	}{
+		{"format", junk, load(junk), identity.ErrKeyFileFormat},
+		{"mode", open, load(open), identity.ErrKeyFileMode},
+		{"symlink", link, load(link), identity.ErrKeyFileType},
+		{"directory", dir, load(dir), identity.ErrKeyFileType},
+		{"exists", good, func() error { return identity.WriteKeyFile(good, newID(t)) }, identity.ErrKeyFileExists},
+	} {
+		err := c.do()
+		if !errors.Is(err, c.want) {
+			t.Fatalf("%s: %v, want %v", c.name, err, c.want)
+		}
+		msg := err.Error()
+		if strings.Count(msg, "identity:") != 1 || strings.Count(msg, c.path) != 1 || !strings.HasPrefix(msg, "identity: key file "+c.path+" ") {
+			t.Errorf("%s: %q: want \"identity: key file %s …\" with the prefix and the path once", c.name, msg, c.path)
+		}
+	}
+}

@@ -37,6 +37,10 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
+// DefaultListen is the address both relay commands (sealbridge relay and
+// sealbridge-relay) listen on unless --listen says otherwise.
+const DefaultListen = "127.0.0.1:8470"
+
 // Limits of the protocol.
 const (
 	// MaxClockSkew is how far a signed inbox request's timestamp may be from
