@@ -15,7 +15,7 @@ const module = "github.com/sealbridge/sealbridge"
 var allowed = map[string][]string{
 	"pkg/errcode":        {},
 	"internal/buildinfo": {},
-	"internal/dataroot":  {},
+	"internal/dataroot":  {"pkg/errcode"},
 	"internal/lru":       {},
 	"internal/fsx":       {"golang.org/x/sys"},
 	"internal/lockfile":  {"internal/fsx", "github.com/gofrs/flock", "golang.org/x/sys"},
@@ -23,14 +23,14 @@ var allowed = map[string][]string{
 	// identity: its key-file system calls use x/sys directly (renameat2 NOREPLACE).
 	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58", "golang.org/x/sys"},
 	"pkg/envelope": {"pkg/identity"},
-	"pkg/store": {"internal/fsx", "internal/lockfile", "internal/lru", "pkg/identity", "pkg/envelope",
-		"pkg/errcode", "github.com/google/uuid"},
-	"pkg/fsck":    {"pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "pkg/errcode"},
+	"pkg/store": {"internal/fsx", "internal/lockfile", "internal/lru", "internal/dataroot", "pkg/identity",
+		"pkg/envelope", "pkg/errcode", "github.com/google/uuid"},
+	"pkg/fsck":    {"pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
 	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "github.com/google/uuid", "golang.org/x/sys"},
-	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "github.com/google/uuid"},
+	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "internal/dataroot", "github.com/google/uuid"},
 	"pkg/client":  {"pkg/errcode"},
 	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode",
-		"github.com/google/uuid", "github.com/prometheus/client_golang"},
+		"internal/dataroot", "github.com/google/uuid", "github.com/prometheus/client_golang"},
 	"fsfixtures": {"pkg/store", "pkg/identity", "pkg/envelope", "internal/fsx", "github.com/google/uuid"},
 }
 
