@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -26,6 +27,8 @@ func IdentityPath(home, name string) string {
 	return filepath.Join(home, "identities", name+".key")
 }
 
+// keyPath returns the key file of identity name under the data root home, once the
+// data root keeps the data-root rules (dataroot.CheckRoot).
 func keyPath(home, name string) (string, error) {
 	if name == "" {
 		name = DefaultIdentity
@@ -37,12 +40,16 @@ func keyPath(home, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if err := dataroot.CheckRoot(root); err != nil {
+		return "", err
+	}
 	return IdentityPath(root, name), nil
 }
 
 // InitIdentity creates a new identity name under the data root home (resolved like
 // store.DataRoot; directories are created with mode 0700). It fails if the identity
-// exists.
+// exists, or if the data root breaks the data-root rules (a *dataroot.Violation,
+// with its fix as hint).
 func InitIdentity(home, name string) (*identity.Identity, error) {
 	path, err := keyPath(home, name)
 	if err != nil {
@@ -67,7 +74,8 @@ func InitIdentity(home, name string) (*identity.Identity, error) {
 	return id, nil
 }
 
-// LoadIdentity loads identity name from the data root home.
+// LoadIdentity loads identity name from the data root home. Like InitIdentity it
+// refuses a data root that breaks the data-root rules.
 func LoadIdentity(home, name string) (*identity.Identity, error) {
 	path, err := keyPath(home, name)
 	if err != nil {
