@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 )
@@ -78,6 +80,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if err := os.MkdirAll(*home, 0o700); err != nil {
 		fmt.Fprintf(stderr, "sealbridge-relay: %v\n", err)
+		return 1
+	}
+	if err := dataroot.CheckRoot(*home); err != nil {
+		fmt.Fprintf(stderr, "sealbridge-relay: error: %v\n", err)
+		if hint := errcode.HintOf(err); hint != "" {
+			fmt.Fprintf(stderr, "sealbridge-relay: hint: %s\n", hint)
+		}
 		return 1
 	}
 	if *idFile == "" {

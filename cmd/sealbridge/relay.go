@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -39,6 +40,9 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if err := os.MkdirAll(root, 0o700); err != nil {
+		return err
+	}
+	if err := dataroot.CheckRoot(root); err != nil {
 		return err
 	}
 	keyFile := filepath.Join(root, relayKeyFile)
