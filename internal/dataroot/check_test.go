@@ -100,7 +100,7 @@ func TestCheckRootRefusesEachBrokenRule(t *testing.T) {
 	q := func(p string) string { return "'" + p + "'" }
 	for _, tc := range []struct {
 		name    string
-		broken  string // relative to the root ("" is the root)
+		broken  string                                 // relative to the root ("" is the root)
 		break_  func(t *testing.T, path string) string // returns what the fix must contain
 		ruleHas string
 	}{
