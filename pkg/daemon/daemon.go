@@ -85,7 +85,9 @@ type Daemon struct {
 
 // New loads the identity, opens its store and takes the one-daemon-per-identity lock
 // (flock on <run dir>/sealbridged.pid, which holds the pid). If another daemon holds
-// it the error reads "… already running (pid N)".
+// it the error reads "… already running (pid N)". It refuses, before it writes
+// anything, a data root or store that breaks the data-root rules (LoadIdentity and
+// store.Open check them).
 func New(opts Options) (*Daemon, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
