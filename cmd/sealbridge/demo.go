@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
@@ -281,7 +282,7 @@ func (dm *demo) startDaemon(ctx context.Context, name, relayURL string) (*node, 
 	}
 	opts := daemon.Options{Home: dm.root, Identity: name, Logger: log, Version: version(),
 		InboxRelay: relayURL, PollEvery: demoInboxEvery}
-	if sock := client.SocketPath(dm.root, string(id.DID())); len(sock) > maxSocketPath {
+	if sock := client.SocketPath(dm.root, string(id.DID())); len(sock) > dataroot.MaxSocketPath {
 		// A long $TMPDIR: put the socket at a shorter path of our own.
 		opts.SocketPath = filepath.Join(dm.tmp, name+".sock")
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -91,10 +92,13 @@ func cmdInit(_ context.Context, args []string, stdout, _ io.Writer) error {
 	return nil
 }
 
-// cmdWhoami: sealbridge whoami [--home DIR] [--identity NAME]
+// cmdWhoami: sealbridge whoami [--home DIR] [--identity NAME] [--socket]
+// --socket prints the path of the identity's daemon socket instead of its DID:
+// where a running daemon listens, else where one would (client.Locate).
 func cmdWhoami(_ context.Context, args []string, stdout, _ io.Writer) error {
 	fs := newFlagSet("whoami")
 	w := identityFlags(fs)
+	socket := fs.Bool("socket", false, "")
 	if err := noArgs(fs, args); err != nil {
 		return err
 	}
@@ -104,6 +108,10 @@ func cmdWhoami(_ context.Context, args []string, stdout, _ io.Writer) error {
 	id, err := w.load()
 	if err != nil {
 		return err
+	}
+	if *socket {
+		fmt.Fprintln(stdout, client.Locate(w.root, string(id.DID())))
+		return nil
 	}
 	fmt.Fprintln(stdout, id.DID())
 	return nil

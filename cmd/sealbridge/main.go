@@ -20,7 +20,9 @@ const usage = `usage: sealbridge COMMAND [flags]
 
 Commands:
   init     [--home DIR] [--identity NAME]       create an identity, print its DID
-  whoami   [--home DIR] [--identity NAME]       print the identity's DID
+  whoami   [--home DIR] [--identity NAME] [--socket]
+                                                print the identity's DID; --socket:
+                                                the path of its daemon's socket
   send     --to DID --relay URL [--deadline 24h|TIME] [--idempotency-key K] [--file F]
                                                 send a message (body from --file or
                                                 standard input); print its id. The

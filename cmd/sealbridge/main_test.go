@@ -436,3 +436,55 @@ func field(out, key string) string {
 	}
 	return ""
 }
+
+// A message whose relay refuses connections: status and ls show its last error and
+// its next attempt.
+func TestStatusShowsLastErrorAndNextAttempt(t *testing.T) {
+	home := shortHome(t)
+	sb(t, "init", "--home", home, "--identity", "alice")
+	_, out, _ := sb(t, "init", "--home", home, "--identity", "bob")
+	bob := strings.TrimSpace(out)
+	startDaemon(t, home, "alice")
+	as := []string{"--home", home, "--identity", "alice"}
+	// A relay that is gone: connections to its port are refused.
+	srv := httptest.NewServer(http.NotFoundHandler())
+	dead := srv.URL
+	srv.Close()
+	stdin = strings.NewReader("hello")
+	t.Cleanup(func() { stdin = os.Stdin })
+	code, out, errs := sb(t, append([]string{"send", "--to", bob, "--relay", dead}, as...)...)
+	if code != 0 {
+		t.Fatalf("send: %d %s", code, errs)
+	}
+	id := strings.TrimSpace(out)
+	deadline := time.NewTimer(60 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var m client.Message
+	for m.Attempts == 0 {
+		code, out, errs := sb(t, append([]string{"status", id, "--json"}, as...)...)
+		if code != 0 || json.Unmarshal([]byte(out), &m) != nil {
+			t.Fatalf("status --json: %d %s %s", code, out, errs)
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("no attempt: %+v", m)
+		}
+	}
+	if m.Status != "queued" || !strings.Contains(m.LastError, "connection refused") || !m.NextAttemptAt.After(time.Now()) {
+		t.Fatalf("status --json: %+v", m)
+	}
+	code, out, _ = sb(t, append([]string{"status", id}, as...)...)
+	if code != 0 || !strings.Contains(field(out, "last error"), "connection refused") ||
+		!strings.Contains(field(out, "next attempt"), "(in ") || field(out, "attempts") != "1" {
+		t.Fatalf("status text: %d\n%s", code, out)
+	}
+	code, out, _ = sb(t, append([]string{"ls"}, as...)...)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 2 || !strings.Contains(lines[0], "NEXT ATTEMPT") || !strings.Contains(lines[0], "LAST ERROR") ||
+		!strings.Contains(lines[1], id) || !strings.Contains(lines[1], "connection refused") || !strings.Contains(lines[1], "(in ") {
+		t.Fatalf("ls: %d\n%s", code, out)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -24,9 +25,6 @@ var stdin io.Reader = os.Stdin
 // maxBodyRead bounds the body send reads; the daemon enforces its own limit.
 const maxBodyRead = 16 << 20
 
-// maxSocketPath is the longest unix socket path Linux accepts (sun_path less NUL).
-const maxSocketPath = 107
-
 // daemonConn is a client of the identity's daemon.
 type daemonConn struct {
 	w   *who
@@ -40,12 +38,7 @@ func (w *who) connect() (*daemonConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	sock := client.SocketPath(w.root, string(id.DID()))
-	if len(sock) > maxSocketPath {
-		return nil, withHint(fmt.Errorf("the daemon's socket path %s is longer than %d bytes, the limit of unix sockets", sock, maxSocketPath),
-			"use a shorter --home")
-	}
-	return &daemonConn{w: w, did: id.DID(), c: client.New(sock)}, nil
+	return &daemonConn{w: w, did: id.DID(), c: client.ForIdentity(w.root, string(id.DID()))}, nil
 }
 
 // explain turns a client error into the command's error: no daemon (exit 3),
@@ -209,6 +202,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	row("to", m.To)
 	row("relay", m.RelayURL)
 	row("attempts", fmt.Sprint(m.Attempts))
+	row("next attempt", nextAttempt(m))
 	row("created", formatTime(m.CreatedAt))
 	row("updated", formatTime(m.UpdatedAt))
 	row("deadline", formatTime(m.Deadline))
@@ -247,16 +241,31 @@ func cmdLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return writeJSON(stdout, l)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MESSAGE\tSTATUS\tATTEMPTS\tUPDATED\tTO")
+	fmt.Fprintln(tw, "MESSAGE\tSTATUS\tATTEMPTS\tUPDATED\tNEXT ATTEMPT\tTO\tLAST ERROR")
+	unreadable := 0
 	for _, m := range l.Messages {
+		if m.Error != nil {
+			unreadable++
+			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t%s\n", m.MessageID, "UNREADABLE", oneLine(m.Error.Message))
+			continue
+		}
 		st := m.Status
 		if m.ClosedBy != "" {
 			st += "/" + m.ClosedBy
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", m.MessageID, st, m.Attempts, formatTime(m.UpdatedAt), m.To)
+		last := ""
+		if m.Status == "queued" {
+			last = oneLine(m.LastError)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.MessageID, st, m.Attempts, formatTime(m.UpdatedAt),
+			nextAttempt(&m), m.To, last)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if unreadable > 0 {
+		fmt.Fprintf(stderr, "sealbridge: %d message record(s) could not be read\nsealbridge: hint: check the store with: sealbridge-fsck --home %s --identity %s\n",
+			unreadable, shellQuote(w.root), shellQuote(string(d.did)))
 	}
 	if l.Next != "" {
 		fmt.Fprintf(stderr, "sealbridge: more: sealbridge ls %s --after %s\n", w.flags(), shellQuote(l.Next))
@@ -269,6 +278,21 @@ func writeJSON(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
+
+// nextAttempt is when a queued message's next attempt is due: a time, "now" if it
+// is due, "" if the message is not queued.
+func nextAttempt(m *client.Message) string {
+	switch {
+	case m.Status != "queued":
+		return ""
+	case m.NextAttemptAt.IsZero() || !m.NextAttemptAt.After(time.Now()):
+		return "now"
+	}
+	return formatTime(m.NextAttemptAt) + " (in " + time.Until(m.NextAttemptAt).Round(time.Second).String() + ")"
+}
+
+// oneLine keeps a table cell on one line.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 func formatTime(t time.Time) string {
 	if t.IsZero() {

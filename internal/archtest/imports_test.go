@@ -28,9 +28,9 @@ var allowed = map[string][]string{
 	"pkg/fsck":    {"pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
 	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "github.com/google/uuid", "golang.org/x/sys"},
 	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "internal/dataroot", "github.com/google/uuid"},
-	"pkg/client":  {"pkg/errcode"},
-	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode",
-		"internal/dataroot", "github.com/google/uuid", "github.com/prometheus/client_golang"},
+	"pkg/client":  {"pkg/errcode", "internal/dataroot"},
+	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "internal/dataroot",
+		"github.com/google/uuid", "github.com/prometheus/client_golang"},
 	"fsfixtures": {"pkg/store", "pkg/identity", "pkg/envelope", "internal/fsx", "github.com/google/uuid"},
 }
 

@@ -6,12 +6,16 @@ import (
 	"io/fs"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // OpKind names a mutating call recorded by Faulty.
 type OpKind string
 
-// The mutating calls. Open without O_CREAT is not mutating and is not recorded.
+// The mutating calls. Open without O_CREAT is not mutating and is not recorded, nor is
+// anything done to an unnamed O_TMPFILE file (it changes no directory and is gone when
+// closed, so no crash state holds it) or File.SetTimes (no crash state holds times).
 const (
 	OpCreate  OpKind = "create"  // OpenFile with O_CREAT (Flag says whether O_EXCL/O_TRUNC/O_APPEND)
 	OpWrite   OpKind = "write"   // File.Write: Data at Offset
@@ -135,6 +139,9 @@ func (f *Faulty) Root() string { return f.Inner.Root() }
 
 // OpenFile implements FS.
 func (f *Faulty) OpenFile(name string, flag int, perm uint32) (File, error) {
+	if flag&unix.O_TMPFILE == unix.O_TMPFILE {
+		return f.Inner.OpenFile(name, flag, perm)
+	}
 	writable := flag&(syscall.O_WRONLY|syscall.O_RDWR) != 0
 	if flag&syscall.O_CREAT == 0 {
 		inner, err := f.Inner.OpenFile(name, flag, perm)

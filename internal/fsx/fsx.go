@@ -5,7 +5,9 @@
 // symbolic link: the real implementation (OS) uses openat2 with
 // RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS where the kernel has it and an O_NOFOLLOW walk
 // otherwise. Faulty wraps any FS, records every mutating call, and can fail or delay a
-// chosen call; the crash-state explorer and the fault tests are built on it.
+// chosen call; the crash-state explorer and the fault tests are built on it. Coarse
+// wraps any FS and reports its times truncated to a granularity (a 1 s or 2 s file
+// system), and ProbeGranularity measures the granularity of a real one.
 //
 // On top of FS, this package provides the durable primitives of DESIGN §6:
 //
@@ -72,6 +74,10 @@ type File interface {
 	// once).
 	Sync() error
 	Stat() (Info, error)
+	// SetTimes sets the file's access and modification times, in nanoseconds since
+	// the epoch (futimens); the file system keeps what its timestamp granularity
+	// allows. Only ProbeGranularity uses it, on an unnamed file.
+	SetTimes(atimeNs, mtimeNs int64) error
 	Close() error
 	// Fd returns the descriptor, for flock.
 	Fd() uintptr

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -412,6 +413,23 @@ func (f *osFile) Stat() (Info, error) {
 		return Info{}, &fs.PathError{Op: "fstat", Path: f.name, Err: err}
 	}
 	return infoOf(&st), nil
+}
+
+func (f *osFile) SetTimes(atimeNs, mtimeNs int64) error {
+	ts := [2]unix.Timespec{unix.NsecToTimespec(atimeNs), unix.NsecToTimespec(mtimeNs)}
+	// utimensat with a NULL path sets the times of the descriptor itself (futimens);
+	// x/sys has no wrapper taking no path.
+	err := retryEINTR(func() error {
+		_, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(f.fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+		if e != 0 {
+			return e
+		}
+		return nil
+	})
+	if err != nil {
+		return &fs.PathError{Op: "futimens", Path: f.name, Err: err}
+	}
+	return nil
 }
 
 func (f *osFile) Close() error {

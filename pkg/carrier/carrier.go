@@ -71,6 +71,10 @@ type Options struct {
 	// schedule is looked at again.
 	MaxPerPass int
 	Logger     *slog.Logger
+	// Events, if set, is told of every settled attempt and of the store's failures
+	// and successes (see Event): the daemon logs delivery failures from them. It is
+	// called from the carrier's goroutines and must return quickly.
+	Events func(Event)
 	// Jitter returns a number in [0, 1); default math/rand/v2.
 	Jitter func() float64
 }
@@ -244,8 +248,10 @@ func (c *Carrier) finish(r passResult) {
 	switch {
 	case r.err != nil:
 		c.storeError(r.err)
-		c.o.Logger.Warn("carrier: store failure, target delayed", "target", r.target, "delay", c.o.StoreFailureDelay, "err", r.err)
+		c.storeWarn("carrier: store failure, target delayed", "target", r.target, "delay", c.o.StoreFailureDelay, "err", r.err)
 		c.blocked[r.target] = now.Add(c.o.StoreFailureDelay)
+		c.event(Event{Kind: EventStoreError, Target: r.target, Err: r.err})
+		return
 	case !r.progress:
 		// Due by the index but nothing could be done (another process holds it, or
 		// the index lagged): never spin.
@@ -253,6 +259,17 @@ func (c *Carrier) finish(r passResult) {
 	default:
 		delete(c.blocked, r.target)
 	}
+	c.event(Event{Kind: EventStoreOK, Target: r.target})
+}
+
+// storeWarn logs a store failure: a warning, or at debug level when Events
+// receives it (the receiver logs it then).
+func (c *Carrier) storeWarn(msg string, args ...any) {
+	if c.o.Events != nil {
+		c.o.Logger.Debug(msg, args...)
+		return
+	}
+	c.o.Logger.Warn(msg, args...)
 }
 
 func (c *Carrier) storeError(err error) {
@@ -277,10 +294,12 @@ func (c *Carrier) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 			return
 		}
 		c.storeError(err)
-		c.o.Logger.Warn("carrier: the schedule could not be read", "err", err)
+		c.storeWarn("carrier: the schedule could not be read", "err", err)
 		c.arm(now, now.Add(c.o.StoreFailureDelay))
+		c.event(Event{Kind: EventStoreError, Err: err})
 		return
 	}
+	c.event(Event{Kind: EventStoreOK})
 	var next time.Time
 	waiting := 0
 	for _, tp := range plans {

@@ -27,3 +27,6 @@ type wallTimer struct{ t *time.Timer }
 
 func (w wallTimer) C() <-chan time.Time { return w.t.C }
 func (w wallTimer) Stop() bool          { return w.t.Stop() }
+
+// WallClock returns the wall clock, the default Clock.
+func WallClock() Clock { return wallClock{} }

@@ -119,7 +119,12 @@ func (c *Carrier) attempt(ctx context.Context, tp *targetPlan, e *store.OutboxSu
 	}
 	c.st.attempt(res.Outcome)
 	c.o.Logger.Debug("carrier: attempt", "target", tp.url, "envelope", e.EnvelopeID, "outcome", res.Outcome.String(), "status", res.Status, "err", res.Err)
-	return sent, res.Outcome, c.settle(sctx, tp, e, res)
+	next, err := c.settle(sctx, tp, e, res)
+	if err == nil {
+		c.event(Event{Kind: EventAttempt, Target: tp.url, EnvelopeID: e.EnvelopeID, Outcome: res.Outcome,
+			Status: res.Status, Reason: describe(res), NextAttempt: next})
+	}
+	return sent, res.Outcome, err
 }
 
 // release clears this holder's lease on id without counting an attempt.
@@ -135,7 +140,8 @@ func (c *Carrier) release(ctx context.Context, id string) error {
 }
 
 // settle records an attempt's outcome: under the lock, on the record as it is now.
-func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSummary, res Result) error {
+// It returns when the envelope is due again (zero if it is not pending any more).
+func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSummary, res Result) (time.Time, error) {
 	now := c.nowMs()
 	var delay time.Duration
 	if res.Outcome == Failed {
@@ -143,8 +149,9 @@ func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSum
 	}
 	why := describe(res)
 	deadlineClosed := false
+	var next int64
 	err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
-		deadlineClosed = false
+		deadlineClosed, next = false, 0
 		o, err := store.TxGet[*store.Outbox](tx, e.EnvelopeID)
 		if err != nil || o == nil || o.State != store.StatePending {
 			return err
@@ -170,6 +177,7 @@ func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSum
 		}
 		if res.Outcome == Failed {
 			o.NextAttemptAt, o.LastError, o.UnreachableSince = now+delay.Milliseconds(), clip(why), 0
+			next = o.NextAttemptAt
 			if err := tx.Put(o); err != nil {
 				return err
 			}
@@ -185,6 +193,7 @@ func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSum
 			o.UnreachableSince = since
 		}
 		o.NextAttemptAt, o.LastError = now+c.o.ProbeEvery.Milliseconds(), clip("relay unreachable: "+why)
+		next = o.NextAttemptAt
 		if err := tx.Put(o); err != nil {
 			return err
 		}
@@ -213,7 +222,10 @@ func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSum
 	if err == nil && deadlineClosed {
 		c.st.close(store.ClosedByDeadline)
 	}
-	return err
+	if err != nil || next == 0 {
+		return time.Time{}, err
+	}
+	return time.UnixMilli(next), nil
 }
 
 // clearWait ends tp's target wait: every waiting envelope is due now.

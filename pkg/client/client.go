@@ -5,8 +5,6 @@ package client
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,10 +13,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
@@ -31,18 +30,26 @@ type SendRequest struct {
 	DeadlineMs int64  `json:"deadline,omitempty"`
 }
 
-// Message is a sent message's status as the daemon reports it.
+// Message is a sent message's status as the daemon reports it. For a queued
+// message, LastError is the last failed attempt's error and NextAttemptAt when the
+// next attempt is due (zero: now, or none scheduled); for a closed one LastError is
+// why it closed.
 type Message struct {
-	MessageID string    `json:"messageId"`
-	Status    string    `json:"status"`
-	ClosedBy  string    `json:"closedBy,omitempty"`
-	LastError string    `json:"lastError,omitempty"`
-	To        string    `json:"to"`
-	RelayURL  string    `json:"relayUrl"`
-	Attempts  int       `json:"attempts"`
-	CreatedAt time.Time `json:"createdAt"`
-	UpdatedAt time.Time `json:"updatedAt"`
-	Deadline  time.Time `json:"deadline"`
+	MessageID     string    `json:"messageId"`
+	Status        string    `json:"status"`
+	ClosedBy      string    `json:"closedBy,omitempty"`
+	LastError     string    `json:"lastError,omitempty"`
+	To            string    `json:"to"`
+	RelayURL      string    `json:"relayUrl"`
+	Attempts      int       `json:"attempts"`
+	NextAttemptAt time.Time `json:"nextAttemptAt,omitzero"`
+	CreatedAt     time.Time `json:"createdAt"`
+	UpdatedAt     time.Time `json:"updatedAt"`
+	Deadline      time.Time `json:"deadline"`
+	// Error, set only on an entry of a list, says that this message's record could
+	// not be read (OUTBOX_STORE_INVALID: run sealbridge-fsck); the entry then carries
+	// only MessageID.
+	Error *Error `json:"error,omitempty"`
 }
 
 // MessageList is one page of GET /v1/messages; Next, if set, is the `after` of the
@@ -70,33 +77,95 @@ func (e *Error) Is(target error) bool {
 	return c != nil && target == error(c)
 }
 
-// SocketPath returns the daemon's socket for identity did under the data root:
-// <dataRoot>/run/<hex sha256(did)>/sealbridged.sock.
+// SocketPath returns where the daemon of identity did under the data root listens:
+// $XDG_RUNTIME_DIR/sealbridge/<short id>.sock when XDG_RUNTIME_DIR is set (an
+// absolute path), otherwise <dataRoot>/run/<short id>.sock (internal/dataroot).
 func SocketPath(dataRoot string, did string) string {
-	sum := sha256.Sum256([]byte(did))
-	return filepath.Join(dataRoot, "run", hex.EncodeToString(sum[:]), "sealbridged.sock")
+	return dataroot.SocketPaths(dataRoot, did)[0]
+}
+
+// Locate returns the socket of identity did's daemon: the first of its candidate
+// paths (SocketPath, then <dataRoot>/run/<short id>.sock) that exists as a
+// socket, or SocketPath if none does. A daemon started with another
+// $XDG_RUNTIME_DIR than the caller's is found this way.
+func Locate(dataRoot string, did string) string {
+	return locate(dataroot.SocketPaths(dataRoot, did))
+}
+
+func locate(candidates []string) string {
+	for _, p := range candidates {
+		if isSocket(p) {
+			return p
+		}
+	}
+	return candidates[0]
+}
+
+func isSocket(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.Mode()&os.ModeSocket != 0
 }
 
 // Client talks to one daemon over its unix socket. It is safe for concurrent use.
 type Client struct {
-	socket string
-	hc     *http.Client
+	candidates []string // the socket paths it dials, in order (one for New)
+	hc         *http.Client
 }
 
 // New returns a client of the daemon listening on socketPath.
 func New(socketPath string) *Client {
+	return newClient([]string{socketPath})
+}
+
+// ForIdentity returns a client of identity did's daemon under the data root. Each
+// connection goes to the first of the identity's candidate socket paths (see
+// Locate) that exists as a socket; one that refuses the connection (left by a
+// daemon that died) is passed over for the next. If none exists the error names
+// SocketPath.
+func ForIdentity(dataRoot string, did string) *Client {
+	return newClient(dataroot.SocketPaths(dataRoot, did))
+}
+
+func newClient(candidates []string) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return dialSocket(ctx, socketPath)
+			return dial(ctx, candidates)
 		},
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	return &Client{socket: socketPath, hc: &http.Client{Transport: tr}}
+	return &Client{candidates: candidates, hc: &http.Client{Transport: tr}}
 }
 
-// SocketPath returns the socket the client dials.
-func (c *Client) SocketPath() string { return c.socket }
+// dial connects to the first candidate that exists as a socket and accepts the
+// connection; with none, it dials the first candidate for its error.
+func dial(ctx context.Context, candidates []string) (net.Conn, error) {
+	var d net.Dialer
+	var first error
+	for _, p := range candidates {
+		if len(candidates) > 1 && !isSocket(p) {
+			continue
+		}
+		c, err := d.DialContext(ctx, "unix", p)
+		if err == nil {
+			return c, nil
+		}
+		if first == nil {
+			first = err
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			break
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	return d.DialContext(ctx, "unix", candidates[0])
+}
+
+// SocketPath returns the socket the client dials: for a client of ForIdentity, the
+// one Locate finds now.
+func (c *Client) SocketPath() string { return locate(c.candidates) }
 
 // Send asks the daemon to send a message. A non-empty idempotencyKey is sent as the
 // Idempotency-Key header: the same key with the same request answers the same
@@ -178,12 +247,12 @@ func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, b
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("sealbridged at %s: %w", c.socket, err)
+		return fmt.Errorf("sealbridged at %s: %w", c.SocketPath(), err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
 	if err != nil {
-		return fmt.Errorf("sealbridged at %s: %w", c.socket, err)
+		return fmt.Errorf("sealbridged at %s: %w", c.SocketPath(), err)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		e := &Error{Status: resp.StatusCode}

@@ -123,9 +123,14 @@ func waitStatus(t *testing.T, c *client.Client, id, status string) *client.Messa
 }
 
 func TestSocketPath(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", "")
 	p := client.SocketPath("/data", "did:key:z6Mk")
-	if !strings.HasPrefix(p, "/data/run/") || !strings.HasSuffix(p, "/sealbridged.sock") || len(p) != len("/data/run/")+64+len("/sealbridged.sock") {
+	if !strings.HasPrefix(p, "/data/run/") || !strings.HasSuffix(p, ".sock") || len(p) != len("/data/run/")+16+len(".sock") {
 		t.Fatalf("SocketPath = %s", p)
+	}
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+	if q := client.SocketPath("/data", "did:key:z6Mk"); q != "/run/user/1000/sealbridge/"+strings.TrimPrefix(p, "/data/run/") {
+		t.Fatalf("SocketPath with XDG_RUNTIME_DIR = %s", q)
 	}
 }
 
@@ -260,12 +265,7 @@ func TestBadRequests(t *testing.T) {
 	}
 	// Unknown fields and non-JSON are refused.
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var c net.Conn
-		err := client.ShortSocketAddr(e.d.SocketPath(), func(addr string) (err error) {
-			c, err = (&net.Dialer{}).DialContext(ctx, "unix", addr)
-			return err
-		})
-		return c, err
+		return (&net.Dialer{}).DialContext(ctx, "unix", e.d.SocketPath())
 	}}}
 	resp, err := hc.Post("http://x/v1/messages", "application/json", strings.NewReader(`{"to":"a","extra":1}`))
 	if err != nil {

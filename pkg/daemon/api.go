@@ -89,16 +89,6 @@ func (d *Daemon) route(name string, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func (d *Daemon) serveReady(w http.ResponseWriter, _ *http.Request) {
-	switch {
-	case d.draining.Load():
-		writeError(w, http.StatusServiceUnavailable, CodeNotReady, "draining")
-	default:
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "did": string(d.id.DID()),
-			"indexesPrepared": d.prepared.Load()})
-	}
-}
-
 func (d *Daemon) serveMessage(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !store.IsUUID(id) {
@@ -114,9 +104,39 @@ func (d *Daemon) serveMessage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no message "+id)
 		return
 	}
-	writeJSON(w, http.StatusOK, toClient(m))
+	cm := toClient(m)
+	if m.Status == store.StatusQueued {
+		envs, err := d.st.Pending(r.Context(), id)
+		if err != nil {
+			d.writeStoreError(w, err)
+			return
+		}
+		withDelivery(&cm, envs)
+	}
+	writeJSON(w, http.StatusOK, cm)
 }
 
+// withDelivery adds what a queued message's pending envelopes (in ordinal order)
+// record about its delivery: the last attempt's error and the next attempt's time.
+func withDelivery(cm *client.Message, envs []*store.Outbox) {
+	var next int64
+	for _, o := range envs {
+		if cm.LastError == "" {
+			cm.LastError = o.LastError
+		}
+		if o.NextAttemptAt > 0 && (next == 0 || o.NextAttemptAt < next) {
+			next = o.NextAttemptAt
+		}
+	}
+	cm.NextAttemptAt = msTime(next)
+}
+
+// serveMessages lists messages from the messages index. A queued message is read
+// from its record (it may be an interrupted enqueue, which is not listed) with its
+// pending envelopes. A record that cannot be read is listed as an entry carrying
+// only its id and the error, and the daemon reports itself not ready; if the index
+// itself cannot be made, each record is read instead. Only a listing that fails (a
+// name that is no record's in the directory) fails the request.
 func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	status, after := q.Get("status"), q.Get("after")
@@ -135,14 +155,55 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeBadRequest, "unknown status "+strconv.Quote(status))
 		return
 	}
-	sums, err := d.st.MessageSummaries(r.Context())
-	if err != nil {
-		d.writeStoreError(w, err)
-		return
+	ctx := r.Context()
+	sums, err := d.st.MessageSummaries(ctx)
+	degraded := err != nil
+	if degraded {
+		if !unreadable(err) {
+			d.writeStoreError(w, err)
+			return
+		}
+		d.apiProblem(err)
+		ids, lerr := d.st.List(store.KindMessages)
+		if lerr != nil {
+			d.writeStoreError(w, lerr)
+			return
+		}
+		sums = make([]store.MessageSummary, len(ids))
+		for i, id := range ids {
+			sums[i] = store.MessageSummary{MessageID: id}
+		}
+	}
+	// The pending envelopes of queued messages, read once for the page.
+	var pending map[string][]store.OutboxSummary
+	pendingOf := func(id string) ([]*store.Outbox, error) {
+		if pending == nil {
+			all, err := d.st.OutboxSummaries(ctx)
+			if err != nil {
+				return nil, err
+			}
+			pending = map[string][]store.OutboxSummary{}
+			for _, e := range all {
+				if e.State == store.StatePending {
+					pending[e.MessageID] = append(pending[e.MessageID], e)
+				}
+			}
+		}
+		var out []*store.Outbox
+		for _, e := range pending[id] {
+			o, err := store.GetAs[*store.Outbox](d.st, e.EnvelopeID)
+			if err != nil {
+				return nil, err
+			}
+			if o != nil && o.State == store.StatePending {
+				out = append(out, o)
+			}
+		}
+		return out, nil
 	}
 	out := client.MessageList{Messages: []client.Message{}}
 	for _, s := range sums { // sorted by id
-		if s.MessageID <= after || (status != "" && s.Status != status) {
+		if s.MessageID <= after || (!degraded && status != "" && s.Status != status) {
 			continue
 		}
 		if len(out.Messages) == limit {
@@ -150,20 +211,29 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		cm := client.Message{MessageID: s.MessageID, Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
-			RelayURL: s.RelayURL, CreatedAt: msTime(s.CreatedAt), UpdatedAt: msTime(s.UpdatedAt),
+			RelayURL: s.RelayURL, Attempts: s.Attempts, CreatedAt: msTime(s.CreatedAt), UpdatedAt: msTime(s.UpdatedAt),
 			Deadline: msTime(s.DeliveryDeadline)}
-		// Queued messages may be an interrupted enqueue (not accepted) and carry
-		// attempts: read the record.
-		if s.Status == store.StatusQueued {
+		if degraded || s.Status == store.StatusQueued {
 			m, err := d.st.Message(s.MessageID)
-			if err != nil {
-				d.writeStoreError(w, err)
-				return
+			var envs []*store.Outbox
+			if err == nil && m != nil && m.Status == store.StatusQueued {
+				envs, err = pendingOf(m.MessageID)
 			}
-			if m == nil {
+			if err != nil {
+				if !unreadable(err) {
+					d.writeStoreError(w, err)
+					return
+				}
+				d.apiProblem(err)
+				out.Messages = append(out.Messages, client.Message{MessageID: s.MessageID,
+					Error: &client.Error{Code: errcode.Of(err), Message: err.Error()}})
+				continue
+			}
+			if m == nil || (status != "" && m.Status != status) {
 				continue
 			}
 			cm = toClient(m)
+			withDelivery(&cm, envs)
 		}
 		out.Messages = append(out.Messages, cm)
 	}
@@ -378,7 +448,9 @@ func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
 		return
 	}
 	status := statusOf(c)
-	if status >= 500 {
+	if unreadable(err) {
+		d.apiProblem(err) // logged as a condition
+	} else if status >= 500 {
 		d.m.storeError(err)
 		d.log.Warn("api: store error", "code", c.String(), "err", err)
 	}

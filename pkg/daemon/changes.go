@@ -244,36 +244,59 @@ func (d *Daemon) detectChanges(ctx context.Context) {
 	if every <= 0 {
 		every = DefaultChangePollEvery
 	}
-	f := d.changes
-	kinds := []store.Kind{store.KindMessages, store.KindOutbox, store.KindReceipts, store.KindObservations}
-	stamps := map[store.Kind]store.Stamp{}
-	baseline := true
+	dt := d.newDetector()
 	for {
-		ok := true
-		for _, k := range kinds {
-			st, err := d.st.ListingStamp(k)
-			if err == nil {
-				if old, seen := stamps[k]; seen && old == st {
-					continue
-				}
-				err = d.scanKind(ctx, k, baseline)
-			}
-			if err != nil {
-				ok = false
-				if ctx.Err() == nil {
-					d.log.Warn("daemon: change detector", "kind", k, "err", err)
-				}
-				continue
-			}
-			stamps[k] = st
-		}
-		if baseline && ok {
-			baseline = false
-			close(f.baselined)
-		}
+		dt.poll(ctx)
 		if !sleepCtx(ctx, every) {
 			return
 		}
+	}
+}
+
+// detector is the change detector's state between polls.
+type detector struct {
+	d        *Daemon
+	stamps   map[store.Kind]store.Stamp
+	baseline bool
+}
+
+var detectorKinds = []store.Kind{store.KindMessages, store.KindOutbox, store.KindReceipts, store.KindObservations}
+
+func (d *Daemon) newDetector() *detector {
+	return &detector{d: d, stamps: map[store.Kind]store.Stamp{}, baseline: true}
+}
+
+// poll checks every kind once. A kind that cannot be listed or read is a health
+// problem ("changes <kind>"), logged as a condition, until a later poll reads it;
+// then the problems the API met are read again.
+func (dt *detector) poll(ctx context.Context) {
+	d, f := dt.d, dt.d.changes
+	ok := true
+	for _, k := range detectorKinds {
+		key := "changes " + string(k)
+		st, err := d.st.ListingStamp(k)
+		if err == nil {
+			if old, seen := dt.stamps[k]; seen && old == st {
+				continue
+			}
+			err = d.scanKind(ctx, k, dt.baseline)
+		}
+		if err != nil {
+			ok = false
+			if ctx.Err() == nil {
+				d.problem(key, "daemon: change detector: the store cannot be read", err, "kind", k)
+			}
+			continue
+		}
+		dt.stamps[k] = st
+		d.recovered(key, "daemon: change detector: the store reads again", "kind", k)
+	}
+	if dt.baseline && ok {
+		dt.baseline = false
+		close(f.baselined)
+	}
+	if ctx.Err() == nil {
+		d.recheckAPIProblems(ok)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -19,8 +20,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/carrier"
-	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -37,7 +39,8 @@ type Options struct {
 	// name (default "default").
 	Home, Identity string
 	Logger         *slog.Logger
-	// SocketPath overrides client.SocketPath(dataRoot, did).
+	// SocketPath overrides the socket path, by default the first of
+	// dataroot.SocketPaths (as client.SocketPath).
 	SocketPath string
 	// DrainTimeout bounds the wait for in-flight attempts at shutdown (default 10 s).
 	DrainTimeout time.Duration
@@ -67,7 +70,6 @@ type Daemon struct {
 	st      *store.Store
 	car     *carrier.Carrier
 	root    string
-	runDir  string
 	socket  string
 	pidFile *os.File
 	started time.Time
@@ -81,14 +83,21 @@ type Daemon struct {
 
 	m       *metrics
 	changes *changeFeed
+	health  *health
+	cond    *condLog
+	clock   carrier.Clock  // the follower's timers and the condition logger's time
+	jitter  func() float64 // the follower's backoff jitter, in [0, 1)
 }
 
 // New loads the identity, opens its store and takes the one-daemon-per-identity lock
-// (flock on <run dir>/sealbridged.pid, which holds the pid). If another daemon holds
-// it the error reads "… already running (pid N)". It refuses, before it writes
-// anything, a data root or store that breaks the data-root rules (LoadIdentity and
-// store.Open check them).
+// (flock on dataroot.PIDFile, which holds the pid). If another daemon holds it the
+// error reads "… already running (pid N)". A socket path longer than a unix socket
+// address holds is refused before anything is written, and so is a data root or
+// store that breaks the data-root rules (LoadIdentity and store.Open check them).
 func New(opts Options) (*Daemon, error) {
+	if err := checkOptions(opts); err != nil {
+		return nil, err
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -109,25 +118,38 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	socket := opts.SocketPath
+	if socket == "" {
+		socket = dataroot.SocketPaths(root, string(id.DID()))[0]
+	}
+	if len(socket) > dataroot.MaxSocketPath {
+		hint := fmt.Sprintf("set XDG_RUNTIME_DIR to a short private directory (as systemd does: /run/user/%d) or use a shorter --home", os.Getuid())
+		if opts.SocketPath != "" {
+			hint = "use a shorter socket path"
+		}
+		return nil, errcode.WithHint(fmt.Errorf("the socket path %s is %d bytes, longer than the %d a unix socket address holds",
+			socket, len(socket), dataroot.MaxSocketPath), hint)
+	}
 	st, err := store.Open(id.Signer(), store.Options{Home: root})
 	if err != nil {
 		return nil, err
 	}
-	def := client.SocketPath(root, string(id.DID()))
 	d := &Daemon{opts: opts, log: opts.Logger.With("did", string(id.DID())), id: id, st: st, root: root,
-		runDir: filepath.Dir(def), socket: opts.SocketPath, ready: make(chan struct{}),
-		leasesOK: make(chan struct{}), started: time.Now(), changes: newChangeFeed(opts.ChangeWindow)}
-	if d.socket == "" {
-		d.socket = def
-	}
-	if err := os.MkdirAll(d.runDir, 0o700); err != nil {
-		return nil, fmt.Errorf("run directory: %w", err)
-	}
-	if err := os.Chmod(d.runDir, 0o700); err != nil {
-		return nil, fmt.Errorf("run directory: %w", err)
+		socket: socket, ready: make(chan struct{}),
+		leasesOK: make(chan struct{}), started: time.Now(), changes: newChangeFeed(opts.ChangeWindow),
+		health: newHealth(), clock: carrier.WallClock(), jitter: rand.Float64}
+	d.cond = newCondLog(d.log, d.now)
+	if err := privateDir(filepath.Join(root, dataroot.RunDir)); err != nil {
+		return nil, err
 	}
 	if err := d.lock(); err != nil {
 		return nil, err
+	}
+	if opts.SocketPath == "" {
+		if err := privateDir(filepath.Dir(socket)); err != nil {
+			d.Close()
+			return nil, err
+		}
 	}
 	tr := opts.Transport
 	if tr == nil {
@@ -137,14 +159,48 @@ func New(opts Options) (*Daemon, error) {
 	if co.Logger == nil {
 		co.Logger = d.log
 	}
+	if user := co.Events; user != nil {
+		co.Events = func(e carrier.Event) { d.carrierEvent(e); user(e) }
+	} else {
+		co.Events = d.carrierEvent
+	}
 	d.car = carrier.New(st, tr, co)
 	d.m = newMetrics(d)
 	return d, nil
 }
 
-// lock takes the pid-file lock and writes our pid into it.
+// privateDir creates dir (mode 0700) if it is missing, and refuses it if it is a
+// symlink or not a directory, belongs to another user or is open to group or others.
+func privateDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	switch st, _ := fi.Sys().(*syscall.Stat_t); {
+	case fi.Mode()&os.ModeSymlink != 0:
+		return errcode.WithHint(fmt.Errorf("%s is a symbolic link, not a directory", dir),
+			"remove it; sealbridged creates the directory")
+	case !fi.IsDir():
+		return errcode.WithHint(fmt.Errorf("%s is not a directory", dir), "remove it; sealbridged creates the directory")
+	case st != nil && int(st.Uid) != os.Geteuid():
+		return errcode.WithHint(fmt.Errorf("%s belongs to uid %d, not to this user (uid %d)", dir, st.Uid, os.Geteuid()),
+			"remove it, or run sealbridged as its owner")
+	case fi.Mode().Perm()&0o077 != 0:
+		return errcode.WithHint(fmt.Errorf("%s has mode %#o: group or others may use it", dir, fi.Mode().Perm()),
+			"chmod 700 "+dir)
+	}
+	return nil
+}
+
+// lock takes the pid-file lock and writes our pid into it. The file is never
+// removed: a daemon that opened it while we held the lock takes the lock on this
+// same file once we release it, so unlinking it would let a third daemon lock a
+// new file beside it.
 func (d *Daemon) lock() error {
-	path := filepath.Join(d.runDir, "sealbridged.pid")
+	path := dataroot.PIDFile(d.root, string(d.id.DID()))
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("pid file: %w", err)
@@ -176,11 +232,10 @@ func (d *Daemon) lock() error {
 }
 
 // Close releases the pid lock of a daemon whose Run was never called (Run releases
-// it itself when it returns).
+// it itself when it returns). The pid file stays: it is the lock.
 func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
 		if d.pidFile != nil {
-			_ = os.Remove(d.pidFile.Name())
 			_ = d.pidFile.Close()
 		}
 	})
@@ -292,12 +347,7 @@ func (d *Daemon) listen() (*net.UnixListener, error) {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("%s exists and is not a socket", d.socket)
 		}
-		var c net.Conn
-		err := client.ShortSocketAddr(d.socket, func(addr string) error {
-			var err error
-			c, err = net.DialTimeout("unix", addr, time.Second)
-			return err
-		})
+		c, err := net.DialTimeout("unix", d.socket, time.Second)
 		if err == nil {
 			c.Close()
 			return nil, fmt.Errorf("socket %s is in use by a live process", d.socket)
@@ -307,13 +357,8 @@ func (d *Daemon) listen() (*net.UnixListener, error) {
 			return nil, err
 		}
 	}
-	var ln *net.UnixListener
 	old := syscall.Umask(0o177)
-	err := client.ShortSocketAddr(d.socket, func(addr string) error {
-		var err error
-		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
-		return err
-	})
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: d.socket, Net: "unix"})
 	syscall.Umask(old)
 	if err != nil {
 		return nil, err
@@ -328,32 +373,48 @@ func (d *Daemon) listen() (*net.UnixListener, error) {
 
 // startup expires the leases of operations a dead daemon left in flight (only one
 // daemon per identity runs, so they are orphans), then prepares the indexes. It runs
-// in the background: the API is served meanwhile.
+// in the background: the API is served meanwhile. Each step is retried until it
+// succeeds; a failure is a health problem, logged when it appears and when it clears.
 func (d *Daemon) startup(ctx context.Context) {
 	for attempt := 0; ; attempt++ {
 		n, err := d.st.ExpireOperationLeases(ctx, d.started)
 		if err == nil {
+			d.recovered("startup leases", "daemon: operation leases expired")
 			if n > 0 {
 				d.log.Info("daemon: took over operations left in flight", "operations", n)
 			}
 			break
 		}
-		d.m.storeError(err)
-		d.log.Warn("daemon: expiring operation leases", "err", err)
+		if ctx.Err() != nil {
+			return
+		}
+		d.problem("startup leases", "daemon: expiring operation leases", err)
 		if !sleepCtx(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
 			return
 		}
 	}
 	close(d.leasesOK)
-	if err := d.st.Prepare(ctx); err != nil {
-		d.m.storeError(err)
-		d.log.Warn("daemon: preparing indexes", "err", err)
-		return
+	for attempt := 0; ; attempt++ {
+		err := d.st.Prepare(ctx)
+		if err == nil {
+			d.recovered("startup indexes", "daemon: indexes prepared")
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		d.problem("startup indexes", "daemon: preparing indexes", err)
+		if !sleepCtx(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
+			return
+		}
 	}
 	d.prepared.Store(true)
 	d.car.Kick()
 }
 
+// maintain runs store maintenance every MaintainEvery. A failed pass, or steps
+// that failed, are logged as a condition (when it appears, at most once a minute
+// while it repeats, and when it clears).
 func (d *Daemon) maintain(ctx context.Context) {
 	t := time.NewTicker(d.opts.MaintainEvery)
 	defer t.Stop()
@@ -364,11 +425,18 @@ func (d *Daemon) maintain(ctx context.Context) {
 		case <-t.C:
 		}
 		rep, err := d.st.Maintain(ctx)
+		if err == nil && len(rep.Errors) > 0 {
+			err = rep.Errors[0]
+		}
 		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
 			d.m.storeError(err)
-			d.log.Warn("daemon: maintenance", "err", err)
+			d.cond.warn("maintenance", errClass(err), "daemon: maintenance", "failed_steps", len(rep.Errors), "err", err)
 			continue
 		}
+		d.cond.clear("maintenance", "daemon: maintenance works again")
 		d.log.Debug("daemon: maintenance", "report", fmt.Sprintf("%+v", rep))
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +22,10 @@ import (
 // Inbound defaults.
 const (
 	DefaultPollEvery = time.Second
+	// InboxBackoffMin and InboxBackoffMax bound the wait after a failed fetch: it
+	// doubles from the first to the second while the relay stays unreachable.
+	InboxBackoffMin = 2 * time.Second
+	InboxBackoffMax = 300 * time.Second
 	// inboundRetain is how long receipts and observations outlive the envelope's
 	// deadline (the relay resends until deadline + 24 h).
 	inboundRetain = 7 * 24 * time.Hour
@@ -95,7 +101,48 @@ func (d *Daemon) inbound() *follower {
 	return nil
 }
 
+// checkOptions refuses options the daemon cannot run with: an InboxRelay that is
+// not an absolute http(s) URL with a host, or that carries user information, a
+// query or a fragment.
+func checkOptions(o Options) error {
+	if o.InboxRelay == "" {
+		return nil
+	}
+	bad := func(format string, args ...any) error {
+		return &OptionError{Option: "--inbox-relay", Err: fmt.Errorf(format, args...)}
+	}
+	u, err := url.Parse(o.InboxRelay)
+	switch {
+	case err != nil:
+		return bad("not a URL; give the relay's http(s) URL, e.g. http://127.0.0.1:8470")
+	case u.User != nil:
+		return bad("the URL must not carry user information (credentials)")
+	case u.Scheme != "http" && u.Scheme != "https":
+		return bad("%q is not an http or https URL", u.Redacted())
+	case u.Host == "" || u.Hostname() == "":
+		return bad("%q has no host", u.Redacted())
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(o.InboxRelay, "#"):
+		return bad("%q must not have a query or a fragment", u.Redacted())
+	}
+	return nil
+}
+
+// inboxBackoff is the wait after the fails-th consecutive failed fetch:
+// InboxBackoffMin doubling to InboxBackoffMax, times a jitter factor in [0.8, 1.2)
+// (jitter in [0, 1)), kept within those bounds.
+func inboxBackoff(fails int, jitter float64) time.Duration {
+	base := InboxBackoffMin
+	for i := 1; i < fails && base < InboxBackoffMax; i++ {
+		base *= 2
+	}
+	base = min(base, InboxBackoffMax)
+	d := time.Duration(float64(base) * (0.8 + 0.4*jitter))
+	return min(max(d, InboxBackoffMin), InboxBackoffMax)
+}
+
 // follow runs the inbox follower until ctx is done (nothing without InboxRelay).
+// While the relay cannot be fetched from, it backs off (inboxBackoff); the first
+// success resets the period to PollEvery.
 func (d *Daemon) follow(ctx context.Context) {
 	if d.opts.InboxRelay == "" {
 		return
@@ -111,33 +158,57 @@ func (d *Daemon) follow(ctx context.Context) {
 	for attempt := 0; ; attempt++ {
 		err := f.recover(ctx)
 		if err == nil {
+			d.recovered("inbox recovery", "inbox: receipts recovered")
 			break
 		}
-		d.log.Warn("inbox: recovering receipts", "err", err)
-		if !sleepCtx(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
+		if ctx.Err() != nil {
+			return
+		}
+		d.problem("inbox recovery", "inbox: recovering receipts", err)
+		if !d.sleep(ctx, time.Duration(min(attempt+1, 10))*time.Second, nil) {
 			return
 		}
 	}
-	t := time.NewTimer(0)
-	defer t.Stop()
+	const key = "inbox fetch"
+	wait, fails := time.Duration(0), 0
 	for {
-		select {
-		case <-ctx.Done():
+		if !d.sleep(ctx, wait, f.kick) {
 			return
-		case <-t.C:
-		case <-f.kick:
 		}
-		if err := f.poll(ctx); err != nil && ctx.Err() == nil {
-			d.log.Warn("inbox: fetching", "relay", f.url, "err", err)
+		err := f.poll(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			fails++
+			wait = max(every, inboxBackoff(fails, d.jitter()))
+			d.cond.warn(key, errClass(err), "inbox: the relay cannot be fetched from; backing off",
+				"relay", f.url, "failures", fails, "retry_in", wait.String(), "err", err)
+		} else {
+			if fails > 0 {
+				d.cond.clear(key, "inbox: the relay answers again", "relay", f.url, "failures", fails)
+			}
+			wait, fails = every, 0
 		}
 		f.reconcile(ctx)
-		if !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
-		}
-		t.Reset(every)
+	}
+}
+
+// now is the daemon's clock.
+func (d *Daemon) now() time.Time { return d.clock.Now() }
+
+// sleep waits dur on the daemon's clock, or until kick (if not nil) fires; it
+// reports false if ctx ended first.
+func (d *Daemon) sleep(ctx context.Context, dur time.Duration, kick <-chan struct{}) bool {
+	t := d.clock.NewTimer(dur)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	case <-kick:
+		return true
 	}
 }
 
@@ -225,9 +296,11 @@ func (f *follower) poll(ctx context.Context) error {
 					return err
 				}
 				f.d.m.storeError(err)
-				f.d.log.Warn("inbox: processing an envelope", "envelope", ie.EnvelopeID, "err", err)
+				f.d.cond.warn("inbox envelope "+ie.EnvelopeID, errClass(err), "inbox: processing an envelope",
+					"envelope", ie.EnvelopeID, "err", err)
 				continue // not acknowledged: fetched again next time
 			}
+			f.d.cond.clear("inbox envelope "+ie.EnvelopeID, "inbox: envelope processed", "envelope", ie.EnvelopeID)
 			if ack {
 				acks = append(acks, ie.EnvelopeID)
 			}
@@ -393,7 +466,7 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 	if p.state == store.ReceiptPersisted {
 		if !acked {
 			if err := f.rc.ack(ctx, []string{p.envelopeID}); err != nil {
-				d.log.Warn("inbox: acknowledging", "envelope", p.envelopeID, "err", err)
+				f.stuck(p, "inbox: acknowledging", err, "envelope", p.envelopeID)
 				return
 			}
 		}
@@ -403,7 +476,7 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 			next = store.ReceiptTerminal
 		}
 		if err := f.raise(ctx, rid, next, outcome); err != nil {
-			d.log.Warn("inbox: raising a receipt", "envelope", p.envelopeID, "err", err)
+			f.stuck(p, "inbox: raising a receipt", err, "envelope", p.envelopeID)
 			return
 		}
 		p.state = next
@@ -412,13 +485,13 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 		if p.confEnv == "" {
 			if err := f.confirm(ctx, p); err != nil {
 				d.m.storeError(err)
-				d.log.Warn("inbox: sending the delivery status", "envelope", p.envelopeID, "err", err)
+				f.stuck(p, "inbox: sending the delivery status", err, "envelope", p.envelopeID)
 				return
 			}
 		}
 		o, err := store.GetAs[*store.Outbox](d.st, p.confEnv)
 		if err != nil {
-			d.log.Warn("inbox: reading the delivery status", "envelope", p.confEnv, "err", err)
+			f.stuck(p, "inbox: reading the delivery status", err, "envelope", p.confEnv)
 			return
 		}
 		outcome := ""
@@ -435,7 +508,7 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 			return
 		}
 		if err := f.raise(ctx, rid, store.ReceiptTerminal, outcome); err != nil {
-			d.log.Warn("inbox: raising a receipt", "envelope", p.envelopeID, "err", err)
+			f.stuck(p, "inbox: raising a receipt", err, "envelope", p.envelopeID)
 			return
 		}
 		p.state = store.ReceiptTerminal
@@ -444,7 +517,14 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 		f.mu.Lock()
 		delete(f.pending, rid)
 		f.mu.Unlock()
+		d.cond.clear("inbox receipt "+p.envelopeID, "inbox: receipt finished", "envelope", p.envelopeID)
 	}
+}
+
+// stuck logs, as a condition of p's receipt, that advancing it failed: reconcile
+// retries it at every poll.
+func (f *follower) stuck(p *pendingReceipt, msg string, err error, attrs ...any) {
+	f.d.cond.warn("inbox receipt "+p.envelopeID, errClass(err), msg, append(attrs, "err", err)...)
 }
 
 // raise moves receipt rid up to state (never down), setting outcome if given.

@@ -115,7 +115,13 @@ func (c *inboxClient) do(ctx context.Context, method, path string, body []byte, 
 		return nil, fmt.Errorf("inbox: answer larger than %d bytes", max)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("inbox: relay answered %s: %s", resp.Status, bytes.TrimSpace(data[:min(len(data), 512)]))
+		return nil, &relayStatusError{status: strconv.Itoa(resp.StatusCode), text: resp.Status + ": " +
+			string(bytes.TrimSpace(data[:min(len(data), 512)]))}
 	}
 	return data, nil
 }
+
+// relayStatusError is a relay's answer other than 200.
+type relayStatusError struct{ status, text string }
+
+func (e *relayStatusError) Error() string { return "inbox: relay answered " + e.text }

@@ -32,7 +32,7 @@ func newMetrics(d *Daemon) *metrics {
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "sealbridge_api_refused_connections_total",
 			Help: "Socket connections refused because the peer is another user (SO_PEERCRED)."}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sealbridge_daemon_store_errors_total",
-			Help: "Store errors met by the API, startup and maintenance, by error code."}, []string{"code"}),
+			Help: "Store errors met by the API and the daemon's background loops (startup, change detector, inbox, maintenance), by error code."}, []string{"code"}),
 	}
 	m.reg.MustRegister(m.requests, m.enqueue, m.refused, m.storeErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

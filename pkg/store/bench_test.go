@@ -20,7 +20,7 @@ import (
 //	go test -run '^$' -bench . -benchtime 2s ./pkg/store
 
 // benchLater is a clock one minute ahead. A store reading with it never finds a cached
-// record or listing "racy" (taken within TimestampGranularity of its file's ctime or
+// record or listing "racy" (taken within the racy window of its file's ctime or
 // its directory's mtime), which is the steady state of a record read well after it was
 // written, reached here without waiting.
 func benchLater() time.Time { return time.Now().Add(time.Minute) }

@@ -37,6 +37,7 @@ type MessageSummary struct {
 	DeliveryDeadline int64
 	CreatedAt        int64
 	UpdatedAt        int64
+	Attempts         int
 	RetainUntil      int64
 }
 
@@ -75,7 +76,7 @@ func summarizeOutbox(r *Outbox) OutboxSummary {
 func summarizeMessage(r *Message) MessageSummary {
 	return MessageSummary{MessageID: r.MessageID, Status: r.Status, ClosedBy: r.ClosedBy,
 		PeerOwnerDID: r.PeerOwnerDID, RelayURL: r.RelayURL, DeliveryDeadline: r.DeliveryDeadline,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RetainUntil: r.RetainUntil}
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Attempts: r.Attempts, RetainUntil: r.RetainUntil}
 }
 
 func newIndex(k Kind, st Stamp) *index {

@@ -90,8 +90,8 @@ type Options struct {
 	CacheEntries int
 	CacheBytes   int64
 	// Now is the clock (default time.Now). It dates records and also judges whether a
-	// file-system timestamp is "racy" (TimestampGranularity), so outside tests it must
-	// follow the wall clock.
+	// file-system timestamp is "racy" (within the file system's timestamp granularity
+	// of now), so outside tests it must follow the wall clock.
 	Now func() time.Time
 	// LockWait and LockStale are the lock's bounds (defaults 2 s and 30 s).
 	LockWait, LockStale time.Duration
@@ -106,10 +106,17 @@ type Options struct {
 	WrapFS func(fsx.FS) fsx.FS
 }
 
-// TimestampGranularity is the window within which a file-system timestamp is
-// considered "racy" (git's rule): a stamp or fingerprint taken less than this after the
-// time it records may be followed by a change with the very same timestamp.
-const TimestampGranularity = 20 * time.Millisecond
+// A file-system timestamp is "racy" (git's rule) while now is less than the racy
+// window after it: a fingerprint or listing stamp taken then may be followed by a
+// change with the very same timestamp. The window is the file system's timestamp
+// granularity, measured once per Store (fsx.ProbeGranularity), plus racyFloor: the
+// kernel stamps times from a clock that advances once a tick (up to 10 ms), behind
+// the clock the store reads. Where the probe cannot run, the granularity is taken to
+// be unknownGranularity, the coarsest in common use (FAT).
+const (
+	racyFloor          = 20 * time.Millisecond
+	unknownGranularity = 2 * time.Second
+)
 
 // Store is one identity's outbox store. It is safe for concurrent use by many
 // goroutines and, through the lock file, by many processes.
@@ -137,7 +144,9 @@ type Store struct {
 	pubQueue  []*publication // prepared publications waiting for a lock hold
 	pubLeader bool           // a goroutine is taking the lock for the queue
 
-	mu       sync.Mutex // guards the fields below
+	granMu   sync.Mutex   // serializes the granularity probe
+	racyNs   atomic.Int64 // the racy window once measured, 0 before
+	mu       sync.Mutex   // guards the fields below
 	listings map[Kind]*listing
 	indexes  map[Kind]*index
 	cache    *lru.Cache[string, *cached]
@@ -327,11 +336,34 @@ type cached struct {
 	fp   fsx.Fingerprint
 	data []byte
 	rec  Record
-	racy bool // cached within TimestampGranularity of the file's ctime
+	racy bool // cached within the racy window of the file's ctime
 }
 
 func (s *Store) isRacy(tsNs int64) bool {
-	return s.now().UnixNano()-tsNs < int64(TimestampGranularity)
+	return s.now().UnixNano()-tsNs < int64(s.racyWindow())
+}
+
+// racyWindow returns this store's racy window, probing the file system's timestamp
+// granularity in the store directory on first use (Open touches no disk). The probe
+// leaves no trace; a store directory that does not exist yet is probed again later.
+func (s *Store) racyWindow() time.Duration {
+	if w := s.racyNs.Load(); w != 0 {
+		return time.Duration(w)
+	}
+	s.granMu.Lock()
+	defer s.granMu.Unlock()
+	if w := s.racyNs.Load(); w != 0 {
+		return time.Duration(w)
+	}
+	g, err := fsx.ProbeGranularity(s.fs, ".")
+	if err != nil {
+		g = unknownGranularity
+	}
+	w := racyFloor + g
+	if !fsx.IsNotExist(err) {
+		s.racyNs.Store(int64(w))
+	}
+	return w
 }
 
 func (s *Store) remember(path string, data []byte, fp fsx.Fingerprint, rec Record) {
@@ -512,8 +544,9 @@ func (s *Store) list(k Kind) ([]string, Stamp, error) {
 	if err != nil {
 		return nil, st, err
 	}
+	racy := s.isRacy(st.Dir.MtimeNs) || s.isRacy(st.Dir.CtimeNs)
 	s.mu.Lock()
-	s.listings[k] = &listing{stamp: st, racy: s.isRacy(st.Dir.MtimeNs) || s.isRacy(st.Dir.CtimeNs), ids: ids}
+	s.listings[k] = &listing{stamp: st, racy: racy, ids: ids}
 	s.mu.Unlock()
 	return ids, st, nil
 }
