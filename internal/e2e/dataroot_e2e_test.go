@@ -48,7 +48,7 @@ type rulesRun struct {
 func runRules(t *testing.T, upMarker, bin string, args ...string) rulesRun {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "SEALBRIDGE_HOME=", "SEALBRIDGE_IDENTITY=")
+	cmd.Env = append(os.Environ(), "SEALBRIDGE_HOME=", "SEALBRIDGE_IDENTITY=", "XDG_RUNTIME_DIR=")
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +130,12 @@ func mkdirPrivate(t *testing.T, paths ...string) {
 
 func newRulesHomes(t *testing.T) *rulesHomes {
 	t.Helper()
-	base := t.TempDir()
+	// A short base, so that the daemon's socket path fits whatever the test's name.
+	base, err := os.MkdirTemp("", "sbrules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
 	h := &rulesHomes{home: filepath.Join(base, "home"), relayHome: filepath.Join(base, "relayhome")}
 	id, err := daemon.InitIdentity(h.home, "")
 	if err != nil {
