@@ -27,6 +27,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	// No test sees the user's data root: the default one is under an empty home.
+	home := filepath.Join(tmp, "home")
+	os.Setenv("HOME", home)
+	for _, v := range []string{"SEALBRIDGE_HOME", "SEALBRIDGE_IDENTITY", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"} {
+		os.Unsetenv(v)
+	}
 	bin = filepath.Join(tmp, "sealbridge-fsck")
 	// -buildvcs=auto: stamp the VCS revision when built inside a checkout.
 	if out, err := exec.Command("go", "build", "-buildvcs=auto", "-o", bin, ".").CombinedOutput(); err != nil {
@@ -39,10 +45,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// execBin runs the binary and returns its exit code and output.
+// execBin runs the binary, in a temporary working directory, and returns its exit
+// code and output.
 func execBin(t *testing.T, args ...string) result {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
+	cmd.Dir = t.TempDir()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -98,8 +106,9 @@ func TestBinaryVersionAndHelp(t *testing.T) {
 			t.Errorf("help does not list exit code %q", code)
 		}
 	}
-	if u := execBin(t); u.code != exitUsage {
-		t.Fatalf("no arguments: exit %d", u.code)
+	// No arguments: the default identity at the default data root (none here).
+	if u := execBin(t); u.code != exitOperational || !strings.Contains(u.stderr, "no identity default at "+filepath.Join(os.Getenv("HOME"), ".local/state/sealbridge/identities/default.key")) {
+		t.Fatalf("no arguments: exit %d\n%s", u.code, u.stderr)
 	}
 }
 
@@ -108,6 +117,7 @@ func TestBinaryVersionAndHelp(t *testing.T) {
 func interruptAfter(t *testing.T, trigger *regexp.Regexp, args ...string) result {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
+	cmd.Dir = t.TempDir()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

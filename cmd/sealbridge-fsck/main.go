@@ -13,19 +13,22 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
-const usage = `usage: sealbridge-fsck [--json] [--repair] [--progress] STORE-DIR
-       sealbridge-fsck [--json] [--repair] [--progress] --home DIR --identity DID
+const usage = `usage: sealbridge-fsck [--json] [--repair] [--progress] [--identity NAME|DID] STORE-DIR
+       sealbridge-fsck [--json] [--repair] [--progress] [--home DIR] [--identity NAME|DID]
        sealbridge-fsck --version
 
 Checks a sealbridge store directory offline: every record against the store's
@@ -33,14 +36,20 @@ validity rules (signatures verified on every core), batches, orphans, messages,
 receipts, leftover temps, the lock, modes, owners, symbolic links and unknown
 files. Read-only unless --repair is given. Never needs the private key.
 
-  STORE-DIR          the store directory (<data root>/delivery/<hex sha256(DID)>)
+  STORE-DIR          the store directory, <data root>/delivery/<hex sha256(DID)>;
+                     never a data root, an empty path or any other directory
   --home DIR         the data root (default: $SEALBRIDGE_HOME, else
                      $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge)
-  --identity DID     the owner's did:key; with --home (or the default data root)
-                     it names the store, with STORE-DIR it must match its name
+  --identity NAME|DID
+                     the owner: an identity name (its key file
+                     <data root>/identities/NAME.key is read for its DID) or its
+                     did:key. Without STORE-DIR it names the store (default:
+                     $SEALBRIDGE_IDENTITY, else "default"); with STORE-DIR the
+                     directory's name must be the SHA-256 of its DID
   --repair           repair what can be repaired: files it does not keep are moved
                      (never deleted) into lost+found/ with a note; stale temps and
-                     a stale lock are removed. Refused while the store is in use
+                     a stale lock are removed. Refused while the store's lock or
+                     its daemon (the flock of its pid file) is live
   --json             print one JSON document (schema in docs/FSCK.md)
   --progress         report progress on stderr even when it is not a terminal
                      (by default a bar is shown only on a terminal, for large stores)
@@ -51,13 +60,16 @@ EXIT STATUS
   1   problems were found and all were repaired
   4   problems are left (found by a check, or not repairable)
   8   operational error: the store cannot be checked (missing, not a directory,
-      another user's, owner unknown) or the store is in use during --repair
-  16  usage error
+      another user's, not laid out like a store, a data root, owner unknown) or
+      the store is in use (its lock or its daemon is live) during --repair;
+      nothing is changed
+  16  usage error (an empty STORE-DIR, --home or --identity is one)
   32  cancelled (Ctrl-C); the store is left intact
 
 EXAMPLES
+  sealbridge-fsck
+  sealbridge-fsck --home ~/.local/state/sealbridge --identity alice
   sealbridge-fsck ~/.local/state/sealbridge/delivery/256caa67…
-  sealbridge-fsck --home ~/.local/state/sealbridge --identity did:key:z6Mk…
   sealbridge-fsck --repair --json STORE-DIR
 `
 
@@ -108,14 +120,20 @@ var errUsage = errors.New("usage error")
 type config struct {
 	json, repair, progress, version bool
 	home                            string
-	identity                        identity.DID
+	identityArg                     string       // --identity as given (a name or a DID), or its default
+	identityGiven                   bool         // --identity was given
+	identity                        identity.DID // the owner, once known
+	root                            string       // the data root, when known
 	dir                             string
 	viaHome                         bool // the store was named by --home/--identity
 }
 
+// identityEnv names the identity when --identity is not given (as in sealbridge and
+// sealbridged); then dataroot.DefaultIdentity.
+const identityEnv = "SEALBRIDGE_IDENTITY"
+
 func parseArgs(args []string, stderr io.Writer) (config, error) {
 	var c config
-	var identityFlag string
 	fs := flag.NewFlagSet("sealbridge-fsck", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.BoolVar(&c.json, "json", false, "")
@@ -123,7 +141,7 @@ func parseArgs(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.progress, "progress", false, "")
 	fs.BoolVar(&c.version, "version", false, "")
 	fs.StringVar(&c.home, "home", "", "")
-	fs.StringVar(&identityFlag, "identity", "", "")
+	fs.StringVar(&c.identityArg, "identity", "", "")
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -141,33 +159,154 @@ func parseArgs(args []string, stderr io.Writer) (config, error) {
 	if c.version {
 		return c, nil
 	}
-	if identityFlag != "" {
-		if _, err := identity.ParseDID(identityFlag); err != nil {
-			return c, fmt.Errorf("%w: --identity %q is not a valid did:key", errUsage, identityFlag)
-		}
-		c.identity = identity.DID(identityFlag)
-	}
+	var homeGiven bool
+	fs.Visit(func(f *flag.Flag) {
+		homeGiven = homeGiven || f.Name == "home"
+		c.identityGiven = c.identityGiven || f.Name == "identity"
+	})
+	// An empty value never means "the current directory" or "the default": it is
+	// what a script passes for an unset variable.
 	switch {
+	case homeGiven && c.home == "":
+		return c, fmt.Errorf("%w: --home is empty (an unset variable?); give the data root", errUsage)
+	case c.identityGiven && c.identityArg == "":
+		return c, fmt.Errorf("%w: --identity is empty (an unset variable?); give an identity name or a did:key", errUsage)
+	case slices.Contains(positional, ""):
+		return c, fmt.Errorf("%w: STORE-DIR is empty (an unset variable?); give the store directory, never an empty path", errUsage)
 	case len(positional) > 1:
 		return c, fmt.Errorf("%w: one STORE-DIR only (got %d)", errUsage, len(positional))
-	case len(positional) == 1 && c.home != "":
-		return c, fmt.Errorf("%w: give STORE-DIR or --home DIR --identity DID, not both", errUsage)
-	case len(positional) == 1:
-		c.dir = positional[0]
-	case c.identity == "":
-		return c, fmt.Errorf("%w: no store: give STORE-DIR, or --home DIR --identity DID", errUsage)
-	default:
-		root, err := store.DataRoot(c.home)
-		if err != nil {
-			return c, fmt.Errorf("%w: %v", errUsage, err)
+	case len(positional) == 1 && homeGiven:
+		return c, fmt.Errorf("%w: give STORE-DIR or --home DIR [--identity NAME|DID], not both", errUsage)
+	}
+	if !c.identityGiven && len(positional) == 0 {
+		c.identityArg = os.Getenv(identityEnv)
+		if c.identityArg == "" {
+			c.identityArg = dataroot.DefaultIdentity
 		}
-		c.dir = filepath.Join(root, filepath.FromSlash(store.StoreDirName(c.identity)))
-		c.viaHome = true
 	}
-	if abs, err := filepath.Abs(c.dir); err == nil {
-		c.dir = abs
+	if c.identityArg != "" {
+		if isDID(c.identityArg) {
+			if _, err := identity.ParseDID(c.identityArg); err != nil {
+				return c, fmt.Errorf("%w: --identity %q is not a valid did:key", errUsage, c.identityArg)
+			}
+			c.identity = identity.DID(c.identityArg)
+		} else if err := dataroot.CheckIdentityName(c.identityArg); err != nil {
+			return c, fmt.Errorf("%w: --identity: %v, or give a did:key", errUsage, err)
+		}
 	}
+	if len(positional) == 1 {
+		dir, err := filepath.Abs(positional[0])
+		if err != nil {
+			return c, fmt.Errorf("%w: STORE-DIR %q: %v", errUsage, positional[0], err)
+		}
+		c.dir = dir
+		// <data root>/delivery/<64 hex>: the data root holds the identities and the
+		// daemon's pid file. Elsewhere the layout check refuses the directory.
+		if filepath.Base(filepath.Dir(dir)) == dataroot.DeliveryDir {
+			c.root = filepath.Dir(filepath.Dir(dir))
+		}
+		return c, nil
+	}
+	root, err := store.DataRoot(c.home)
+	if err != nil {
+		return c, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	c.root, c.viaHome = root, true
 	return c, nil
+}
+
+// isDID reports whether an --identity value is meant as a DID rather than a name.
+func isDID(s string) bool { return strings.HasPrefix(s, "did:") }
+
+// identityError: a named identity's key file could not be read to learn its DID.
+type identityError struct{ msg string }
+
+func (e *identityError) Error() string { return e.msg }
+
+// resolveOwner learns the DID of an identity given by name (from its key file under
+// the data root; fsck needs only the public half) and names the store directory
+// when it was given by --home/--identity.
+func resolveOwner(cfg *config) error {
+	if cfg.identity == "" && cfg.identityArg != "" && cfg.root != "" {
+		p := dataroot.KeyFile(cfg.root, cfg.identityArg)
+		id, err := identity.LoadKeyFile(p)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			return &identityError{fmt.Sprintf("no identity %s at %s", cfg.identityArg, p)}
+		case err != nil:
+			return &identityError{fmt.Sprintf("identity %s: %s", cfg.identityArg, strings.TrimPrefix(err.Error(), "identity: "))}
+		}
+		cfg.identity = id.DID()
+	}
+	if cfg.viaHome {
+		cfg.dir = filepath.Join(cfg.root, filepath.FromSlash(store.StoreDirName(cfg.identity)))
+	}
+	return nil
+}
+
+// daemonLive reports whether a daemon serves the store directory dir, by trying (and
+// at once releasing) the flock of its pid file, which a running daemon holds. dir is
+// <data root>/delivery/<hex sha256(DID)> (fsck checks the layout before asking), so
+// the pid file is dataroot.PIDFile(<data root>, DID): its short id is the first 16
+// hex digits of the directory's name. The pid file of earlier daemons,
+// <data root>/run/<hex sha256(DID)>/sealbridged.pid, is tried too.
+func daemonLive(dir string) (bool, string, error) {
+	name := filepath.Base(dir)
+	if len(name) != 64 {
+		return false, "", fmt.Errorf("%s is not named like a store directory", dir)
+	}
+	root := filepath.Dir(filepath.Dir(dir))
+	for _, p := range []string{
+		filepath.Join(root, dataroot.RunDir, name[:16]+".pid"),
+		filepath.Join(root, dataroot.RunDir, name, "sealbridged.pid"),
+	} {
+		live, who, err := pidFileLocked(p)
+		if err != nil || live {
+			return live, who, err
+		}
+	}
+	return false, "", nil
+}
+
+// pidFileLocked reports whether the pid file p is flocked by another process. It
+// never creates p, never follows a link at p, and never blocks.
+func pidFileLocked(p string) (bool, string, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	switch {
+	case err == unix.ENOENT || err == unix.ENOTDIR:
+		return false, "", nil
+	case err == unix.ELOOP:
+		return false, "", fmt.Errorf("the daemon's pid file %s is a symbolic link", p)
+	case err != nil:
+		return false, "", fmt.Errorf("opening the daemon's pid file %s: %w", p, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, "", fmt.Errorf("the daemon's pid file %s: %w", p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return false, "", fmt.Errorf("the daemon's pid file %s is not a regular file", p)
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	switch {
+	case err == nil:
+		return false, "", nil // closing the descriptor releases it
+	case err != unix.EWOULDBLOCK:
+		return false, "", fmt.Errorf("trying the lock of the daemon's pid file %s: %w", p, err)
+	}
+	buf := make([]byte, 32)
+	n, _ := unix.Pread(fd, buf, 0)
+	who := "pid file " + p
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(buf[:max(n, 0)]))); err == nil {
+		who = fmt.Sprintf("pid %d, pid file %s", pid, p)
+	}
+	return true, who, nil
 }
 
 func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -184,6 +323,13 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stdout, "sealbridge-fsck %s\n", version())
 		return exitClean
 	}
+	if err := resolveOwner(&cfg); err != nil {
+		if cfg.json {
+			writeJSON(stdout, cfg, nil, nil, nil, err, exitOperational)
+		}
+		writeError(stderr, cfg, err, nil, exitOperational)
+		return exitOperational
+	}
 
 	bar := &progressBar{w: stderr, tty: isTerminal(stderr), force: cfg.progress, now: time.Now}
 	opts := fsck.Options{Owner: cfg.identity, Tool: "sealbridge-fsck " + version(), Progress: func(p fsck.Progress) {
@@ -195,7 +341,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if testOnlyRepair != nil {
 			testOnlyRepair(a)
 		}
-	}}
+	}, DaemonLive: daemonLive}
 	var before, after *fsck.Report
 	var repairs []fsck.ActionResult
 	if cfg.repair {
@@ -251,11 +397,24 @@ func writeError(w io.Writer, cfg config, err error, repairs []fsck.ActionResult,
 		return
 	}
 	fmt.Fprintf(w, "sealbridge-fsck: error: %v\n", err)
+	repair := ""
+	if cfg.repair {
+		repair = " --repair"
+	}
 	switch {
 	case errors.Is(err, fsck.ErrLive):
 		fmt.Fprintf(w, "sealbridge-fsck: hint: nothing was changed%s; check without --repair to see the findings\n", changedNote(done))
 	case errors.Is(err, fsck.ErrOwner):
-		fmt.Fprintf(w, "sealbridge-fsck: hint: give the owner: sealbridge-fsck --identity did:key:… %s\n", shellQuote(cfg.dir))
+		fmt.Fprintf(w, "sealbridge-fsck: hint: give the owner: sealbridge-fsck%s --identity NAME|DID %s\n", repair, shellQuote(cfg.dir))
+	case errors.Is(err, fsck.ErrDataRoot):
+		fmt.Fprintf(w, "sealbridge-fsck: hint: nothing was changed%s; to check a store of this data root: sealbridge-fsck%s --home %s --identity NAME|DID\n",
+			changedNote(done), repair, shellQuote(cfg.dir))
+	case errors.Is(err, fsck.ErrNotStoreLayout), errors.Is(err, fsck.ErrNotStore):
+		fmt.Fprintf(w, "sealbridge-fsck: hint: nothing was changed%s; STORE-DIR is <data root>/delivery/<64 hex digits>, or name the store: sealbridge-fsck%s --home DIR --identity NAME|DID\n",
+			changedNote(done), repair)
+	case errors.As(err, new(*identityError)):
+		fmt.Fprintf(w, "sealbridge-fsck: hint: give the owner's did:key with --identity, or create the identity with: sealbridge init --home %s --identity %s\n",
+			shellQuote(cfg.root), shellQuote(cfg.identityArg))
 	}
 }
 
@@ -273,11 +432,11 @@ func repairCommand(cfg config) string {
 		if cfg.home != "" {
 			cmd += " --home " + shellQuote(cfg.home)
 		}
-		return cmd + " --identity " + string(cfg.identity)
+		return cmd + " --identity " + shellQuote(cfg.identityArg)
 	}
 	cmd := "sealbridge-fsck --repair"
-	if cfg.identity != "" {
-		cmd += " --identity " + string(cfg.identity)
+	if cfg.identityGiven {
+		cmd += " --identity " + shellQuote(cfg.identityArg)
 	}
 	return cmd + " " + shellQuote(cfg.dir)
 }

@@ -73,12 +73,18 @@ func TestUsage(t *testing.T) {
 	}{
 		{name: "help", args: []string{"-h"}, code: 0, stdout: "EXIT STATUS"},
 		{name: "help lists every exit code", args: []string{"--help"}, code: 0, stdout: "32  cancelled"},
-		{name: "no store", args: nil, code: 16, stderr: "no store", nothing: true},
+		{name: "no store: the default identity", args: nil, code: 8, stderr: "no identity default at ", nothing: true},
 		{name: "two stores", args: []string{dir, dir}, code: 16, stderr: "one STORE-DIR only", nothing: true},
 		{name: "unknown flag", args: []string{"--fix", dir}, code: 16, stderr: "flag provided but not defined", nothing: true},
-		{name: "home without identity", args: []string{"--home", dir}, code: 16, stderr: "no store", nothing: true},
+		{name: "home without identity: default", args: []string{"--home", dir}, code: 8, stderr: "no identity default at " + dir + "/identities/default.key", nothing: true},
+		{name: "identity not a name", args: []string{"--identity", "../x"}, code: 16, stderr: "use letters, digits", nothing: true},
+		{name: "unknown identity name", args: []string{"--home", dir, "--identity", "alice"}, code: 8, stderr: "sealbridge init --home " + dir + " --identity alice", nothing: true},
 		{name: "bad identity", args: []string{"--identity", "did:key:zNope", dir}, code: 16, stderr: "not a valid did:key", nothing: true},
 		{name: "dir and home", args: []string{"--home", "/x", "--identity", string(fsfixtures.OwnerDID()), dir}, code: 16, stderr: "not both", nothing: true},
+		{name: "empty dir", args: []string{""}, code: 16, stderr: "STORE-DIR is empty", nothing: true},
+		{name: "empty home", args: []string{"--home", "", "--identity", "default"}, code: 16, stderr: "--home is empty", nothing: true},
+		{name: "empty identity", args: []string{"--identity=", dir}, code: 16, stderr: "--identity is empty", nothing: true},
+		{name: "a data root", args: []string{fsfixtures.DataRoot(dir)}, code: 8, stderr: "hint: nothing was changed; to check a store of this data root: sealbridge-fsck --home " + fsfixtures.DataRoot(dir) + " --identity NAME|DID", nothing: true},
 		{name: "version", args: []string{"--version"}, code: 0, stdout: "sealbridge-fsck "},
 		{name: "missing store", args: []string{filepath.Join(dir, "nope")}, code: 8, stderr: "does not exist", nothing: true},
 		{name: "store is a file", args: []string{filepath.Join(dir, ".generation")}, code: 8, stderr: "not a directory", nothing: true},
@@ -208,7 +214,7 @@ func TestHumanOutput(t *testing.T) {
 	if r.code != exitProblems || len(lines) != len(want.Findings)+2 {
 		t.Fatalf("exit %d, %d lines for %d findings:\n%s", r.code, len(lines), len(want.Findings), r.stdout)
 	}
-	if !strings.HasPrefix(lines[0], "sealbridge-fsck: "+dir+": 16 records checked, 14 problems (14 repairable), 1 note, in ") {
+	if !strings.HasPrefix(lines[0], "sealbridge-fsck: "+dir+": 16 records checked, 13 problems (13 repairable), 2 notes, in ") {
 		t.Errorf("summary line: %s", lines[0])
 	}
 	for i, f := range want.Findings {

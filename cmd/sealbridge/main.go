@@ -29,7 +29,12 @@ Commands:
                                                 deadline defaults to 24 h; retries with
                                                 one --idempotency-key must send the same
                                                 request: use the default or an RFC 3339
-                                                TIME, not a duration
+                                                TIME, not a duration. send always sends
+                                                a key (a random one unless given) and
+                                                retries a lost connection or a 5xx with
+                                                it (5 attempts, ≤ 10 s); failing that it
+                                                prints the key and the command that
+                                                finishes the send without a duplicate
   status   ID [--json]                          show one sent message
   ls       [--status S] [--limit N] [--after ID] [--json]
                                                 list sent messages
@@ -67,6 +72,8 @@ Exit status:
   1   failure (a command failed, the demo did not relay everything or fsck found problems)
   2   usage error
   3   no daemon is running for the identity
+  4   send: the outcome is unknown (the message may have been accepted); run the
+      command printed in the hint to finish it without sending it twice
 `
 
 // Exit codes; exitCode maps errors to them.
@@ -75,6 +82,7 @@ const (
 	exitFailure  = 1
 	exitUsage    = 2
 	exitNoDaemon = 3
+	exitUnknown  = 4
 )
 
 func main() {
@@ -175,6 +183,7 @@ func withHint(err error, format string, a ...any) error {
 func exitCode(err error) int {
 	var ue *usageError
 	var nd *noDaemonError
+	var is *incompleteSend
 	switch {
 	case err == nil:
 		return exitOK
@@ -182,6 +191,8 @@ func exitCode(err error) int {
 		return exitUsage
 	case errors.As(err, &nd):
 		return exitNoDaemon
+	case errors.As(err, &is) && is.unknown:
+		return exitUnknown
 	default:
 		return exitFailure
 	}

@@ -189,7 +189,7 @@ func startDaemon(t *testing.T, home, name string) *daemon.Daemon {
 			if err != nil {
 				t.Errorf("daemon: %v", err)
 			}
-		case <-time.After(30 * time.Second):
+		case <-time.After(60 * time.Second):
 			t.Error("daemon did not stop")
 		}
 	})
@@ -197,7 +197,7 @@ func startDaemon(t *testing.T, home, name string) *daemon.Daemon {
 	case <-d.Ready():
 	case err := <-done:
 		t.Fatalf("daemon stopped: %v", err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("daemon not ready")
 	}
 	return d
@@ -352,7 +352,7 @@ func TestRelayCommand(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("relay exited %d", code)
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("relay did not stop")
 	}
 	// The relay's key is kept: the same DID next time.

@@ -9,12 +9,14 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
@@ -105,13 +107,140 @@ func cmdSend(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The request is made once: every attempt sends the same bytes with one key.
 	req := client.SendRequest{To: *to, RelayURL: *relayURL, Body: body, DeadlineMs: deadlineMs}
-	m, err := d.c.Send(ctx, req, *key)
+	k := *key
+	if k == "" {
+		if k, err = envelope.NewUUID(); err != nil {
+			return err
+		}
+	}
+	m, err := sendRetries.send(ctx, d.c, req, k)
+	var ie *incompleteSend
+	if errors.As(err, &ie) {
+		return ie.explain(d.w, req, *file)
+	}
 	if err != nil {
 		return d.explain(err)
 	}
 	fmt.Fprintln(stdout, m.MessageID)
 	return nil
+}
+
+// sendRetries bounds how send retries a request the daemon did not answer for
+// sure (tests replace sleep).
+var sendRetries = retryPolicy{attempts: 5, backoff: 100 * time.Millisecond, maxWait: 10 * time.Second, sleep: sleepContext}
+
+// retryPolicy: at most attempts requests; before each retry a wait of backoff,
+// doubling, or the daemon's Retry-After if longer; the waits add up to at most maxWait.
+type retryPolicy struct {
+	attempts int
+	backoff  time.Duration
+	maxWait  time.Duration
+	sleep    func(ctx context.Context, d time.Duration) error
+}
+
+func sleepContext(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// incompleteSend: the retries ran out (or were interrupted) without a final answer.
+type incompleteSend struct {
+	key      string
+	attempts int
+	unknown  bool   // a request may have been accepted: its outcome is unknown
+	id       string // the message that may have been accepted, if the daemon named it
+	last     error
+}
+
+func (e *incompleteSend) Error() string {
+	what := "was not accepted"
+	if e.unknown {
+		what = "may have been accepted"
+		if e.id != "" {
+			what += " as message " + e.id
+		}
+	}
+	return fmt.Sprintf("send: no final answer after %d attempts with Idempotency-Key %s; the message %s: %v", e.attempts, e.key, what, e.last)
+}
+
+// explain adds the command that finishes the job: the same request with the same
+// key, which the daemon answers with the message if it was accepted and sends it
+// otherwise — never twice.
+func (e *incompleteSend) explain(w *who, req client.SendRequest, file string) error {
+	cmd := "sealbridge send " + w.flags() + " --to " + shellQuote(req.To) + " --relay " + shellQuote(req.RelayURL)
+	if req.DeadlineMs != 0 {
+		cmd += " --deadline " + time.UnixMilli(req.DeadlineMs).UTC().Format(time.RFC3339Nano)
+	}
+	cmd += " --idempotency-key " + shellQuote(e.key)
+	if file != "" && file != "-" {
+		if abs, err := filepath.Abs(file); err == nil {
+			file = abs
+		}
+		return withHint(e, "finish it without sending it twice, with the same file: %s --file %s", cmd, shellQuote(file))
+	}
+	return withHint(e, "finish it without sending it twice by piping the same body to: %s (another body is refused with IDEMPOTENCY_KEY_REUSED)", cmd)
+}
+
+// send sends req with key, retrying what leaves the outcome open — the connection
+// lost before an answer, a 5xx, 409 IDEMPOTENCY_IN_PROGRESS — with the same key
+// and request. A final answer (the message, or a refusal) is returned as is; a
+// daemon not running at the first attempt too (nothing was sent). Otherwise the
+// result is an *incompleteSend.
+func (p retryPolicy) send(ctx context.Context, c *client.Client, req client.SendRequest, key string) (*client.Message, error) {
+	out := &incompleteSend{key: key}
+	wait, waited := p.backoff, time.Duration(0)
+	for {
+		out.attempts++
+		m, err := c.Send(ctx, req, key)
+		if err == nil {
+			return m, nil
+		}
+		out.last = err
+		var ce *client.Error
+		retryAfter := time.Duration(0)
+		switch {
+		case errors.As(err, &ce) && ce.Status >= 500:
+			if ce.Outcome == "unknown" {
+				out.unknown = true
+				out.id = ce.MessageID
+			}
+			retryAfter = ce.RetryAfter
+		case errors.As(err, &ce) && errors.Is(err, errcode.IdempotencyInProgress):
+			out.unknown = true // a request with this key is in flight
+			retryAfter = ce.RetryAfter
+		case ce != nil:
+			return nil, err // the daemon's final answer
+		case ctx.Err() != nil:
+			out.unknown = true // interrupted: the request may have reached the daemon
+			return nil, out
+		case client.IsNotRunning(err):
+			if out.attempts == 1 {
+				return nil, err // nothing was sent
+			}
+		default:
+			out.unknown = true // the connection broke after the request was sent
+		}
+		if out.attempts >= p.attempts {
+			return nil, out
+		}
+		d := max(wait, retryAfter)
+		if d = min(d, p.maxWait-waited); d <= 0 {
+			return nil, out
+		}
+		if err := p.sleep(ctx, d); err != nil {
+			return nil, out
+		}
+		waited += d
+		wait *= 2
+	}
 }
 
 // parseDeadline parses --deadline: empty (the daemon's default, now + 24 h), a

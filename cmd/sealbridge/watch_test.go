@@ -48,7 +48,7 @@ func TestWatch(t *testing.T) {
 				t.Fatal("watch ended")
 			}
 			return l
-		case <-time.After(20 * time.Second):
+		case <-time.After(60 * time.Second):
 			t.Fatal("no line from watch")
 		}
 		return ""
@@ -74,7 +74,7 @@ func TestWatch(t *testing.T) {
 		if code != exitOK {
 			t.Fatalf("watch exit %d", code)
 		}
-	case <-time.After(20 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("watch did not stop")
 	}
 }

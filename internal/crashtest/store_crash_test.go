@@ -154,8 +154,10 @@ func explore(t *testing.T, w workload, weaken func(*fsx.Faulty)) result {
 	versions := attemptedVersions(t, initial, log)
 	res := result{states: len(states)}
 	for i, st := range states {
-		sdir := filepath.Join(t.TempDir(), "state")
-		if err := os.Mkdir(sdir, 0o700); err != nil {
+		// Where the store lives in a data root: fsck checks only a directory laid
+		// out so.
+		sdir := filepath.Join(t.TempDir(), filepath.FromSlash(store.StoreDirName(owner(t).DID())))
+		if err := os.MkdirAll(sdir, 0o700); err != nil {
 			t.Fatal(err)
 		}
 		if err := st.Tree.Materialize(sdir); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,16 +24,49 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
+// The four commands, built once per test binary into binDir (removed by TestMain).
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// buildCommands builds every command (go build -o DIR/ ./cmd/...) once and returns
+// the directory that holds them.
+func buildCommands(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sbbin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binDir = dir
+		cmd := exec.Command(goTool(), "build", "-o", dir+string(filepath.Separator), "./cmd/...")
+		cmd.Dir = filepath.Join("..", "..")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/...: %v\n%s", err, b)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// goTool is the go command of the toolchain running the tests, else the one on PATH.
+func goTool() string {
+	p := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	return "go"
+}
+
 func buildBinaries(t *testing.T) (sealbridged, relayBin string) {
 	t.Helper()
-	dir := t.TempDir()
-	sealbridged, relayBin = filepath.Join(dir, "sealbridged"), filepath.Join(dir, "sealbridge-relay")
-	for out, pkg := range map[string]string{sealbridged: "../../cmd/sealbridged", relayBin: "../../cmd/sealbridge-relay"} {
-		if b, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-		}
-	}
-	return sealbridged, relayBin
+	dir := buildCommands(t)
+	return filepath.Join(dir, "sealbridged"), filepath.Join(dir, "sealbridge-relay")
 }
 
 // startRelayProcess starts sealbridge-relay on loopback and returns its URL.
@@ -60,7 +94,7 @@ func startRelayProcess(t *testing.T, bin string) string {
 	select {
 	case u := <-lines:
 		return u
-	case <-time.After(20 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("relay did not start")
 	}
 	return ""
@@ -85,7 +119,7 @@ func startDaemonProcess(t *testing.T, bin, home string, c *client.Client) *daemo
 		cmd.Process.Signal(syscall.SIGTERM)
 		<-p.done
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for c.Ready(context.Background()) != nil {
 		select {
 		case <-p.done:
@@ -172,7 +206,7 @@ func TestDaemonCrashIdempotentResend(t *testing.T) {
 	// Phase 2: the same 200 requests with the same keys.
 	ids := make([]string, n)
 	for i := 0; i < n; i++ {
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(60 * time.Second)
 		for {
 			m, err := c.Send(context.Background(), req(i), key(i))
 			if err == nil {

@@ -64,7 +64,7 @@ func (n *inboundNode) start(t *testing.T, bin string) *daemonProc {
 		cmd.Process.Signal(syscall.SIGTERM)
 		<-p.done
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	ready := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -128,7 +128,7 @@ func TestInboundDeliveredAcrossReceiverCrashes(t *testing.T) {
 				if i >= n {
 					return
 				}
-				deadline := time.Now().Add(20 * time.Second)
+				deadline := time.Now().Add(60 * time.Second)
 				for {
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 					m, err := a.c.Send(ctx, client.SendRequest{To: string(b.did), RelayURL: relayURL, Body: body(i)}, key(i))
@@ -152,10 +152,10 @@ func TestInboundDeliveredAcrossReceiverCrashes(t *testing.T) {
 	// B is SIGKILLed and restarted when its observations on disk pass 20 and again 60.
 	var killedAt []int
 	for _, threshold := range []int{20, 60} {
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(60 * time.Second)
 		for b.observations(t) <= threshold {
 			if time.Now().After(deadline) {
-				t.Fatalf("B's observations did not pass %d within 30s (have %d)", threshold, b.observations(t))
+				t.Fatalf("B's observations did not pass %d within 60s (have %d)", threshold, b.observations(t))
 			}
 			<-time.After(5 * time.Millisecond)
 		}
@@ -188,7 +188,7 @@ func TestInboundDeliveredAcrossReceiverCrashes(t *testing.T) {
 		st := map[string]string{}
 		after := ""
 		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			l, err := a.c.Messages(ctx, "", 0, after)
 			cancel()
 			if err != nil {
@@ -234,7 +234,7 @@ func TestInboundDeliveredAcrossReceiverCrashes(t *testing.T) {
 	seen := map[string]int{}
 	after := ""
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		l, err := b.c.Inbox(ctx, 0, after)
 		cancel()
 		if err != nil {

@@ -41,7 +41,11 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv("SEALBRIDGE_E2E_CARRIER_STORE"); dir != "" {
 		os.Exit(carrierMain(dir))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
 // fastOptions are carrier options that make an hour of schedule take a second.
@@ -305,7 +309,7 @@ func TestCrashBetweenSendAndSettle(t *testing.T) {
 	mu.Unlock()
 	select {
 	case <-killed:
-	case <-time.After(30 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("the relay never accepted the envelope")
 	}
 	if r, _ := relayedCount(t, st); r != 0 {
@@ -313,7 +317,7 @@ func TestCrashBetweenSendAndSettle(t *testing.T) {
 	}
 	// Restart the carrier: once the dead holder's lease expires it sends again.
 	restarted := startChild()
-	waitFor(t, "outbox relayed after the restart", 30*time.Second, func() (bool, string) {
+	waitFor(t, "outbox relayed after the restart", 60*time.Second, func() (bool, string) {
 		r, total := relayedCount(t, st)
 		return r == 1, fmt.Sprintf("%d/%d relayed, relay %+v", r, total, ri.r.Stats())
 	})

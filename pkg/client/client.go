@@ -64,6 +64,14 @@ type Error struct {
 	Status  int    `json:"-"`
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// Outcome is "unknown" when a failed send's message may have been accepted
+	// nonetheless (MessageID names it): retry with the same Idempotency-Key. Hint
+	// is the daemon's advice, if any.
+	Outcome   string `json:"outcome,omitempty"`
+	MessageID string `json:"messageId,omitempty"`
+	Hint      string `json:"hint,omitempty"`
+	// RetryAfter is the answer's Retry-After in seconds, as a duration (0: none).
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (e *Error) Error() string {
@@ -256,6 +264,9 @@ func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, b
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		e := &Error{Status: resp.StatusCode}
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+			e.RetryAfter = time.Duration(secs) * time.Second
+		}
 		if jerr := json.Unmarshal(data, e); jerr != nil || e.Code == "" {
 			e.Code = http.StatusText(resp.StatusCode)
 			e.Message = string(bytes.TrimSpace(data))

@@ -62,7 +62,7 @@ func start(t *testing.T, home string) (*daemon.Daemon, context.CancelFunc, chan 
 	case <-d.Ready():
 	case err := <-done:
 		t.Fatalf("daemon stopped: %v", err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("daemon not ready")
 	}
 	return d, cancel, done
@@ -76,7 +76,7 @@ func stop(t *testing.T, cancel context.CancelFunc, done chan error) {
 		if err != nil {
 			t.Errorf("Run: %v", err)
 		}
-	case <-time.After(20 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Error("daemon did not stop")
 	}
 }
@@ -104,7 +104,7 @@ func (e *env) req(body string) client.SendRequest {
 
 func waitStatus(t *testing.T, c *client.Client, id, status string) *client.Message {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {

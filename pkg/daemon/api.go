@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -267,10 +266,8 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req client.SendRequest
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || dec.More() {
-		writeError(w, http.StatusBadRequest, CodeBadRequest, "request must be one JSON object {to, relayUrl, body, deadline}")
+	if err := decodeBody(data, &req); err != nil {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "request must be one JSON object {to, relayUrl, body, deadline}: "+err.Error())
 		return
 	}
 	canonical, _ := json.Marshal(req)
@@ -284,9 +281,10 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if key == "" {
-		status, body, err := d.send(r.Context(), uuid.NewString(), req, deadline, false)
+		msgID := uuid.NewString()
+		status, body, err := d.send(r.Context(), msgID, req, deadline, false)
 		if err != nil {
-			d.writeStoreError(w, err)
+			d.writeSendError(w, err, msgID, false)
 			return
 		}
 		writeJSONBytes(w, status, body)
@@ -301,6 +299,20 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start, err := d.st.BeginOperation(r.Context(), key, canonical)
+	if errors.Is(err, errcode.IdempotencyInProgress) {
+		// The operation's message may be accepted although its response was never
+		// stored (and its lease not ended): answer with the message rather than make
+		// the client wait for the lease.
+		if opID, m, aerr := d.acceptedOperation(key, canonical); aerr != nil {
+			d.writeSendError(w, aerr, opID, true)
+			return
+		} else if m != nil {
+			body, _ := json.Marshal(toClient(m))
+			w.Header().Set("Idempotent-Replayed", "true")
+			writeJSONBytes(w, http.StatusCreated, body)
+			return
+		}
+	}
 	if err != nil {
 		d.writeStoreError(w, err)
 		return
@@ -324,16 +336,36 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		if rerr := d.st.ReleaseOperation(context.WithoutCancel(r.Context()), opID); rerr != nil {
 			d.log.Warn("api: releasing an operation", "operation", opID, "err", rerr)
 		}
-		d.writeStoreError(w, err)
+		d.writeSendError(w, err, opID, true)
 		return
 	}
 	stored, _ := json.Marshal(response{Status: status, Body: body})
 	if err := d.st.CompleteOperation(context.WithoutCancel(r.Context()), opID, stored); err != nil {
-		// The message is accepted; a retry re-executes and finds it.
+		// The message is accepted; a retry re-executes and finds it. End the lease so
+		// that the retry need not wait for it.
 		d.m.storeError(err)
 		d.log.Warn("api: completing an operation", "operation", opID, "err", err)
+		if rerr := d.st.ReleaseOperation(context.WithoutCancel(r.Context()), opID); rerr != nil {
+			d.log.Warn("api: releasing an operation", "operation", opID, "err", rerr)
+		}
 	}
 	writeJSONBytes(w, status, body)
+}
+
+// decodeBody decodes a request body strictly: one JSON object with no duplicate,
+// case-variant or unknown key and nothing after it (envelope.DecodeStrict).
+func decodeBody(data []byte, v any) error { return envelope.DecodeStrict(data, v) }
+
+// acceptedOperation finds the operation bound to key for the request canonical and
+// returns its id and its message if that is accepted (made durable again by
+// store.AcceptedMessage); ("", nil, nil) when there is none.
+func (d *Daemon) acceptedOperation(key string, canonical []byte) (string, *store.Message, error) {
+	b, err := store.GetAs[*store.Binding](d.st, store.IdempotencyID(key))
+	if err != nil || b == nil || b.RequestDigest != store.Digest(canonical) {
+		return "", nil, nil // BeginOperation's answer stands
+	}
+	m, err := d.st.AcceptedMessage(b.OperationID)
+	return b.OperationID, m, err
 }
 
 // send makes sure message msgID exists: already stored, an interrupted enqueue
@@ -425,10 +457,55 @@ type badRequest struct{ msg string }
 func (e *badRequest) Error() string { return e.msg }
 
 func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
+	status, code, msg := d.classify(w, err)
+	writeError(w, status, code, msg)
+}
+
+// sendError is the error answer of a send that failed in the daemon (5xx). Outcome
+// "unknown" and MessageID say that the message may have been accepted nonetheless
+// (its commit was published but not confirmed durable): it may be delivered.
+type sendError struct {
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	Outcome   string `json:"outcome,omitempty"`
+	MessageID string `json:"messageId,omitempty"`
+	Hint      string `json:"hint,omitempty"`
+}
+
+// writeSendError answers a failed send of message msgID (keyed: the request has an
+// Idempotency-Key). A 5xx tells the client whether the message may have been
+// accepted and how to retry without sending it twice.
+func (d *Daemon) writeSendError(w http.ResponseWriter, err error, msgID string, keyed bool) {
+	status, code, msg := d.classify(w, err)
+	if status < 500 {
+		writeError(w, status, code, msg)
+		return
+	}
+	e := sendError{Code: code, Message: msg}
+	visible := false
+	if m, merr := d.st.Message(msgID); merr == nil && m != nil {
+		visible = true
+		e.Outcome, e.MessageID = "unknown", msgID
+	}
+	switch {
+	case keyed && visible:
+		e.Hint = "the message may have been accepted and may be delivered: retry with the same Idempotency-Key and the same request to learn the outcome; never with another key"
+	case keyed:
+		e.Hint = "retry with the same Idempotency-Key and the same request"
+	case visible:
+		e.Hint = "the message may have been accepted and may be delivered: check GET /v1/messages/" + msgID + " before sending it again; send with an Idempotency-Key to make retries safe"
+	default:
+		e.Hint = "the message was not accepted; send with an Idempotency-Key to make retries safe"
+	}
+	writeJSON(w, status, e)
+}
+
+// classify maps err to the answer's status, code and message, logging what the
+// daemon must see and setting Retry-After where a retry helps.
+func (d *Daemon) classify(w http.ResponseWriter, err error) (int, string, string) {
 	var br *badRequest
 	if errors.As(err, &br) {
-		writeError(w, http.StatusBadRequest, CodeBadRequest, br.msg)
-		return
+		return http.StatusBadRequest, CodeBadRequest, br.msg
 	}
 	var c *errcode.Code
 	for _, k := range errcode.All {
@@ -438,14 +515,12 @@ func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
 		}
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		writeError(w, http.StatusServiceUnavailable, CodeNotReady, "request cancelled")
-		return
+		return http.StatusServiceUnavailable, CodeNotReady, "request cancelled"
 	}
 	if c == nil {
 		d.m.storeError(err)
 		d.log.Error("api: internal error", "err", err)
-		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error (see the daemon log)")
-		return
+		return http.StatusInternalServerError, CodeInternal, "internal error (see the daemon log)"
 	}
 	status := statusOf(c)
 	if unreadable(err) {
@@ -457,7 +532,7 @@ func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
 	if status == http.StatusServiceUnavailable || c == errcode.IdempotencyInProgress {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeError(w, status, c.String(), err.Error())
+	return status, c.String(), err.Error()
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

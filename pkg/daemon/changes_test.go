@@ -44,7 +44,7 @@ func stop(t *testing.T, cancel context.CancelFunc, done chan error) {
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-	case <-time.After(20 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("daemon did not stop")
 	}
 }
@@ -65,7 +65,7 @@ func firstCursor(t *testing.T, c *client.Client) string {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -213,7 +213,7 @@ func TestChangesTopicsFilter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err = c.Changes(context.Background(), p.Cursor, []string{client.TopicMessages}, 10*time.Second)
+	p, err = c.Changes(context.Background(), p.Cursor, []string{client.TopicMessages}, 60*time.Second)
 	if err != nil || len(p.Changes) == 0 || p.Changes[0].ID != m.MessageID || p.Changes[0].State != store.StatusQueued {
 		t.Fatalf("send: %+v %v", p, err)
 	}
@@ -241,7 +241,7 @@ func TestChangesLongPollWakesAndDrains(t *testing.T) {
 	var r result
 	select {
 	case r = <-ch:
-	case <-time.After(10 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("the long poll did not wake")
 	}
 	if r.err != nil || len(r.p.Changes) != 1 || r.p.Changes[0].ID != "e1" {
@@ -290,7 +290,7 @@ func TestChangesDetectsOtherWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
-	deadlineAt := time.Now().Add(15 * time.Second)
+	deadlineAt := time.Now().Add(60 * time.Second)
 	for !(seen["messages/"+msgID] && seen["outbox/"+env.ID()]) {
 		if time.Now().After(deadlineAt) {
 			t.Fatalf("not detected; seen %v", seen)

@@ -60,6 +60,9 @@ type Options struct {
 	// no inbound. PollEvery is the period of its fetches (default 1 s).
 	InboxRelay string
 	PollEvery  time.Duration
+	// Store holds further options of the identity's store (tests inject faults with
+	// its WrapFS); its Home and Dir are ignored.
+	Store store.Options
 }
 
 // Daemon is one running sealbridged.
@@ -130,7 +133,9 @@ func New(opts Options) (*Daemon, error) {
 		return nil, errcode.WithHint(fmt.Errorf("the socket path %s is %d bytes, longer than the %d a unix socket address holds",
 			socket, len(socket), dataroot.MaxSocketPath), hint)
 	}
-	st, err := store.Open(id.Signer(), store.Options{Home: root})
+	so := opts.Store
+	so.Home, so.Dir = root, ""
+	st, err := store.Open(id.Signer(), so)
 	if err != nil {
 		return nil, err
 	}

@@ -28,14 +28,14 @@ func run(t *testing.T, d *Daemon) (context.CancelFunc, chan error) {
 	case <-d.Ready():
 	case err := <-done:
 		t.Fatalf("Run: %v", err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("not ready")
 	}
 	t.Cleanup(func() {
 		cancel()
 		select {
 		case <-done:
-		case <-time.After(20 * time.Second):
+		case <-time.After(60 * time.Second):
 			t.Error("daemon did not stop")
 		}
 	})
@@ -149,7 +149,7 @@ func TestSdNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 64)
-	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	conn.SetReadDeadline(time.Now().Add(60 * time.Second))
 	n, err := conn.Read(buf)
 	if err != nil || string(buf[:n]) != "READY=1" {
 		t.Fatalf("got %q %v", buf[:n], err)

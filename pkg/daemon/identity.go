@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -13,9 +12,7 @@ import (
 )
 
 // DefaultIdentity is the identity name used when none is given.
-const DefaultIdentity = "default"
-
-var identityName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$`)
+const DefaultIdentity = dataroot.DefaultIdentity
 
 // IdentityPath returns the key file of identity name under the data root home:
 // <home>/identities/<name>.key (a PKCS#8 PEM file, mode 0600). An empty name is
@@ -24,7 +21,7 @@ func IdentityPath(home, name string) string {
 	if name == "" {
 		name = DefaultIdentity
 	}
-	return filepath.Join(home, "identities", name+".key")
+	return dataroot.KeyFile(home, name)
 }
 
 // keyPath returns the key file of identity name under the data root home, once the
@@ -33,8 +30,8 @@ func keyPath(home, name string) (string, error) {
 	if name == "" {
 		name = DefaultIdentity
 	}
-	if !identityName.MatchString(name) {
-		return "", fmt.Errorf("identity name %q: use letters, digits, '.', '_' and '-'", name)
+	if err := dataroot.CheckIdentityName(name); err != nil {
+		return "", err
 	}
 	root, err := store.DataRoot(home)
 	if err != nil {

@@ -89,7 +89,7 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 		}
 		ids[m.MessageID] = body
 	}
-	eventually(t, 30*time.Second, "all delivered", func() (bool, string) {
+	eventually(t, 60*time.Second, "all delivered", func() (bool, string) {
 		l, err := ca.Messages(ctx, store.StatusDelivered, 1000, "")
 		if err != nil {
 			return false, err.Error()
@@ -100,7 +100,7 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 		t.Fatalf("bob holds %d observations, want %d", got, n)
 	}
 	// Bob's receipts become terminal once his confirmations are relayed.
-	eventually(t, 30*time.Second, "bob's receipts terminal", func() (bool, string) {
+	eventually(t, 60*time.Second, "bob's receipts terminal", func() (bool, string) {
 		terminal := 0
 		_ = b.Store().Scan(ctx, store.KindReceipts, func(r store.Record) error {
 			if r.(*store.Receipt).State == store.ReceiptTerminal {
@@ -111,7 +111,7 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 		return terminal == n, fmt.Sprintf("%d terminal", terminal)
 	})
 	// Alice's receipts (of the delivery statuses) are terminal too.
-	eventually(t, 30*time.Second, "alice's receipts terminal", func() (bool, string) {
+	eventually(t, 60*time.Second, "alice's receipts terminal", func() (bool, string) {
 		terminal := 0
 		_ = a.Store().Scan(ctx, store.KindReceipts, func(r store.Record) error {
 			if rc := r.(*store.Receipt); rc.State == store.ReceiptTerminal && rc.OutcomeCode == outcomeApplied {
@@ -201,7 +201,7 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "relayed", func() (bool, string) {
+	eventually(t, 60*time.Second, "relayed", func() (bool, string) {
 		got, err := ca.Message(ctx, m.MessageID)
 		if err != nil {
 			return false, err.Error()
@@ -237,7 +237,7 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 	}
 	a.KickInbox()
 	for _, env := range []*envelope.Envelope{forged, wrong} {
-		eventually(t, 30*time.Second, "forged status processed", func() (bool, string) {
+		eventually(t, 60*time.Second, "forged status processed", func() (bool, string) {
 			r, err := store.GetAs[*store.Receipt](a.Store(), store.ReceiptID(env.ID()))
 			if err != nil || r == nil {
 				return false, fmt.Sprint(err)
@@ -259,7 +259,7 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.KickInbox()
-	eventually(t, 30*time.Second, "delivered", func() (bool, string) {
+	eventually(t, 60*time.Second, "delivered", func() (bool, string) {
 		got, err := ca.Message(ctx, m.MessageID)
 		if err != nil {
 			return false, err.Error()

@@ -80,7 +80,7 @@ func newPayload(sender *identity.Identity, kind Kind, recipient identity.DID, me
 		return nil, fmt.Errorf("%w: deadline %s is not after now %s", ErrExpired,
 			deadline.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
 	}
-	id, err := newUUID()
+	id, err := NewUUID()
 	if err != nil {
 		return nil, err
 	}
@@ -120,8 +120,8 @@ func sign(sender *identity.Identity, p *payloadJSON) (*Envelope, []byte, error) 
 	return env, data, nil
 }
 
-// newUUID returns a random (version 4) lower-case UUID.
-func newUUID() (string, error) {
+// NewUUID returns a random (version 4) lower-case UUID.
+func NewUUID() (string, error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("envelope: random envelope id: %w", err)

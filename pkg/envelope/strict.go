@@ -16,26 +16,39 @@ import (
 const maxDepth = 8
 
 // decodeStrict decodes one JSON object, the part of the envelope named what,
-// into v (a pointer to a struct),
-// refusing what encoding/json alone accepts: a top-level value that is not an
-// object, duplicate keys, keys that are not exactly a field's JSON name
-// (unknown keys and case variants), nesting deeper than maxDepth, and
-// trailing data. Its errors wrap ErrMalformed, name byte offsets within data
-// and quote no input.
+// into v (a pointer to a struct) with DecodeStrict; the object must start at the
+// first byte. Its errors wrap ErrMalformed.
 func decodeStrict(what string, data []byte, v any) error {
 	if len(data) == 0 || data[0] != '{' {
 		return fmt.Errorf("%w: %s is not a JSON object", ErrMalformed, what)
 	}
-	if err := checkKeys(data, reflect.TypeOf(v)); err != nil {
+	if err := DecodeStrict(data, v); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrMalformed, what, err)
+	}
+	return nil
+}
+
+// DecodeStrict decodes one JSON object into v (a pointer to a struct), refusing
+// what encoding/json alone accepts: a top-level value that is not an object,
+// duplicate keys, keys that are not exactly a field's JSON name (unknown keys
+// and case variants), nesting deeper than maxDepth, and trailing data other
+// than white space. Its errors name byte offsets within data or a field, and
+// quote no input. It is the one strict decoder of the module: the envelope's
+// parts and the request bodies of the daemon and the relay use it.
+func DecodeStrict(data []byte, v any) error {
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		return errors.New("not a JSON object")
+	}
+	if err := checkKeys(data, reflect.TypeOf(v)); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: %s: %s", ErrMalformed, what, describeJSONError(err))
+		return errors.New(describeJSONError(err))
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%w: %s: data after the JSON object", ErrMalformed, what)
+		return errors.New("data after the JSON object")
 	}
 	return nil
 }

@@ -32,8 +32,10 @@ import (
 // verified with store.ParseRecord — the store's own rules — on opts.Workers goroutines.
 //
 // Check may run while writers use the store; its report is then a snapshot that may
-// include changes in progress. Errors: ErrNotStore, ErrOwner, ctx's error, or the
-// error of a file-system call that made the check impossible.
+// include changes in progress. Errors: ErrNotStore, ErrDataRoot, ErrNotStoreLayout
+// (checkLayout, checkForeign: a directory that is not a store is never checked),
+// ErrOwner, ctx's error, or the error of a file-system call that made the check
+// impossible.
 func Check(ctx context.Context, dir string, opts Options) (*Report, error) {
 	c, err := newChecker(dir, opts)
 	if err != nil {
@@ -53,6 +55,8 @@ type checker struct {
 	ownerKey identity.PublicKey
 	// present maps every record name that exists (any type) to its fingerprint.
 	present map[string]fsx.Fingerprint
+	// foreign lists the names at the top that the store never makes (unknownTop).
+	foreign []string
 }
 
 // job is one "<kind>/<id>.json" name to verify.
@@ -116,6 +120,9 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 	if err := c.checkRoot(); err != nil {
 		return nil, err
 	}
+	if err := c.checkLayout(); err != nil {
+		return nil, err
+	}
 	if err := c.checkDataRoot(); err != nil {
 		return nil, err
 	}
@@ -133,6 +140,9 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	c.relate(results)
+	if err := c.checkForeign(); err != nil {
+		return nil, err
+	}
 	sort.SliceStable(c.rep.Findings, func(i, j int) bool {
 		a, b := c.rep.Findings[i], c.rep.Findings[j]
 		if a.Path != b.Path {
@@ -185,6 +195,7 @@ func (c *checker) checkRoot() error {
 	if int(info.Uid) != os.Geteuid() {
 		return fmt.Errorf("%w: %s belongs to uid %d; run sealbridge-fsck as that user", ErrNotStore, c.dir, info.Uid)
 	}
+	c.rep.root = info.Fingerprint()
 	if err := fsx.CheckPrivateDir(".", info); err != nil {
 		c.add(c.dirMetadata(".", "the store directory", info))
 	}
@@ -322,7 +333,7 @@ func (c *checker) walk(ctx context.Context) error {
 		case fsx.IsTempName(name):
 			c.checkTemp(name)
 		default:
-			c.unknown(name, false)
+			c.unknownTop(name)
 		}
 	}
 	return nil
@@ -353,6 +364,22 @@ func (c *checker) unknown(p string, bump bool) {
 		}
 		c.add(problem(CodeUnknownFile, p, why, actionMove, moveFix(phaseRecords, bump, d)))
 	}
+}
+
+// unknownTop notes a name at the top of the store directory that is not part of the
+// layout. The store never opens it, and Repair never moves it: nothing at the top of
+// the store directory that the store did not make is moved (see movable).
+func (c *checker) unknownTop(name string) {
+	info, err := c.fs.Lstat(name)
+	if err != nil {
+		return // gone since the listing
+	}
+	c.foreign = append(c.foreign, name)
+	what := typeName(info.Mode)
+	if info.IsDir() {
+		what = "a directory"
+	}
+	c.add(note(CodeUnknownTop, name, what+" that is not part of the store's layout; the store ignores it and repair leaves it (look at it, then move it out by hand)"))
 }
 
 // checkGeneration checks ".generation": a private regular file with one link. Its
@@ -520,17 +547,17 @@ func recordPhase(k store.Kind) int {
 	return phaseRecords
 }
 
-// establishOwner decides whose signatures the records must carry.
+// establishOwner decides whose signatures the records must carry. The directory is
+// named like a store (checkLayout): its name is the SHA-256 of its owner's DID.
 func (c *checker) establishOwner() error {
 	base := filepath.Base(c.dir)
-	named := store.ValidID(store.KindIdempotency, base) // 64 lower-case hex digits
 	namedFor := func(did identity.DID) bool { return path.Base(store.StoreDirName(did)) == base }
 	if c.opts.Owner != "" {
 		key, err := identity.ParseDID(string(c.opts.Owner))
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrOwner, err)
 		}
-		if named && !namedFor(c.opts.Owner) {
+		if !namedFor(c.opts.Owner) {
 			return fmt.Errorf("%w: %s is the store directory of another identity (its name is not the SHA-256 of %s)", ErrOwner, c.dir, c.opts.Owner)
 		}
 		c.setOwner(c.opts.Owner, key, OwnerGiven)
@@ -539,53 +566,22 @@ func (c *checker) establishOwner() error {
 	if len(c.jobs) == 0 {
 		return nil
 	}
-	if named {
-		seen := false
-		for _, j := range c.jobs {
-			did := c.peekSigner(j)
-			seen = seen || did != ""
-			if did == "" || !namedFor(did) {
-				continue
-			}
-			if key, err := identity.ParseDID(string(did)); err == nil {
-				c.setOwner(did, key, OwnerDirectoryName)
-				return nil
-			}
+	seen := false
+	for _, j := range c.jobs {
+		did := c.peekSigner(j)
+		seen = seen || did != ""
+		if did == "" || !namedFor(did) {
+			continue
 		}
-		if !seen {
-			return fmt.Errorf("%w: no record in %s can be read to learn its owner; give the owner with --identity", ErrOwner, c.dir)
-		}
-		return fmt.Errorf("%w: no record in %s is signed by the identity this directory is named for (a store copied under another identity's name?); give the owner with --identity", ErrOwner, c.dir)
-	}
-	// Not named like a store: the signer of most records (a sample), unconfirmed.
-	tally := map[identity.DID]int{}
-	for i, j := range c.jobs {
-		if i == 1000 {
-			break
-		}
-		if did := c.peekSigner(j); did != "" {
-			tally[did]++
+		if key, err := identity.ParseDID(string(did)); err == nil {
+			c.setOwner(did, key, OwnerDirectoryName)
+			return nil
 		}
 	}
-	var best identity.DID
-	bestN, tie := 0, false
-	for did, n := range tally {
-		switch {
-		case n > bestN:
-			best, bestN, tie = did, n, false
-		case n == bestN:
-			tie = true
-		}
+	if !seen {
+		return fmt.Errorf("%w: no record in %s can be read to learn its owner; give the owner with --identity", ErrOwner, c.dir)
 	}
-	if bestN == 0 || tie {
-		return fmt.Errorf("%w: %s is not named like a store and its records do not show one owner; give the owner with --identity", ErrOwner, c.dir)
-	}
-	key, err := identity.ParseDID(string(best))
-	if err != nil {
-		return fmt.Errorf("%w: the records' signer is not a valid DID; give the owner with --identity", ErrOwner)
-	}
-	c.setOwner(best, key, OwnerMajority)
-	return nil
+	return fmt.Errorf("%w: no record in %s is signed by the identity this directory is named for (a store copied under another identity's name?); give the owner with --identity", ErrOwner, c.dir)
 }
 
 func (c *checker) setOwner(did identity.DID, key identity.PublicKey, src OwnerSource) {

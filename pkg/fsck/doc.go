@@ -4,6 +4,12 @@
 //
 // # Checking
 //
+// Only a directory laid out like a store is checked or repaired: named
+// "<data root>/delivery/<64 hex digits>", without a data root's directories, and,
+// if it holds names the store never makes at its top, with at least one record of
+// its owner. Anything else is ErrDataRoot or ErrNotStoreLayout, and nothing in it is
+// read as a record or changed.
+//
 // Check walks one store directory and reports Findings, each with a stable Code, the
 // path, a one-line explanation and the action Repair would take. It checks:
 //
@@ -20,7 +26,8 @@
 //   - messages (a queued message no intact batch commits; an intact batch without its
 //     message record), receipts against observations (a receipt whose state went
 //     back down), records past retainUntil;
-//   - staged temps (with their age) and unknown names;
+//   - staged temps (with their age) and unknown names (in kind directories a problem;
+//     at the top a note, never moved);
 //   - the lock (lockfile.Inspect: absent, live with its holder, held, stale,
 //     planted) and orphan lock temps.
 //
@@ -31,7 +38,9 @@
 //
 // # Repairing
 //
-// Repair refuses to run while the lock is live or a daemon serves the store. It moves
+// Repair refuses to run while the lock is live or a daemon serves the store, and
+// confirms before every change that the directory is still the store it checked
+// and that no daemon has started. It moves
 // (never deletes) every file it will not keep into lost+found/ with a JSON note, removes
 // stale temps, a stale lock and orphan lock temps, unwinds broken batches marker first,
 // fixes modes, and rewrites hard-linked or foreign-owned valid records as private

@@ -36,7 +36,8 @@ const (
 	// CodeHardLink: a record or the generation file with more than one link. It is
 	// rewritten as a private copy with the same bytes.
 	CodeHardLink Code = "hard-link"
-	// CodeUnknownFile: a name that is not part of the layout. Moved.
+	// CodeUnknownFile: a name in a kind directory that is not part of the layout (at
+	// the top of the store directory it is CodeUnknownTop). Moved.
 	CodeUnknownFile Code = "unknown-file"
 	// CodeTempLeftover: a staged write older than store.TempMaxAge. Removed.
 	CodeTempLeftover Code = "temp-leftover"
@@ -95,6 +96,10 @@ const (
 	CodeRecordExpired Code = "record-expired"
 	// CodeMessageMissing: an intact batch whose message record is absent.
 	CodeMessageMissing Code = "message-missing"
+	// CodeUnknownTop: a name at the top of the store directory that is not part of the
+	// layout. The store ignores it; repair never moves it (nothing at the top of the
+	// store directory that the store did not make is moved).
+	CodeUnknownTop Code = "unknown-top"
 	// CodeMessageUnaccepted: a queued message that no intact batch marker commits; the
 	// store reports it as absent, and sending it again finishes it.
 	CodeMessageUnaccepted Code = "message-unaccepted"
@@ -139,15 +144,11 @@ type LockHolder struct {
 type OwnerSource string
 
 const (
-	// OwnerGiven: Options.Owner, confirmed against the directory name when it is
-	// named like a store.
+	// OwnerGiven: Options.Owner, confirmed against the directory name.
 	OwnerGiven OwnerSource = "given"
 	// OwnerDirectoryName: the signer of the records whose SHA-256 is the store
 	// directory's name.
 	OwnerDirectoryName OwnerSource = "directory-name"
-	// OwnerMajority: the directory is not named like a store; the owner is the signer
-	// of most records (not confirmed).
-	OwnerMajority OwnerSource = "majority-signer"
 	// OwnerNone: there are no records to verify.
 	OwnerNone OwnerSource = "none"
 )
@@ -171,6 +172,8 @@ type Report struct {
 	Findings []Finding `json:"findings"`
 	// Duration of the check.
 	Duration time.Duration `json:"-"`
+
+	root fsx.Fingerprint // the store directory as the check saw it
 }
 
 // Problems returns the number of findings of severity Problem.
@@ -212,8 +215,8 @@ const (
 
 // Options configure Check and Repair. The zero value is usable.
 type Options struct {
-	// Owner, if set, is the store's owner. When the directory is named like a store
-	// (64 hex digits) its name must be the SHA-256 of Owner.
+	// Owner, if set, is the store's owner: the directory's name must be the SHA-256
+	// of Owner.
 	Owner identity.DID
 	// Now is the clock for ages and expiry (default time.Now).
 	Now func() time.Time
@@ -233,7 +236,9 @@ type Options struct {
 	// (default 2 s); then it gives up with ErrLive.
 	LockWait time.Duration
 	// DaemonLive, if set, tells Repair whether a daemon serves the store; Repair
-	// refuses to run while it does.
+	// refuses to run while it does, and asks again before every change (stopping
+	// with ErrLive if one has started). An error also stops the repair: whether a
+	// daemon is live must be known.
 	DaemonLive func(storeDir string) (live bool, who string, err error)
 	// Tool names the program in lost+found notes (default "sealbridge-fsck").
 	Tool string
@@ -248,6 +253,13 @@ var (
 	ErrNotStore = errors.New("fsck: not a usable store directory")
 	// ErrOwner: the owner DID cannot be established or does not match the directory.
 	ErrOwner = errors.New("fsck: cannot establish the store's owner")
+	// ErrDataRoot: the directory looks like a data root (it holds delivery/,
+	// identities/ or run/), not a store directory. Nothing is checked or changed.
+	ErrDataRoot = errors.New("fsck: a data root, not a store directory")
+	// ErrNotStoreLayout: the directory is not laid out like a store directory
+	// (<data root>/delivery/<64 hex digits>, holding the store's names). Nothing is
+	// checked or changed.
+	ErrNotStoreLayout = errors.New("fsck: not a store directory")
 	// ErrLive: Repair refused because the store lock is live (or held and not yet
 	// stale) or a daemon serves the store.
 	ErrLive = errors.New("fsck: the store is in use")

@@ -137,26 +137,6 @@ func TestOwner(t *testing.T) {
 			t.Fatalf("err %v", err)
 		}
 	})
-	t.Run("not named like a store: the majority signer", func(t *testing.T) {
-		dir := fsfixtures.Build(t, "foreign-signer")
-		plain := filepath.Join(fsfixtures.DataRoot(dir), "plain")
-		if err := os.Rename(dir, plain); err != nil {
-			t.Fatal(err)
-		}
-		rep := check(t, plain, fsck.Options{})
-		if rep.Owner != fsfixtures.OwnerDID() || rep.OwnerSource != fsck.OwnerMajority || rep.Problems() != 1 {
-			t.Fatalf("%+v", rep)
-		}
-	})
-	t.Run("not named like a store: a tie", func(t *testing.T) {
-		plain := filepath.Join(t.TempDir(), "plain")
-		mkdir(t, filepath.Join(plain, "messages"))
-		plantMessage(t, plain, fsfixtures.Owner(), "tie-1")
-		plantMessage(t, plain, fsfixtures.Foreign(), "tie-2")
-		if _, err := fsck.Check(ctx, plain, fsck.Options{}); !errors.Is(err, fsck.ErrOwner) {
-			t.Fatalf("err %v", err)
-		}
-	})
 	t.Run("empty store", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "delivery", strings.Repeat("ab", 32))
 		mkdir(t, dir)
@@ -212,6 +192,164 @@ func TestNotAStore(t *testing.T) {
 		if _, err := fsck.Check(ctx, dir, fsck.Options{}); !errors.Is(err, fsck.ErrNotStore) || !strings.Contains(err.Error(), "uid 1000") {
 			t.Errorf("another user's store: err %v", err)
 		}
+	}
+}
+
+// TestLayout: only a directory laid out like a store is checked or repaired. A data
+// root, a directory not named like a store or not in delivery/, and one holding
+// none of a store's names are refused with nothing changed; a store with planted
+// unknown names is still a store, and what the store did not make at its top is
+// reported and left in place.
+func TestLayout(t *testing.T) {
+	refused := func(t *testing.T, dir string, want error) {
+		t.Helper()
+		hash := fsfixtures.HashTree(t, dir)
+		if _, err := fsck.Check(ctx, dir, fsck.Options{}); !errors.Is(err, want) {
+			t.Errorf("check %s: err %v, want %v", dir, err, want)
+		}
+		if _, err := fsck.Repair(ctx, dir, fsck.Options{}); !errors.Is(err, want) {
+			t.Errorf("repair %s: err %v, want %v", dir, err, want)
+		}
+		if fsfixtures.HashTree(t, dir) != hash {
+			t.Errorf("%s changed", dir)
+		}
+	}
+	t.Run("a data root", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "combined")
+		root := fsfixtures.DataRoot(dir)
+		mkdir(t, filepath.Join(root, "identities"))
+		if err := os.WriteFile(filepath.Join(root, "identities", "default.key"), []byte("key\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, root, fsck.ErrDataRoot)
+	})
+	t.Run("a store holding a data root's directory", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "truncated-record")
+		mkdir(t, filepath.Join(dir, "run"))
+		refused(t, dir, fsck.ErrDataRoot)
+	})
+	t.Run("not named like a store", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "combined")
+		plain := filepath.Join(fsfixtures.DataRoot(dir), "delivery", "plain")
+		if err := os.Rename(dir, plain); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, plain, fsck.ErrNotStoreLayout)
+	})
+	t.Run("not in delivery", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "combined")
+		other := filepath.Join(fsfixtures.DataRoot(dir), filepath.Base(dir))
+		if err := os.Rename(dir, other); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, other, fsck.ErrNotStoreLayout)
+	})
+	t.Run("foreign names and no record of the owner", func(t *testing.T) {
+		// Named like a store, even with a kind's directory in it: a source tree.
+		dir := filepath.Join(t.TempDir(), "delivery", strings.Repeat("ab", 32))
+		mkdir(t, filepath.Join(dir, ".git"))
+		mkdir(t, filepath.Join(dir, "messages"))
+		for _, f := range []string{"go.mod", "main.go", "messages/a.txt"} {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte("x\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		refused(t, dir, fsck.ErrNotStoreLayout)
+		// A damaged store whose every record is gone, with a planted file.
+		emptied := fsfixtures.Build(t, "valid")
+		for _, k := range []string{"messages", "outbox", "batches", "receipts", "observations", "operations", "idempotency"} {
+			if err := os.RemoveAll(filepath.Join(emptied, k)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(emptied, "notes.txt"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, emptied, fsck.ErrNotStoreLayout)
+		_, err := fsck.Check(ctx, emptied, fsck.Options{})
+		if !strings.Contains(fmt.Sprint(err), "(notes.txt) and no record of its owner; if it is a store, move those names out of it") {
+			t.Fatalf("err %v", err)
+		}
+		// Without the planted file it is an empty store.
+		if err := os.Remove(filepath.Join(emptied, "notes.txt")); err != nil {
+			t.Fatal(err)
+		}
+		check(t, emptied, fsck.Options{})
+	})
+	t.Run("planted names at the top are noted and left", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "unknown-file")
+		rr := repairedClean(t, dir)
+		for _, p := range []string{"notes.txt", "cache"} {
+			if f := mustFind(t, rr.Before, p, fsck.CodeUnknownTop); f.Severity != fsck.Note || f.Repairable {
+				t.Errorf("%s: %+v", p, f)
+			}
+			if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
+				t.Errorf("%s was moved: %v", p, err)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dir, "cache", "index")); err != nil {
+			t.Errorf("cache/index: %v", err)
+		}
+	})
+}
+
+// TestRepairRechecks: before every change, Repair confirms that the directory is
+// still the store it checked and that no daemon serves it; if not, it stops with
+// nothing more changed.
+func TestRepairRechecks(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		want error
+		// after the first change: do something to dir; return the directory whose
+		// remaining files must be unchanged.
+		after  func(t *testing.T, dir string) string
+		daemon bool
+	}{
+		{name: "a data root's directory appears", want: fsck.ErrDataRoot, after: func(t *testing.T, dir string) string {
+			mkdir(t, filepath.Join(dir, "identities"))
+			return dir
+		}},
+		{name: "the directory is replaced", want: fsck.ErrNotStore, after: func(t *testing.T, dir string) string {
+			moved := dir + ".old"
+			if err := os.Rename(dir, moved); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(moved, dir); err != nil {
+				t.Fatal(err)
+			}
+			return moved
+		}},
+		{name: "a daemon starts", want: fsck.ErrLive, daemon: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := fsfixtures.Build(t, "combined")
+			var started atomic.Bool
+			var rest string
+			var hash string
+			opts := fsck.Options{OnRepair: func(a fsck.ActionResult) {
+				if started.Swap(true) {
+					return
+				}
+				rest = dir
+				if c.after != nil {
+					rest = c.after(t, dir)
+				}
+				hash = fsfixtures.HashTree(t, rest)
+			}}
+			if c.daemon {
+				opts.DaemonLive = func(string) (bool, string, error) { return started.Load(), "pid 7", nil }
+			}
+			rr, err := fsck.Repair(ctx, dir, opts)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("err %v, want %v", err, c.want)
+			}
+			if n := len(rr.Actions); n != 2 || rr.Actions[0].Result != fsck.ResultDone || rr.Actions[1].Result != fsck.ResultSkipped {
+				t.Fatalf("actions %+v", rr.Actions)
+			}
+			if fsfixtures.HashTree(t, rest) != hash {
+				t.Fatal("a change was made after the recheck failed")
+			}
+		})
 	}
 }
 
@@ -370,7 +508,7 @@ func TestSpecialFiles(t *testing.T) {
 	}
 	recdir := store.RecordPath(store.KindMessages, fsfixtures.ID("dir"))
 	mkdir(t, filepath.Join(dir, recdir))
-	if err := os.WriteFile(filepath.Join(dir, "operations.tmp"), nil, 0o600); err != nil { // unknown
+	if err := os.WriteFile(filepath.Join(dir, "operations.tmp"), nil, 0o600); err != nil { // unknown, left in place
 		t.Fatal(err)
 	}
 	if err := os.RemoveAll(filepath.Join(dir, "operations")); err != nil {
@@ -390,17 +528,17 @@ func TestSpecialFiles(t *testing.T) {
 	mustFind(t, rep, fifo, fsck.CodeWrongType)
 	mustFind(t, rep, recdir, fsck.CodeWrongType)
 	mustFind(t, rep, "operations", fsck.CodeWrongType)
-	mustFind(t, rep, "operations.tmp", fsck.CodeUnknownFile)
+	mustFind(t, rep, "operations.tmp", fsck.CodeUnknownTop)
 	mustFind(t, rep, ".generation", fsck.CodeGenerationInvalid)
 	mustFind(t, rep, ".lock", fsck.CodeLockInvalid)
-	if rep.Lock != "invalid" || rep.Problems() != 6 {
+	if rep.Lock != "invalid" || rep.Problems() != 5 {
 		t.Fatalf("%+v", rep)
 	}
 	rr := repairedClean(t, dir)
 	if info, err := os.Lstat(filepath.Join(dir, ".generation")); err != nil || !info.Mode().IsRegular() {
 		t.Fatalf("no new generation file: %v", err)
 	}
-	if got := len(fsfixtures.LostFound(t, dir)); got != 6 || rr.After.LostFound != 6 {
+	if got := len(fsfixtures.LostFound(t, dir)); got != 5 || rr.After.LostFound != 5 {
 		t.Fatalf("lost+found holds %d (report %d)", got, rr.After.LostFound)
 	}
 	if _, err := os.Stat("/etc/passwd"); err != nil {

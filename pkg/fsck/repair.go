@@ -68,7 +68,11 @@ type MoveNote struct {
 // Repair checks dir and repairs every repairable problem, then checks again.
 //
 // It refuses (ErrLive) while the store lock is live or held and not yet stale, or
-// while opts.DaemonLive reports a daemon. It never deletes anything but stale temps,
+// while opts.DaemonLive reports a daemon, and refuses a directory that is not a
+// store (see Check). Before every change it confirms, by recheck, that the directory
+// is still the one checked and no daemon serves it, else it stops with the error.
+// It moves only what movable allows: names inside kind directories and the store's
+// own top-level names. It never deletes anything but stale temps,
 // a stale lock and orphan lock temps: every other file it does not keep is moved into
 // lost+found/ (0700) with a MoveNote beside it, by rename followed by an fsync of
 // both directories. Batches are unwound by the store's rule: a broken batch's marker
@@ -90,6 +94,9 @@ func Repair(ctx context.Context, dir string, opts Options) (*RepairReport, error
 	if err := probe.checkRoot(); err != nil {
 		return nil, err
 	}
+	if err := probe.checkLayout(); err != nil {
+		return nil, err
+	}
 	if err := refuseLive(probe, opts); err != nil {
 		return nil, err
 	}
@@ -103,7 +110,7 @@ func Repair(ctx context.Context, dir string, opts Options) (*RepairReport, error
 		rep.After = before
 		return rep, nil
 	}
-	r := &repairer{fs: probe.fs, opts: opts, moved: map[string]string{}, owner: before.Owner}
+	r := &repairer{fs: probe.fs, dir: probe.dir, root: before.root, opts: opts, moved: map[string]string{}, owner: before.Owner}
 	if before.Owner != "" {
 		if r.ownerKey, err = identity.ParseDID(string(before.Owner)); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrOwner, err)
@@ -146,14 +153,20 @@ func refuseLive(c *checker, opts Options) error {
 		}
 		return fmt.Errorf("%w: the store lock of %s is not stale yet (after %s); run the repair again then", ErrLive, who, opts.LockStale)
 	}
-	if opts.DaemonLive != nil {
-		live, who, err := opts.DaemonLive(c.dir)
-		if err != nil {
-			return fmt.Errorf("fsck: asking whether a daemon serves %s: %w", c.dir, err)
-		}
-		if live {
-			return fmt.Errorf("%w: a daemon serves the store (%s); stop it and run the repair again", ErrLive, who)
-		}
+	return daemonLive(opts, c.dir)
+}
+
+// daemonLive returns ErrLive if opts.DaemonLive reports a daemon serving dir.
+func daemonLive(opts Options, dir string) error {
+	if opts.DaemonLive == nil {
+		return nil
+	}
+	live, who, err := opts.DaemonLive(dir)
+	if err != nil {
+		return fmt.Errorf("fsck: asking whether a daemon serves %s: %w", dir, err)
+	}
+	if live {
+		return fmt.Errorf("%w: a daemon serves the store (%s); stop it and run the repair again", ErrLive, who)
 	}
 	return nil
 }
@@ -172,6 +185,8 @@ func planOf(r *Report) []Finding {
 
 type repairer struct {
 	fs       fsx.FS
+	dir      string          // the absolute store directory
+	root     fsx.Fingerprint // the store directory as the check saw it
 	opts     Options
 	owner    identity.DID
 	ownerKey identity.PublicKey
@@ -198,6 +213,10 @@ func (r *repairer) apply(ctx context.Context, f Finding) (ActionResult, error) {
 	switch {
 	case fx.kind == fixBreakLock:
 		// BreakStale locks the lock file itself while it decides and removes.
+		if err := r.recheck(); err != nil {
+			res.Result, res.Detail = ResultSkipped, sanitize(err.Error())
+			return res, err
+		}
 		broke, err := lockfile.BreakStale(r.fs, r.opts.lockOptions())
 		switch {
 		case err != nil:
@@ -214,6 +233,12 @@ func (r *repairer) apply(ctx context.Context, f Finding) (ActionResult, error) {
 		// A planted .lock: not a lock by the protocol, and no lock can be taken while
 		// it is there. Moved without the lock.
 		return r.run(f, res)
+	}
+	// Confirmed before the lock is taken (taking it writes in the directory), and
+	// again under it (run).
+	if err := r.recheck(); err != nil {
+		res.Result, res.Detail = ResultSkipped, sanitize(err.Error())
+		return res, err
 	}
 	lock, err := lockfile.Acquire(ctx, r.fs, r.opts.lockOptions())
 	if err != nil {
@@ -237,6 +262,10 @@ func (r *repairer) apply(ctx context.Context, f Finding) (ActionResult, error) {
 // the lock file itself).
 func (r *repairer) run(f Finding, res ActionResult) (ActionResult, error) {
 	fx := f.fix
+	if err := r.recheck(); err != nil {
+		res.Result, res.Detail = ResultSkipped, sanitize(err.Error())
+		return res, err
+	}
 	if why := r.checkDeps(fx); why != "" {
 		if (fx.kind == fixRemove || fx.kind == fixCleanLockTemps) && r.absent(f.Path) {
 			res.Result, res.Detail = ResultDone, "already gone"
@@ -321,6 +350,9 @@ func (r *repairer) checkDeps(fx *fix) string {
 // (fsync of lost+found, then of the source directory), grows the generation if the
 // name was part of a kind's listing, and writes the note beside it.
 func (r *repairer) move(f Finding) (string, error) {
+	if !movable(f.Path) {
+		return "", fmt.Errorf("fsck: %s is not a name of the store's layout and is never moved", f.Path)
+	}
 	if _, err := fsx.MkdirPrivate(r.fs, store.LostAndFound); err != nil {
 		return "", err
 	}

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -162,10 +161,8 @@ func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) 
 		return 0, e
 	}
 	var ack AckRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ack); err != nil || dec.More() {
-		return 0, newError(http.StatusBadRequest, CodeBadRequest, `body must be {"envelopeIds":[…]}`)
+	if err := envelope.DecodeStrict(body, &ack); err != nil {
+		return 0, newError(http.StatusBadRequest, CodeBadRequest, `body must be one JSON object {"envelopeIds":[…]}: %s`, err)
 	}
 	if len(ack.EnvelopeIDs) == 0 || len(ack.EnvelopeIDs) > MaxAckIDs {
 		return 0, newError(http.StatusBadRequest, CodeBadRequest, "envelopeIds must list 1..%d ids", MaxAckIDs)

@@ -136,8 +136,10 @@ const maxIndexRounds = 8
 // to be newer than it is; if writers keep moving the stamp, the scan is repeated (each
 // time only over what changed) at most maxIndexRounds times, and then once more under
 // the lock, where no one else publishes: when it returns nil the index is current as
-// of some moment during the call. It must not be called inside a transaction (it may
-// take the lock); under the lock use prepareIndexHeld.
+// of some moment during the call (or, while a publication of this process is in
+// flight, holds every record as read during the call; see indexRound). It must not be
+// called inside a transaction (it may take the lock); under the lock use
+// prepareIndexHeld.
 func (s *Store) prepareIndex(ctx context.Context, k Kind) error {
 	for round := 0; round < maxIndexRounds; round++ {
 		done, err := s.indexRound(ctx, k)
@@ -171,6 +173,11 @@ func (s *Store) prepareIndexHeld(ctx context.Context, k Kind) error {
 
 // indexRound reports whether k's index is current; if not, it scans once and installs
 // the result under the stamp its listing was taken at.
+//
+// While a publication of k by this process is in flight (renamed, not yet marked in
+// the generation), no stamp can show the index current: the scan is made and, if
+// installed, answers the call — every record in it was read after the call began, so
+// it holds every publication a read before the call could have seen.
 func (s *Store) indexRound(ctx context.Context, k Kind) (current bool, err error) {
 	st, err := s.ListingStamp(k)
 	if err != nil {
@@ -178,7 +185,8 @@ func (s *Store) indexRound(ctx context.Context, k Kind) (current bool, err error
 	}
 	s.mu.Lock()
 	old := s.indexes[k]
-	current = s.indexCurrent(k, old, st)
+	inFlight := s.publishing[k] > 0
+	current = !inFlight && s.indexCurrent(k, old, st)
 	s.mu.Unlock()
 	if current {
 		return true, nil
@@ -192,12 +200,14 @@ func (s *Store) indexRound(ctx context.Context, k Kind) (current bool, err error
 		return false, err
 	}
 	s.mu.Lock()
+	installed := false
 	if cur := s.indexes[k]; cur == old || cur == nil {
 		// (unless a publication of ours installed a newer one meanwhile)
 		s.indexes[k] = fresh
+		installed = true
 	}
 	s.mu.Unlock()
-	return false, nil
+	return installed && inFlight, nil
 }
 
 // reconcile builds k's index for ids, reusing old's entries whose file is unchanged.

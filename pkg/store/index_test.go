@@ -68,3 +68,65 @@ func TestIndexReaderUnderConstantPublication(t *testing.T) {
 		t.Fatalf("after the writer stopped: %d summaries, want %d (%v)", len(sums), 20+written.Load(), err)
 	}
 }
+
+// A listing is current as of the call, also while one of this Store's publications
+// is between its rename and its generation mark: a reader that already sees the
+// new record through Message must find it in MessageSummaries too (the daemon's
+// `status` showed a message relayed that `ls --status relayed` did not list yet).
+// The check runs inside the publication, at the generation write that follows the
+// rename of the message record.
+func TestListingCurrentDuringOwnPublication(t *testing.T) {
+	var s *store.Store
+	var msgID string
+	var renamed, checked atomic.Bool
+	var seen string
+	var listed []store.MessageSummary
+	var checkErr error
+	s = openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
+		f := fsx.NewFaulty(inner)
+		f.Inject = func(op fsx.Op) error {
+			switch {
+			case msgID == "":
+			case op.Kind == fsx.OpRename && op.Path2 == "messages/"+msgID+".json":
+				renamed.Store(true)
+			case op.Kind == fsx.OpWrite && op.Path == store.GenerationFile && renamed.Load() && !checked.Swap(true):
+				m, err := s.Message(msgID)
+				if err == nil && m != nil {
+					seen = m.Status
+				}
+				listed, err = s.MessageSummaries(context.Background())
+				checkErr = errors.Join(checkErr, err)
+			}
+			return nil
+		}
+		return f
+	}})
+	_, m := enqueue(t, s, 1)
+	enqueue(t, s, 1)
+	if _, err := s.MessageSummaries(context.Background()); err != nil { // the index is built and current
+		t.Fatal(err)
+	}
+	msgID = m.MessageID
+	err := s.Transaction(context.Background(), func(tx *store.Tx) error {
+		m, err := store.TxGet[*store.Message](tx, msgID)
+		if err != nil {
+			return err
+		}
+		m.Status, m.UpdatedAt = store.StatusRelayed, m.UpdatedAt+1
+		return tx.Put(m)
+	})
+	if err != nil || checkErr != nil {
+		t.Fatal(err, checkErr)
+	}
+	if !checked.Load() || seen != store.StatusRelayed {
+		t.Fatalf("the check did not run between the rename and the generation mark (seen %q)", seen)
+	}
+	for _, sum := range listed {
+		if sum.MessageID == msgID && sum.Status != store.StatusRelayed {
+			t.Fatalf("Message answered %s, then MessageSummaries %s", seen, sum.Status)
+		}
+	}
+	if len(listed) != 2 {
+		t.Fatalf("MessageSummaries listed %d messages, want 2", len(listed))
+	}
+}

@@ -285,15 +285,35 @@ func (s *Store) Pending(ctx context.Context, messageID string) ([]*Outbox, error
 	return out, nil
 }
 
+// AcceptedMessage returns message id if it is accepted (its batch committed), or
+// nil. It first fsyncs the directories of the message's records: the publication
+// that made the message visible may have been followed by a failed directory fsync
+// (its Enqueue answered OUTBOX_STORE_UNWRITABLE although the marker was renamed into
+// place), and whoever reports the message as accepted must rest on durable records.
+// A failed fsync is OUTBOX_STORE_UNWRITABLE: the message may be accepted, unknown.
+func (s *Store) AcceptedMessage(id string) (*Message, error) {
+	m, err := s.Message(id)
+	if err != nil || m == nil {
+		return nil, err
+	}
+	if err := s.syncDirs(map[string]bool{string(KindOutbox): true, string(KindMessages): true, string(KindBatches): true}); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // ResumeEnqueue finishes an enqueue of message messageID that was interrupted (by a
 // crash) after its outbox members were published but before its batch marker: it
 // rebuilds the SendRequest from the stored members (their envelope bytes, kinds and
 // routing) and calls Enqueue, which keeps what is there and writes the rest, the
 // marker last. It returns (message, true, nil) when the message is accepted — already
 // or now — and (nil, false, nil) when no member of it is stored (nothing to resume).
-// Members that do not form ordinals 0..n-1 of one batch answer OUTBOX_STORE_INVALID.
+// An already accepted message is returned by AcceptedMessage (its directories
+// fsynced again), so resuming also finishes an enqueue whose last directory fsync
+// failed. Members that do not form ordinals 0..n-1 of one batch answer
+// OUTBOX_STORE_INVALID.
 func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*Message, bool, error) {
-	if m, err := s.Message(messageID); err != nil || m != nil {
+	if m, err := s.AcceptedMessage(messageID); err != nil || m != nil {
 		return m, m != nil, err
 	}
 	sums, err := s.OutboxSummaries(ctx)

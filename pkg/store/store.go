@@ -150,6 +150,10 @@ type Store struct {
 	listings map[Kind]*listing
 	indexes  map[Kind]*index
 	cache    *lru.Cache[string, *cached]
+	// publishing counts, per kind, this process's publications between their rename
+	// (or unlink) and their adoptPublication: meanwhile the directory has changed but
+	// the generation does not say so yet, so no stamp shows an index current.
+	publishing map[Kind]int
 }
 
 // DataRoot resolves the data root: home if set, else $SEALBRIDGE_HOME, else
@@ -195,7 +199,7 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	}
 	s := &Store{owner: owner, ownerKey: key, signer: signer, limits: opts.Limits.withDefaults(),
 		now: opts.Now, retain: opts.Retention, listings: map[Kind]*listing{}, indexes: map[Kind]*index{},
-		txSem: make(chan struct{}, 1)}
+		publishing: map[Kind]int{}, txSem: make(chan struct{}, 1)}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -574,6 +578,23 @@ func (s *Store) readDirIDs(k Kind) ([]string, error) {
 	return ids, nil
 }
 
+// beginPublication marks a publication of kind k in flight, just before its rename or
+// unlink; endPublication ends it after adoptPublication, or after a rename or unlink
+// that failed (and so changed nothing). A publication whose generation mark failed is
+// never ended: k's directory then changed without a mark, and this process's readers
+// of k's index keep rescanning rather than trust a stamp.
+func (s *Store) beginPublication(k Kind) {
+	s.mu.Lock()
+	s.publishing[k]++
+	s.mu.Unlock()
+}
+
+func (s *Store) endPublication(k Kind) {
+	s.mu.Lock()
+	s.publishing[k]--
+	s.mu.Unlock()
+}
+
 // adoptPublication updates this process's listings and indexes after it published
 // (rec != nil) or removed (rec == nil) kind/id under the lock. The generation moved
 // from oldGen to newGen and only k's directory changed, so k's cached list and index
@@ -610,7 +631,9 @@ func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerpri
 		}
 	}
 	if ix := s.indexes[k]; ix != nil {
-		if err != nil || !s.indexCurrent(k, ix, before) {
+		// An index current at after was scanned after the rename (while this
+		// publication was in flight): patching it again changes nothing.
+		if err != nil || !s.indexCurrent(k, ix, before) && !s.indexCurrent(k, ix, after) {
 			delete(s.indexes, k)
 		} else {
 			ix.apply(id, rec, fp)

@@ -379,17 +379,21 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 		if err != nil {
 			return dirs, err
 		}
+		tx.s.beginPublication(w.kind)
 		if w.rec == nil {
 			if err := tx.s.fs.Remove(w.path()); err != nil && !fsx.IsNotExist(err) {
+				tx.s.endPublication(w.kind)
 				return dirs, writeError(w.path(), err)
 			}
 		} else if err := w.staged.Publish(fileName(w.id)); err != nil {
+			tx.s.endPublication(w.kind)
 			return dirs, writeError(w.path(), err)
 		}
 		dirs[string(w.kind)] = true
 		if err := tx.published(w, before); err != nil {
-			return dirs, err
+			return dirs, err // left in flight: see beginPublication
 		}
+		tx.s.endPublication(w.kind)
 	}
 	return dirs, nil
 }
