@@ -94,23 +94,3 @@ func TestDataRootViolationsAreFindings(t *testing.T) {
 		t.Errorf("repair changed the data root: %v %v", info.Mode(), err)
 	}
 }
-
-// TestDataRootNotCheckedOutsideALayout: a store directory that does not sit at
-// <root>/delivery/<hex> has no data root to check.
-func TestDataRootNotCheckedOutsideALayout(t *testing.T) {
-	base := t.TempDir()
-	if err := os.Chmod(base, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(base, "copy", filepath.Base(store.StoreDirName(fsfixtures.Owner().DID())))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(filepath.Dir(dir), 0o777); err != nil {
-		t.Fatal(err)
-	}
-	rep := check(t, dir, fsck.Options{Owner: fsfixtures.Owner().DID()})
-	if got := dataRootFindings(rep); len(got) != 0 {
-		t.Fatalf("findings at %q for a store outside a data root", got)
-	}
-}
