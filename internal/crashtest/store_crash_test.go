@@ -69,11 +69,13 @@ type result struct {
 	violations []string
 }
 
-// privateDir is a fresh store directory, 0700 as the store requires of it.
+// privateDir is a fresh store directory laid out as in a data root
+// (<tmp>/delivery/<hex sha256(owner)>, the only place fsck accepts a store) and
+// 0700, as the store requires of it.
 func privateDir(t testing.TB) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "store")
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	dir := filepath.Join(t.TempDir(), filepath.FromSlash(store.StoreDirName(owner(t).DID())))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	return dir
