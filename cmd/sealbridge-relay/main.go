@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/cli"
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
@@ -110,6 +111,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errcode.WithHint(err, "give --home DIR")
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
+		return err
+	}
+	if err := dataroot.CheckRoot(root); err != nil {
 		return err
 	}
 	if idFile == "" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/cli"
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -40,6 +41,9 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return withHint(err, "give --home DIR")
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
+		return err
+	}
+	if err := dataroot.CheckRoot(root); err != nil {
 		return err
 	}
 	keyFile := filepath.Join(root, relayKeyFile)

@@ -113,7 +113,7 @@ func TestFaultsOnEveryCall(t *testing.T) {
 			// Count the calls of a clean run.
 			c := &clock{}
 			c.ns.Store(time.Now().UnixNano())
-			dir := t.TempDir()
+			dir := privateDir(t)
 			faultSetup(t, dir, c)
 			base, err := crashtest.Snapshot(dir)
 			if err != nil {
@@ -142,7 +142,7 @@ func checkFault(t *testing.T, op faultOp, n int, errno syscall.Errno, base *cras
 	t.Helper()
 	c := &clock{}
 	c.ns.Store(start)
-	dir := t.TempDir()
+	dir := privateDir(t)
 	if err := base.Materialize(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func storeFailing(t *testing.T, k fsx.OpKind, prefix string, err error) (*store.
 	t.Helper()
 	c := &clock{}
 	c.ns.Store(time.Now().UnixNano())
-	dir := t.TempDir()
+	dir := privateDir(t)
 	var faulty *fsx.Faulty
 	s := openAt(t, dir, c, func(inner fsx.FS) fsx.FS {
 		faulty = fsx.NewFaulty(inner)
@@ -307,7 +307,7 @@ func TestDirectoryFsyncFailureNotAcknowledged(t *testing.T) {
 	for _, op := range []faultOp{faultOps()[0], faultOps()[2], faultOps()[3]} {
 		c := &clock{}
 		c.ns.Store(time.Now().UnixNano())
-		dir := t.TempDir()
+		dir := privateDir(t)
 		faultSetup(t, dir, c)
 		s := openAt(t, dir, c, func(inner fsx.FS) fsx.FS {
 			f := fsx.NewFaulty(inner)

@@ -62,7 +62,7 @@ func TestSIGKILLWriters(t *testing.T) {
 	}
 	t.Logf("seed %d (replay: go test ./internal/crashtest -run TestSIGKILLWriters -crash.seed=%d -crash.kills=%d)", seed, seed, rounds)
 	rng := rand.New(rand.NewPCG(seed, seed^0x5ea1b41d))
-	dir := t.TempDir()
+	dir := privateDir(t)
 	acked := map[string]int{} // message id → envelopes
 	kills := 0
 	for round := 0; round < rounds; round++ {

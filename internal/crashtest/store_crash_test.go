@@ -69,6 +69,18 @@ type result struct {
 	violations []string
 }
 
+// privateDir is a fresh store directory laid out as in a data root
+// (<tmp>/delivery/<hex sha256(owner)>, the only place fsck accepts a store) and
+// 0700, as the store requires of it.
+func privateDir(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), filepath.FromSlash(store.StoreDirName(owner(t).DID())))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func openAt(t testing.TB, dir string, c *clock, wrap func(fsx.FS) fsx.FS) *store.Store {
 	s, err := store.Open(owner(t).Signer(), store.Options{Dir: dir, Now: c.Now, WrapFS: wrap, LockWait: 5 * time.Second})
 	if err != nil {

@@ -197,7 +197,7 @@ func TestThousandEnvelopesTwentyRelaysFiveLate(t *testing.T) {
 		addrs[i] = relays[i].addr
 	}
 	alice := ident(t, 1)
-	st, err := store.Open(alice.Signer(), store.Options{Dir: t.TempDir()})
+	st, err := store.Open(alice.Signer(), store.Options{Dir: t.TempDir() + "/store"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +266,7 @@ func TestCrashBetweenSendAndSettle(t *testing.T) {
 		t.Skip("e2e")
 	}
 	bob := ident(t, 2)
-	storeDir := t.TempDir()
+	storeDir := t.TempDir() + "/store"
 	st, err := store.Open(ident(t, 1).Signer(), store.Options{Dir: storeDir})
 	if err != nil {
 		t.Fatal(err)

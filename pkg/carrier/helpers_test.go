@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -187,9 +190,14 @@ func peer() identity.DID {
 	return identity.FormatDID(ed25519.NewKeyFromSeed(seed[:]).Public().(ed25519.PublicKey))
 }
 
+// openStore opens the store directory "store" under dir, created 0700 if needed (the
+// store refuses a store directory with group or other permissions).
 func openStore(t testing.TB, dir string, opts store.Options) *store.Store {
 	t.Helper()
-	opts.Dir = dir
+	opts.Dir = filepath.Join(dir, "store")
+	if err := os.Mkdir(opts.Dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		t.Fatal(err)
+	}
 	s, err := store.Open(owner(t).Signer(), opts)
 	if err != nil {
 		t.Fatal(err)

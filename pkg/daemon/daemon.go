@@ -95,7 +95,8 @@ type Daemon struct {
 // New loads the identity, opens its store and takes the one-daemon-per-identity lock
 // (flock on dataroot.PIDFile, which holds the pid). If another daemon holds it the
 // error reads "… already running (pid N)". A socket path longer than a unix socket
-// address holds is refused before anything is written.
+// address holds is refused before anything is written, and so is a data root or
+// store that breaks the data-root rules (LoadIdentity and store.Open check them).
 func New(opts Options) (*Daemon, error) {
 	if err := checkOptions(opts); err != nil {
 		return nil, err

@@ -24,6 +24,8 @@ func IdentityPath(home, name string) string {
 	return dataroot.KeyFile(home, name)
 }
 
+// keyPath returns the key file of identity name under the data root home, once the
+// data root keeps the data-root rules (dataroot.CheckRoot).
 func keyPath(home, name string) (string, error) {
 	if name == "" {
 		name = DefaultIdentity
@@ -35,12 +37,16 @@ func keyPath(home, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if err := dataroot.CheckRoot(root); err != nil {
+		return "", err
+	}
 	return IdentityPath(root, name), nil
 }
 
 // InitIdentity creates a new identity name under the data root home (resolved like
 // store.DataRoot; directories are created with mode 0700). It fails if the identity
-// exists.
+// exists, or if the data root breaks the data-root rules (a *dataroot.Violation,
+// with its fix as hint).
 func InitIdentity(home, name string) (*identity.Identity, error) {
 	path, err := keyPath(home, name)
 	if err != nil {
@@ -65,8 +71,9 @@ func InitIdentity(home, name string) (*identity.Identity, error) {
 	return id, nil
 }
 
-// LoadIdentity loads identity name from the data root home. A missing key file is
-// an error wrapping os.ErrNotExist that names the identity and the path once (the
+// LoadIdentity loads identity name from the data root home. Like InitIdentity it
+// refuses a data root that breaks the data-root rules. A missing key file is an
+// error wrapping os.ErrNotExist that names the identity and the path once (the
 // commands add the hint to create it, with their flags); an invalid name is an
 // *OptionError for --identity.
 func LoadIdentity(home, name string) (*identity.Identity, error) {

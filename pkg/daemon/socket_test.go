@@ -149,7 +149,11 @@ func TestSocketDirectoryRulesRefused(t *testing.T) {
 					d.Close()
 					t.Fatalf("daemon started with %s %s", dir, c.name)
 				}
-				if !strings.Contains(err.Error(), dir) || !strings.Contains(errcode.HintOf(err), c.want) {
+				want := c.want
+				if which == "run" && c.name == "symlink" {
+					want = "replace the symbolic link" // the data-root rules refuse it first
+				}
+				if !strings.Contains(err.Error(), dir) || !strings.Contains(errcode.HintOf(err), want) {
 					t.Fatalf("error %q, hint %q", err, errcode.HintOf(err))
 				}
 			})

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -122,6 +123,9 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 	if err := c.checkLayout(); err != nil {
 		return nil, err
 	}
+	if err := c.checkDataRoot(); err != nil {
+		return nil, err
+	}
 	if err := c.checkLock(); err != nil {
 		return nil, err
 	}
@@ -194,6 +198,24 @@ func (c *checker) checkRoot() error {
 	c.rep.root = info.Fingerprint()
 	if err := fsx.CheckPrivateDir(".", info); err != nil {
 		c.add(c.dirMetadata(".", "the store directory", info))
+	}
+	return nil
+}
+
+// checkDataRoot applies the data-root rules (internal/dataroot) to the data root
+// above the store directory, when the store sits in one: <root>/delivery/<hex>.
+func (c *checker) checkDataRoot() error {
+	parent := filepath.Dir(c.dir)
+	if filepath.Base(parent) != dataroot.DeliveryDir || !store.ValidID(store.KindIdempotency, filepath.Base(c.dir)) {
+		return nil
+	}
+	vs, err := dataroot.RootViolations(filepath.Dir(parent))
+	if err != nil {
+		return fmt.Errorf("fsck: checking the data root of %s: %w", c.dir, err)
+	}
+	for _, v := range vs {
+		c.add(problem(CodeDataRootUnsafe, v.Path, v.Rule+"; every sealbridge binary refuses this data root until it is fixed",
+			"none: "+v.Fix, nil))
 	}
 	return nil
 }

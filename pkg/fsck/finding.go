@@ -70,6 +70,13 @@ const (
 	// CodeReceiptRegressed: a receipt still "persisted" while the observation of the
 	// same envelope exists — the receipt went back down. Moved.
 	CodeReceiptRegressed Code = "receipt-regressed"
+	// CodeDataRootUnsafe: the store directory sits in a data root
+	// (<root>/delivery/<hex>) and the data root, or its delivery/, identities/, run/
+	// or relay/ directory, breaks the data-root rules (internal/dataroot): a symbolic
+	// link, not a directory, another user's, or writable by group or others. Every
+	// binary refuses the data root until it is fixed. The finding's path is absolute;
+	// not repairable: the action is the fix.
+	CodeDataRootUnsafe Code = "data-root-unsafe"
 )
 
 // Notes: facts worth knowing that are not damage. They never change the exit code and
@@ -107,7 +114,8 @@ const (
 )
 
 // Finding is one thing fsck found. Path is relative to the store directory, with
-// forward slashes ("." is the store directory itself). Explanation is one line and
+// forward slashes ("." is the store directory itself), except for a directory above
+// the store (CodeDataRootUnsafe), whose path is absolute. Explanation is one line and
 // never contains payload contents or key material. Action says what Repair does about
 // it ("none: …" when it does nothing).
 type Finding struct {

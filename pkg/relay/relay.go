@@ -32,6 +32,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -135,8 +136,9 @@ type entry struct {
 	recipient  string // recipient dir name
 }
 
-// New opens (creating on first use) the relay's store and inbox directory,
-// locks the inbox directory, and loads the inboxes, completing what a crash
+// New opens (creating on first use) the relay's store and inbox directory —
+// refusing a data root, store or inbox directory that breaks the data-root rules
+// (internal/dataroot) —, locks the inbox directory, and loads the inboxes, completing what a crash
 // interrupted: an envelope file without its receipt record gets the record; a
 // file whose envelope was acknowledged is removed.
 func New(opts Options) (*Relay, error) {
@@ -166,10 +168,13 @@ func New(opts Options) (*Relay, error) {
 	r.inboxDir = opts.InboxDir
 	if r.inboxDir == "" {
 		sum := sha256.Sum256([]byte(r.id.DID()))
-		r.inboxDir = filepath.Join(opts.Home, "relay", hex.EncodeToString(sum[:]))
+		r.inboxDir = filepath.Join(opts.Home, dataroot.RelayDir, hex.EncodeToString(sum[:]))
 	}
 	if r.inboxDir, err = filepath.Abs(r.inboxDir); err != nil {
 		return nil, fmt.Errorf("relay: inbox dir: %w", err)
+	}
+	if err := dataroot.CheckDir(r.inboxDir, "the relay's inbox directory"); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
 	}
 	if err := ensureDir(r.inboxDir); err != nil {
 		return nil, fmt.Errorf("relay: create inbox dir: %w", err)

@@ -3,6 +3,7 @@ package store
 import (
 	"crypto/ed25519"
 	"io/fs"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -94,7 +95,11 @@ func TestGranularityRacyWindow(t *testing.T) {
 // Goroutines asking for the window at once share one probe and one answer.
 func TestGranularityProbedOnceConcurrently(t *testing.T) {
 	var probes atomic.Int64
-	s := openGranular(t, Options{Dir: t.TempDir(), WrapFS: func(inner fsx.FS) fsx.FS {
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o700); err != nil { // a store directory is 0700
+		t.Fatal(err)
+	}
+	s := openGranular(t, Options{Dir: dir, WrapFS: func(inner fsx.FS) fsx.FS {
 		return probeCounter{FS: fsx.NewCoarse(inner, time.Second), probes: &probes}
 	}})
 	var wg sync.WaitGroup

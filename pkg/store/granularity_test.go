@@ -190,7 +190,7 @@ func getMessage(t *testing.T, s *store.Store, id string) (*store.Message, error)
 // mtime and ctime) by a valid newer version is never served from the cache: the newer
 // version is returned.
 func TestOneSecondFSNewerVersionNeverHiddenByCache(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	m, path, _ := oneSecondMessage(t, dir)
 	o := openOneSecond(t, dir, 500*time.Millisecond)
 	for attempts := 1; attempts <= 3; attempts++ {
@@ -208,7 +208,7 @@ func TestOneSecondFSNewerVersionNeverHiddenByCache(t *testing.T) {
 // payload): it is refused with OUTBOX_STORE_INVALID, never answered with the cached
 // valid record.
 func TestOneSecondFSTamperedRewriteNeverServedFromCache(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	m, path, orig := oneSecondMessage(t, dir)
 	o := openOneSecond(t, dir, 500*time.Millisecond)
 	sig := bytes.LastIndex(orig, []byte(`"sig":"`)) + len(`"sig":"`)
@@ -234,7 +234,7 @@ func TestOneSecondFSTamperedRewriteNeverServedFromCache(t *testing.T) {
 // nanosecond earlier, every hit re-reads and compares the bytes until the window has
 // passed, and then hits stop opening the file.
 func TestOneSecondFSRecordCachedLongAgoIsHit(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	m, _, _ := oneSecondMessage(t, dir)
 	const window = time.Second + 20*time.Millisecond
 
@@ -274,7 +274,7 @@ func TestOneSecondFSRecordCachedLongAgoIsHit(t *testing.T) {
 // does not move, nor, on this file system, the directory's stamp). A listing taken
 // once the window had passed is reused without reading the directory.
 func TestOneSecondFSListingChangeNeverHidden(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	w := openStore(t, store.Options{Dir: dir})
 	a, b := newMessage(t, time.Now()), newMessage(t, time.Now())
 	mustPut(t, w, a, b)

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -107,7 +108,7 @@ func TestIdempotencyCapacityFullWritesNothing(t *testing.T) {
 func TestIdempotencyCapacityCountsAnotherProcessesOperations(t *testing.T) {
 	// Two instances (as two processes): the second's index is stale after the first
 	// writes; the capacity decision must still see both operations.
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	a := openStore(t, store.Options{Dir: dir, Limits: store.Limits{Operations: 2}})
 	b := openStore(t, store.Options{Dir: dir, Limits: store.Limits{Operations: 2}})
 	if _, err := begin(t, b, "x", `{}`); err != nil {

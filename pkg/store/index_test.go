@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -30,7 +31,7 @@ func (f lstatHookFS) Lstat(name string) (fsx.Info, error) {
 // OUTBOX_STORE_BUSY here): after its optimistic rounds it scans once under the lock,
 // so what it returns is current, and it sees every write once the writer stops.
 func TestIndexReaderUnderConstantPublication(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	// The writer tries the lock once: while the reader's last, locked round holds it,
 	// the writer's publication is refused (OUTBOX_STORE_BUSY) rather than waited for.
 	writer := openStore(t, store.Options{Dir: dir, LockWait: -1})

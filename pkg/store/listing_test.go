@@ -44,7 +44,7 @@ func newMessage(t *testing.T, now time.Time) *store.Message {
 // Two publications inside one timestamp tick leave the directory stamp unchanged;
 // the generation file must still invalidate another instance's cached listing.
 func TestListingSeesTwoChangesInOneTick(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	tick := time.Now().Add(-time.Hour).UnixNano() // old enough not to be racy
 	frozen := func(inner fsx.FS) fsx.FS { return frozenFS{FS: inner, at: tick} }
 	writer := openStore(t, store.Options{Dir: dir, WrapFS: frozen})
@@ -87,7 +87,7 @@ func TestListingSeesTwoChangesInOneTick(t *testing.T) {
 
 // The same, with real timestamps forced equal by utimes after each change.
 func TestListingWithMtimeForcedEqual(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	writer := openStore(t, store.Options{Dir: dir})
 	reader := openStore(t, store.Options{Dir: dir, Now: func() time.Time { return time.Now().Add(time.Hour) }})
 	now := time.Now()
@@ -114,7 +114,7 @@ func TestListingWithMtimeForcedEqual(t *testing.T) {
 // a change that bypasses the generation file (another tool) in the same tick must
 // still be seen.
 func TestRacyListingIsNotTrusted(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	tick := time.Now().UnixNano()
 	clock := func() time.Time { return time.Unix(0, tick).Add(time.Millisecond) }
 	frozen := func(inner fsx.FS) fsx.FS { return frozenFS{FS: inner, at: tick} }
@@ -143,7 +143,7 @@ func TestRacyListingIsNotTrusted(t *testing.T) {
 // A cached record rewritten in place, with size and mtime restored, must not be
 // served from the cache: its ctime (or inode) changed.
 func TestCachedRecordRewrittenInPlaceIsReread(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	later := func() time.Time { return time.Now().Add(time.Hour) } // nothing is racy
 	s := openStore(t, store.Options{Dir: dir, Now: later})
 	m := newMessage(t, time.Now())
@@ -162,7 +162,7 @@ func TestCachedRecordRewrittenInPlaceIsReread(t *testing.T) {
 // When the fingerprint cannot tell (ctime hidden, same inode, size and mtime), an
 // entry cached within the timestamp granularity is racy: its next hit compares bytes.
 func TestRacyCacheEntryComparesBytes(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	tick := time.Now().UnixNano()
 	clock := func() time.Time { return time.Unix(0, tick).Add(time.Millisecond) }
 	s := openStore(t, store.Options{Dir: dir, Now: clock, WrapFS: func(inner fsx.FS) fsx.FS {

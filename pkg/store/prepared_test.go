@@ -138,7 +138,7 @@ func stagingHook(hook func()) func(fsx.FS) fsx.FS {
 }
 
 func TestPreparedPlanInvalidatedRunsAgain(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	other := openStore(t, store.Options{Dir: dir})
 	m := newMessage(t, time.Now())
 	mustPut(t, other, m)
@@ -172,7 +172,7 @@ func TestPreparedPlanInvalidatedRunsAgain(t *testing.T) {
 }
 
 func TestPreparedRoundsExhaustedIsBusy(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	other := openStore(t, store.Options{Dir: dir})
 	m := newMessage(t, time.Now())
 	mustPut(t, other, m)
@@ -202,7 +202,7 @@ func TestPreparedRoundsExhaustedIsBusy(t *testing.T) {
 // By default the last round runs locked, so even a plan invalidated every time it is
 // staged outside the lock completes.
 func TestPreparedLastRoundLockedGuaranteesProgress(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	other := openStore(t, store.Options{Dir: dir, LockWait: -1})
 	m := newMessage(t, time.Now())
 	mustPut(t, other, m)
@@ -235,7 +235,7 @@ func TestPreparedLastRoundLockedGuaranteesProgress(t *testing.T) {
 // process takes the lock at its first attempt and finishes a transaction: the lock is
 // held only for planning and publishing.
 func TestPreparedLockNotHeldWhileStaging(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	m := newMessage(t, time.Now())
 	mustPut(t, openStore(t, store.Options{Dir: dir}), m)
 	var once sync.Once
@@ -316,7 +316,7 @@ func TestPreparedGroupCommitSharesDirectoryFsyncs(t *testing.T) {
 }
 
 func TestUpdateStagedSingleWrite(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store")
 	other := openStore(t, store.Options{Dir: dir})
 	m := newMessage(t, time.Now())
 	mustPut(t, other, m)

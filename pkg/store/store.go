@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
 	"github.com/sealbridge/sealbridge/internal/lru"
@@ -182,7 +183,10 @@ func StoreDirName(did identity.DID) string {
 }
 
 // Open returns the store of the identity whose key signer holds. It has no side
-// effects on disk: directories are created by the first write.
+// effects on disk: directories are created by the first write. It refuses, with
+// OUTBOX_STORE_INVALID, a data root or store directory that breaks the data-root
+// rules (internal/dataroot): the error names the path and carries the fix as its
+// hint (errcode.HintOf).
 func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	pub, ok := signer.Public().(ed25519.PublicKey)
 	if !ok {
@@ -215,6 +219,9 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	}
 	if err != nil {
 		return nil, errcode.New(errcode.OutboxStoreUnwritable, "data root", err)
+	}
+	if err := s.checkDirs(); err != nil {
+		return nil, err
 	}
 	var fsys fsx.FS = fsx.NewOS(s.dir)
 	if opts.WrapFS != nil {
@@ -250,6 +257,24 @@ func (s *Store) Limits() Limits { return s.limits }
 
 func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
 
+// checkDirs applies the data-root rules to what exists of the data root (when the
+// store was opened by it) and of the store directory and its kind directories.
+func (s *Store) checkDirs() error {
+	if s.dataRoot != "" {
+		if err := dataroot.CheckRoot(s.dataRoot); err != nil {
+			return invalidAt("", err)
+		}
+	}
+	kinds := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		kinds[i] = string(k)
+	}
+	if err := dataroot.CheckStore(s.dir, kinds); err != nil {
+		return invalidAt("", err)
+	}
+	return nil
+}
+
 // ensureStoreDir creates the private directory chain down to the store directory.
 func (s *Store) ensureStoreDir() error {
 	if _, err := s.fs.Lstat("."); err == nil {
@@ -276,15 +301,16 @@ func (s *Store) ensureStoreDir() error {
 }
 
 // ensureDataRoot creates the data root (0700, with any missing parents) or checks an
-// existing one: a real directory (not a symlink), owned by us, not writable by group
-// or others. Everything beneath it that the store creates is 0700.
+// existing one by the data-root rules (dataroot.CheckDir): a real directory (not a
+// symlink), owned by us, not writable by group or others. Everything beneath it that
+// the store creates is 0700.
 func ensureDataRoot(base string) error {
 	if err := os.MkdirAll(filepath.Dir(base), 0o700); err != nil {
 		return unwritable(base, err)
 	}
 	parent := fsx.NewOS(filepath.Dir(base))
 	name := filepath.Base(base)
-	info, err := parent.Lstat(name)
+	_, err := parent.Lstat(name)
 	if fsx.IsNotExist(err) {
 		_, err = fsx.MkdirPrivate(parent, name)
 		if err != nil {
@@ -295,13 +321,8 @@ func ensureDataRoot(base string) error {
 	if err != nil {
 		return unwritable(base, err)
 	}
-	switch {
-	case !info.IsDir():
-		return invalidAt(base, errors.New("data root is not a directory (symlinks are not followed)"))
-	case int(info.Uid) != os.Geteuid():
-		return invalidAt(base, errors.New("data root is owned by another user"))
-	case info.Perm()&0o022 != 0:
-		return invalidAt(base, errors.New("data root is writable by group or others"))
+	if err := dataroot.CheckDir(base, "the data root"); err != nil {
+		return invalidAt("", err)
 	}
 	return nil
 }

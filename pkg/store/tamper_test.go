@@ -300,6 +300,16 @@ func (e *tamperEnv) open(t testing.TB, cold bool) *store.Store {
 	return openStore(t, opts)
 }
 
+// tamperExpectOpenRefused checks that Open refuses the store with OUTBOX_STORE_INVALID
+// naming path.
+func tamperExpectOpenRefused(t testing.TB, e *tamperEnv, path string) {
+	t.Helper()
+	_, err := store.Open(ownerIdentity(t).Signer(), store.Options{Dir: e.dir, Limits: e.limits})
+	if !errors.Is(err, errcode.OutboxStoreInvalid) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Open = %v, want OUTBOX_STORE_INVALID naming %s", err, path)
+	}
+}
+
 // tamperWriteRename replaces path with a new 0600 file holding data (a new inode).
 func tamperWriteRename(t testing.TB, path string, data []byte) {
 	t.Helper()
@@ -589,6 +599,10 @@ type tamperFileCase struct {
 	mutate  func(t *testing.T, e *tamperEnv, path string)
 	also    func(t *testing.T, e *tamperEnv) // further checks while mutated
 	restore func(t *testing.T, e *tamperEnv, path string)
+	// refusedAtOpen: while mutated, Open itself refuses the store (a kind
+	// directory that breaks the data-root rules); a store opened before still
+	// refuses the record on read.
+	refusedAtOpen bool
 }
 
 func tamperFileCases() []tamperFileCase {
@@ -656,6 +670,7 @@ func tamperFileCases() []tamperFileCase {
 					t.Fatal(err)
 				}
 			},
+			refusedAtOpen: true,
 		},
 		{
 			// Both names of a hard-linked record are refused (nlink 2), even though
@@ -779,20 +794,32 @@ func TestTamperedFileRefused(t *testing.T) {
 				var s *store.Store
 				if mode == "cold" {
 					tc.mutate(t, e, path)
-					s = e.open(t, true)
+					if tc.refusedAtOpen {
+						tamperExpectOpenRefused(t, e, filepath.Dir(path))
+					} else {
+						s = e.open(t, true)
+					}
 				} else {
 					s = e.open(t, false)
 					tamperExpectValid(t, s, store.KindOutbox, e.e2)
 					tc.mutate(t, e, path)
 				}
-				tamperExpectInvalid(t, s, store.KindOutbox, e.e2)
-				tamperExpectInvalid(t, s, store.KindOutbox, e.e2)
-				tamperExpectInvalid(t, e.open(t, true), store.KindOutbox, e.e2)
+				if s != nil {
+					tamperExpectInvalid(t, s, store.KindOutbox, e.e2)
+					tamperExpectInvalid(t, s, store.KindOutbox, e.e2)
+				}
+				if tc.refusedAtOpen {
+					tamperExpectOpenRefused(t, e, filepath.Dir(path))
+				} else {
+					tamperExpectInvalid(t, e.open(t, true), store.KindOutbox, e.e2)
+				}
 				if tc.also != nil {
 					tc.also(t, e)
 				}
 				tc.restore(t, e, path)
-				tamperExpectValid(t, s, store.KindOutbox, e.e2)
+				if s != nil {
+					tamperExpectValid(t, s, store.KindOutbox, e.e2)
+				}
 				tamperExpectValid(t, e.open(t, true), store.KindOutbox, e.e2)
 			})
 		}
