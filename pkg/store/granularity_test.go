@@ -336,7 +336,7 @@ func TestOneSecondFSListingChangeNeverHidden(t *testing.T) {
 func TestOneSecondFSRacyJudgedByClockBeforeRead(t *testing.T) {
 	const window = time.Second + 20*time.Millisecond
 	t.Run("cache", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := filepath.Join(t.TempDir(), "store") // created 0700 by the store
 		m, path, _ := oneSecondMessage(t, dir)
 		o := openOneSecond(t, dir, 500*time.Millisecond)
 		o.jumpDuringFileRead(window)
@@ -349,7 +349,7 @@ func TestOneSecondFSRacyJudgedByClockBeforeRead(t *testing.T) {
 		}
 	})
 	t.Run("listing", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := filepath.Join(t.TempDir(), "store") // created 0700 by the store
 		a := newMessage(t, time.Now())
 		w := openStore(t, store.Options{Dir: dir})
 		mustPut(t, w, a)
@@ -369,7 +369,7 @@ func TestOneSecondFSRacyJudgedByClockBeforeRead(t *testing.T) {
 		}
 	})
 	t.Run("index", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := filepath.Join(t.TempDir(), "store") // created 0700 by the store
 		m, path, _ := oneSecondMessage(t, dir)
 		o := openOneSecond(t, dir, 500*time.Millisecond)
 		writer := openStore(t, store.Options{Dir: dir})

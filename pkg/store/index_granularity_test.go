@@ -86,7 +86,7 @@ func signedRecord(t *testing.T, r store.Record) []byte {
 // index read that reconciles the index (another handle's publication moved the
 // listing stamp): the messages index never keeps the old summary.
 func TestOneSecondFSMessagesIndexSeesSameSecondRewrite(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store") // created 0700 by the store
 	m, path, _ := oneSecondMessage(t, dir)
 	o := openOneSecond(t, dir, 500*time.Millisecond)
 	writer := openStore(t, store.Options{Dir: dir})
@@ -106,7 +106,7 @@ func TestOneSecondFSMessagesIndexSeesSameSecondRewrite(t *testing.T) {
 // from pending to relayed (the same size) is seen as relayed, so neither `ls` nor the
 // carrier's plan works from the old state.
 func TestOneSecondFSOutboxIndexSeesSameSecondRewrite(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store") // created 0700 by the store
 	env, path, _ := oneSecondEnvelope(t, dir)
 	o := openOneSecond(t, dir, 500*time.Millisecond)
 	writer := openStore(t, store.Options{Dir: dir})
@@ -128,7 +128,7 @@ func TestOneSecondFSOutboxIndexSeesSameSecondRewrite(t *testing.T) {
 func TestOneSecondFSIndexRefusesTamperedSameSecondRewrite(t *testing.T) {
 	for _, kind := range []store.Kind{store.KindMessages, store.KindOutbox} {
 		t.Run(string(kind), func(t *testing.T) {
-			dir := t.TempDir()
+			dir := filepath.Join(t.TempDir(), "store") // created 0700 by the store
 			var path string
 			var orig []byte
 			var read func(s *store.Store) error
@@ -170,7 +170,7 @@ func TestOneSecondFSIndexRefusesTamperedSameSecondRewrite(t *testing.T) {
 // new record is opened. Indexed a nanosecond earlier, every reconcile re-reads them
 // until one runs after the window, and from then on they are trusted.
 func TestOneSecondFSIndexEntryIndexedLongAgoNotReread(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "store") // created 0700 by the store
 	const n = 3
 	for range n {
 		oneSecondMessage(t, dir)
