@@ -123,7 +123,7 @@ func removable(findings []fsck.Finding) func(string) bool {
 	return func(p string) bool { return set[p] }
 }
 
-// TestFixtures is the acceptance of issue 5, for every fixture: --json equals the
+// TestFixtures checks, for every fixture: --json equals the
 // golden findings and exit code; a read-only run changes nothing (names, bytes, modes,
 // mtimes); --repair exits 1 (0 when there is nothing to repair, 8 with a live lock,
 // changing nothing); a second run exits 0; every record valid before is still there,

@@ -1,4 +1,4 @@
-// Package bench holds sealbridge's comparative benchmarks (issue 10, DESIGN §14): every
+// Package bench holds sealbridge's comparative benchmarks: every
 // figure of the store is measured in the same run, on the same disk, beside its
 // physical floor (raw temp+write+fsync+rename+fsync-dir, Ed25519, a raw warm scan) and
 // beside SQLite (WAL, synchronous=FULL) and bbolt doing the same durable work on the

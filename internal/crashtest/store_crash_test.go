@@ -409,7 +409,7 @@ func put(ctx context.Context, s *store.Store, recs ...store.Record) error {
 	return s.Transaction(ctx, func(tx *store.Tx) error { return tx.PutAll(recs...) })
 }
 
-// workloads covers the operations of issue 6.
+// workloads covers every store operation that writes, removes or locks.
 func workloads() []workload {
 	ctx := context.Background()
 	return []workload{

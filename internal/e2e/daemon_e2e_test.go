@@ -133,7 +133,7 @@ func startDaemonProcess(t *testing.T, bin, home string, c *client.Client) *daemo
 	return p
 }
 
-// TestDaemonCrashIdempotentResend is issue 8's acceptance: 200 messages with
+// TestDaemonCrashIdempotentResend: 200 messages with
 // Idempotency-Keys through the daemon's socket, a SIGKILL in the middle, a restart,
 // the same 200 requests again: 200 distinct message ids, all relayed, each envelope
 // held by the relay exactly once.

@@ -93,7 +93,7 @@ func (n *inboundNode) observations(t *testing.T) int {
 	return len(m)
 }
 
-// TestInboundDeliveredAcrossReceiverCrashes is issue 9's acceptance: A sends 100
+// TestInboundDeliveredAcrossReceiverCrashes: A sends 100
 // messages to B through one relay; B's daemon is SIGKILLed twice while receiving
 // and restarted; at the end B holds exactly 100 observations (no duplicates), A
 // shows all 100 delivered, and fsck is clean on both stores.

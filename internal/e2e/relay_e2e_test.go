@@ -1,5 +1,5 @@
 // Package e2e holds end-to-end tests of the carrier against real relays over
-// loopback HTTP (issue 7's acceptance). It has only test files.
+// loopback HTTP. It has only test files.
 package e2e
 
 import (

@@ -63,7 +63,7 @@ func verifyRate(t testing.TB, dir string, d time.Duration) float64 {
 }
 
 // TestThroughput reports fsck's records/second on valid-large beside one core's
-// Ed25519 verifications/second, measured in the same run (issue 5's target: fsck at
+// Ed25519 verifications/second, measured in the same run (the target: fsck at
 // least 1.5× one core's verify rate on a 2-core machine).
 func TestThroughput(t *testing.T) {
 	n := largeRecords(t)
