@@ -131,6 +131,11 @@ type Carrier struct {
 
 	running atomic.Bool
 
+	// Test hooks, nil outside tests: onPass is called as a pass of a target begins,
+	// onLease after an attempt's lease step with whether this holder took the lease.
+	onPass  func(target string)
+	onLease func(envelopeID string, leased bool)
+
 	// Loop-owned state (only Run's goroutine touches these).
 	inflight map[string]bool      // targets with a pass running
 	blocked  map[string]time.Time // targets delayed (store failure, no progress)

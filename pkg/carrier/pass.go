@@ -23,6 +23,9 @@ const (
 // It runs in its own goroutine; it touches no loop state.
 func (c *Carrier) pass(ctx context.Context, tp *targetPlan) passResult {
 	r := passResult{target: tp.url}
+	if c.onPass != nil {
+		c.onPass(tp.url)
+	}
 	start := c.nowMs()
 	if tp.waiting && start-tp.since >= c.o.OfflineLimit.Milliseconds() {
 		n, err := c.expireTarget(ctx, tp)
@@ -97,6 +100,9 @@ func (c *Carrier) attempt(ctx context.Context, tp *targetPlan, e *store.OutboxSu
 		verdict, env = sent, o.Envelope
 		return tx.Put(o)
 	})
+	if c.onLease != nil {
+		c.onLease(e.EnvelopeID, err == nil && verdict == sent)
+	}
 	if err != nil || verdict != sent {
 		if err == nil && verdict == closed {
 			c.st.close(store.ClosedByDeadline)

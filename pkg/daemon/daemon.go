@@ -236,15 +236,25 @@ func (d *Daemon) lock() error {
 	return nil
 }
 
-// Close releases the pid lock of a daemon whose Run was never called (Run releases
-// it itself when it returns). The pid file stays: it is the lock.
+// Close releases the pid lock of a daemon whose Run was never called. Once Run was
+// called, Close does nothing: Run releases the lock itself, and only once the
+// carrier and the background tasks have stopped writing. The pid file stays: it is
+// the lock.
 func (d *Daemon) Close() error {
+	if d.ran.Load() {
+		return nil
+	}
+	d.release()
+	return nil
+}
+
+// release closes the pid file, which releases its lock.
+func (d *Daemon) release() {
 	d.closeOnce.Do(func() {
 		if d.pidFile != nil {
 			_ = d.pidFile.Close()
 		}
 	})
-	return nil
 }
 
 // Ready is closed once the socket is bound and the store open.
@@ -264,14 +274,18 @@ func (d *Daemon) Carrier() *carrier.Carrier { return d.car }
 
 // Run binds the socket, signals readiness, runs the carrier and maintenance, serves
 // the API until ctx is done, then drains in-flight attempts (bounded by DrainTimeout)
-// and returns nil. A Daemon runs once.
+// and returns nil. It releases the pid lock only once the carrier and the
+// background tasks have stopped: they get a second DrainTimeout to stop after the
+// drain; if they are still running then, Run logs an error and returns one, and the
+// lock stays held until they stop (or the process exits), so that no second daemon
+// writes the store beside them. A Daemon runs once.
 func (d *Daemon) Run(ctx context.Context) error {
 	if !d.ran.CompareAndSwap(false, true) {
 		return errors.New("daemon: Run called twice")
 	}
-	defer d.Close()
 	ln, err := d.listen()
 	if err != nil {
+		d.release()
 		return err
 	}
 	defer os.Remove(d.socket)
@@ -333,12 +347,28 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	cancel()
 	stopBG()
+	stopped := make(chan struct{})
+	go func() {
+		<-carDone
+		wg.Wait()
+		close(stopped)
+	}()
+	t := time.NewTimer(d.opts.DrainTimeout)
+	defer t.Stop()
 	select {
-	case <-carDone:
-	case <-time.After(d.opts.DrainTimeout):
-		d.log.Warn("daemon: carrier did not stop in time")
+	case <-stopped:
+	case <-t.C:
+		d.log.Error("daemon: the carrier or a background task did not stop within the drain timeout; the pid lock stays held until it stops or the process exits",
+			"timeout", d.opts.DrainTimeout)
+		go func() {
+			<-stopped
+			d.release()
+			d.log.Info("daemon: stopped late; pid lock released")
+		}()
+		return errors.Join(runErr, errcode.WithHint(errors.New("daemon: the carrier did not stop within the drain timeout"),
+			"an attempt still in flight is retried once its lease ends; if this repeats, raise --drain-timeout"))
 	}
-	wg.Wait()
+	d.release()
 	d.log.Info("daemon: stopped")
 	return runErr
 }
