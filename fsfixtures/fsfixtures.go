@@ -1,5 +1,5 @@
 // Package fsfixtures builds named sealbridge stores on disk, at test time, for the
-// tests of sealbridge-fsck and of the store (DESIGN §14). It is a test-only package:
+// tests of sealbridge-fsck and of the store (DESIGN §16). It is a test-only package:
 // nothing but tests imports it.
 //
 // Every fixture is built in a fresh t.TempDir() laid out like a real data root:

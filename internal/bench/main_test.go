@@ -20,7 +20,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
-// Fixture sizes of the issue: listings, fsck and scans over 10,000 records; churn
+// Fixture sizes (docs/PERFORMANCE.md): listings, fsck and scans over 10,000 records; churn
 // after delivering and removing 20,000.
 const (
 	scanRecords  = 10_000

@@ -119,7 +119,7 @@ func BenchmarkStoreEnqueue2(b *testing.B) {
 
 // BenchmarkStoreSenders8 is eight concurrent senders on one Store: eight goroutines
 // each enqueueing messages of one envelope (outbox member, message record, batch
-// marker). Group commit across callers (DESIGN §7) should make it scale like
+// marker). Group commit across callers (DESIGN §9) should make it scale like
 // BenchmarkFloorCreate8, eight writers that hold no lock across fsync.
 func BenchmarkStoreSenders8(b *testing.B) {
 	s := enqueueStore(b)
@@ -328,7 +328,7 @@ func BenchmarkStoreFsck10k(b *testing.B) {
 	reportRate(b, float64(b.N*scanRecords), "records/s")
 }
 
-// Churn (DESIGN §8): creates after delivering and removing 20,000 records, against
+// Churn (DESIGN §10): creates after delivering and removing 20,000 records, against
 // creates in a fresh store.
 
 // churnEpoch selects the churned fixture: the report raises it each round in full

@@ -225,7 +225,7 @@ func attemptedVersions(t *testing.T, initial *crashtest.Tree, log []fsx.Op) map[
 	return out
 }
 
-// checkState opens the store in dir and checks the invariants of DESIGN §14.
+// checkState opens the store in dir and checks the invariants of DESIGN §16.
 func checkState(t *testing.T, dir string, c *clock, st crashtest.State, exps []expectation, versions map[string][]store.Record) []string {
 	var bad []string
 	s := openAt(t, dir, c, nil)

@@ -9,7 +9,7 @@
 // wraps any FS and reports its times truncated to a granularity (a 1 s or 2 s file
 // system), and ProbeGranularity measures the granularity of a real one.
 //
-// On top of FS, this package provides the durable primitives of DESIGN §6:
+// On top of FS, this package provides the durable primitives of DESIGN §7:
 //
 //   - Stage writes bytes to a fresh ".<uuid>.tmp" (O_CREAT|O_EXCL|O_NOFOLLOW, 0600) and
 //     fsyncs it; Staged.Publish renames it into place; the caller fsyncs the directory.
@@ -124,12 +124,12 @@ type Fingerprint struct {
 	CtimeNs  int64
 }
 
-// Fingerprint returns the file fingerprint of DESIGN §6.
+// Fingerprint returns the file fingerprint of DESIGN §8.
 func (i Info) Fingerprint() Fingerprint {
 	return Fingerprint{Dev: i.Dev, Ino: i.Ino, Mode: i.Mode, Uid: i.Uid, Size: i.Size, MtimeNs: i.MtimeNs, CtimeNs: i.CtimeNs}
 }
 
-// DirStamp is the directory part of a listing stamp (DESIGN §6). The store adds the
+// DirStamp is the directory part of a listing stamp (DESIGN §8). The store adds the
 // generation file's size.
 type DirStamp struct {
 	Dev, Ino uint64

@@ -1,4 +1,4 @@
-// Package lockfile is the store's writer lock (DESIGN §5): a file named ".lock" in the
+// Package lockfile is the store's writer lock (DESIGN §6): a file named ".lock" in the
 // root of an fsx.FS that is present only while a writer holds the store.
 //
 // # Protocol
@@ -73,7 +73,7 @@
 // fsx.IsTempName names).
 //
 // No network I/O and no unbounded work is done here; the caller must not do any while
-// holding the lock either (DESIGN §5).
+// holding the lock either (DESIGN §6).
 package lockfile
 
 import (

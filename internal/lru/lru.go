@@ -1,5 +1,5 @@
 // Package lru is a small bounded least-recently-used cache, bounded both by a number of
-// entries and by a total of caller-declared byte sizes (DESIGN §6, verified-record LRU).
+// entries and by a total of caller-declared byte sizes (DESIGN §8, verified-record LRU).
 //
 // Values are stored exactly as given and returned as stored: the cache never copies
 // them. A caller that needs an independent copy must make it. The store keeps only

@@ -16,7 +16,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
-// The numbers of DESIGN §10 (see docs/CARRIER.md for why).
+// The numbers of DESIGN §11 (see docs/CARRIER.md for why).
 const (
 	maxTargetsDefault        = 16
 	DefaultBackoffMin        = 2 * time.Second
@@ -46,7 +46,7 @@ const (
 	WatchOff
 )
 
-// Options configure a Carrier. Zero fields take the defaults of DESIGN §10.
+// Options configure a Carrier. Zero fields take the defaults of DESIGN §11.
 type Options struct {
 	Clock    Clock  // default: the wall clock
 	HolderID string // this process's lease holder name (default "carrier:<pid>:<random>")
@@ -118,7 +118,7 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Carrier delivers one store's outbox to its relays (DESIGN §10). Create it with New,
+// Carrier delivers one store's outbox to its relays (DESIGN §11). Create it with New,
 // run it with Run; Kick tells it that a local write happened.
 type Carrier struct {
 	s  *store.Store

@@ -19,7 +19,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 )
 
-// DefaultSendTimeout bounds one attempt: connect, request, answer (DESIGN §10).
+// DefaultSendTimeout bounds one attempt: connect, request, answer (DESIGN §11).
 const DefaultSendTimeout = 150 * time.Second
 
 // maxResponseBytes bounds how much of a relay's answer is read: a receipt is far
@@ -40,7 +40,7 @@ type HTTPOptions struct {
 	Client *http.Client
 }
 
-// HTTPTransport posts envelopes to relays over HTTP/1.1 (DESIGN §11) with one shared
+// HTTPTransport posts envelopes to relays over HTTP/1.1 (DESIGN §12) with one shared
 // client, so connections to a relay are reused across attempts.
 type HTTPTransport struct {
 	client  *http.Client

@@ -7,7 +7,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 )
 
-// Outcome classifies one delivery attempt (DESIGN §10).
+// Outcome classifies one delivery attempt (DESIGN §11).
 type Outcome int
 
 const (

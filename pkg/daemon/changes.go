@@ -1,6 +1,6 @@
 package daemon
 
-// The change feed (DESIGN §12, docs/DAEMON.md "Change feed"): an in-memory ring of
+// The change feed (DESIGN §13, docs/DAEMON.md "Change feed"): an in-memory ring of
 // the last ChangeWindow changes to messages, outbox, receipts and observations, fed
 // by the daemon's own writes (recordChange) and by a detector that diffs the store's
 // metadata whenever a listing stamp moves (writes by the carrier or by other

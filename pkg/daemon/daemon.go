@@ -1,5 +1,5 @@
 // Package daemon is sealbridged: one identity's outbox store, its carrier, periodic
-// maintenance and the local HTTP API on a unix socket (DESIGN §12, docs/DAEMON.md).
+// maintenance and the local HTTP API on a unix socket (DESIGN §13, docs/DAEMON.md).
 package daemon
 
 import (

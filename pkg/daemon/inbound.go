@@ -60,7 +60,7 @@ type pendingReceipt struct {
 	confEnv    string // the envelope id of our delivery-status, once enqueued
 }
 
-// follower follows our inbox at Options.InboxRelay (DESIGN §11) and processes what
+// follower follows our inbox at Options.InboxRelay (DESIGN §13) and processes what
 // arrives: see processEnvelope.
 type follower struct {
 	d       *Daemon

@@ -1,5 +1,5 @@
 // Package envelope builds, signs, verifies, digests, seals and opens
-// sealbridge wire envelopes (DESIGN.md §3, §10, §11): the signed unit that a
+// sealbridge wire envelopes (DESIGN §3, §4): the signed unit that a
 // sender's outbox stores, the carrier delivers, a relay de-duplicates and a
 // recipient verifies and opens. This comment is the specification of
 // version 1; a stranger with a JSON parser, SHA-256, base64url, base58, an

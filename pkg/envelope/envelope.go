@@ -15,7 +15,7 @@ import (
 // Version is the wire format version, the envelope's "v".
 const Version = 1
 
-// MaxSize is the largest wire envelope, in bytes (DESIGN §4: 128 KiB).
+// MaxSize is the largest wire envelope, in bytes (DESIGN §5: 128 KiB).
 const MaxSize = 128 << 10
 
 // MaxTime is the largest createdAt or deliveryDeadline, in Unix milliseconds:

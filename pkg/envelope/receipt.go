@@ -8,7 +8,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
-// Relay receipts (DESIGN.md §11).
+// Relay receipts (DESIGN §12).
 //
 // A relay receipt is exactly these bytes — one compact JSON object, keys in
 // this order, no whitespace, no trailing newline:

@@ -1,4 +1,4 @@
-// Package errcode is the catalogue of sealbridge's stable error codes (DESIGN §9).
+// Package errcode is the catalogue of sealbridge's stable error codes (DESIGN §15).
 //
 // It is a leaf package: the store, the daemon and the daemon's Go client all use the
 // same sentinels, so a caller can write errors.Is(err, errcode.OutboxFull) without
@@ -30,7 +30,7 @@ func (c *Code) String() string { return c.name }
 // Error returns the stable code string followed by its meaning.
 func (c *Code) Error() string { return c.name + ": " + c.desc }
 
-// The codes of DESIGN §9. Each is returned when the condition in its comment holds.
+// The codes of DESIGN §15. Each is returned when the condition in its comment holds.
 var (
 	// OutboxFull: a capacity limit (records, bytes, pending envelopes, messages,
 	// receipts) would be exceeded; nothing was written.

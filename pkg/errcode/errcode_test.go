@@ -12,7 +12,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
-// designCodes is the list of DESIGN §9, in its order.
+// designCodes is the list of DESIGN §15, in its order.
 var designCodes = []string{
 	"OUTBOX_FULL", "OUTBOX_STORE_BUSY", "OUTBOX_STORE_INVALID", "OUTBOX_STORE_UNWRITABLE",
 	"OUTBOX_DEADLINE_EXPIRED", "DELIVERY_RECORD_CONFLICT", "INVALID_DELIVERY_STATUS",
@@ -22,7 +22,7 @@ var designCodes = []string{
 
 func TestCatalogueMatchesDesign(t *testing.T) {
 	if len(errcode.All) != len(designCodes) {
-		t.Fatalf("All has %d codes, DESIGN §9 lists %d", len(errcode.All), len(designCodes))
+		t.Fatalf("All has %d codes, DESIGN §15 lists %d", len(errcode.All), len(designCodes))
 	}
 	for i, c := range errcode.All {
 		if c.String() != designCodes[i] {

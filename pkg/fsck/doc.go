@@ -18,7 +18,7 @@
 //   - when the store sits in a data root (<root>/delivery/<hex>), the data root and
 //     its delivery/, identities/, run/ and relay/ by the data-root rules
 //     (dataroot.RootViolations): CodeDataRootUnsafe, not repairable;
-//   - every "<kind>/<id>.json" against every validity rule of DESIGN §4, by the
+//   - every "<kind>/<id>.json" against every validity rule of docs/FORMAT.md §4, by the
 //     store's own store.ParseRecord after a bounded, O_NOFOLLOW read (fsx.ReadFile):
 //     validity is never re-coded here. Verification runs on every core;
 //   - batches: every member a marker lists present, valid and consistent

@@ -17,7 +17,7 @@ import (
 )
 
 // largeRecords is the size of valid-large for the throughput test and benchmark:
-// $SEALBRIDGE_FSCK_RECORDS, else 2,000 (the figure is 100,000:
+// $SEALBRIDGE_FSCK_RECORDS, else 2,000 (docs/FSCK.md measures 100,000:
 // SEALBRIDGE_FSCK_RECORDS=100000 go test -run Throughput -v ./pkg/fsck).
 func largeRecords(t testing.TB) int {
 	n := 2000

@@ -1,6 +1,6 @@
 // Package identity holds sealbridge identities: Ed25519 keys named by did:key
 // DIDs, strict public-key validation, domain-separated signatures, and private
-// key files (DESIGN.md §3).
+// key files (DESIGN §3).
 //
 // # Names
 //

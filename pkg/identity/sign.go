@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// Signature domains (DESIGN.md §3).
+// Signature domains (DESIGN §3).
 const (
 	// DomainRecord signs a store record: parts kind, id, payload bytes.
 	DomainRecord = "sealbridge/record/v1"

@@ -32,17 +32,17 @@ func TestSignDomainMessageLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// §3: "sealbridge/record/v1" 0x00 kind 0x00 id 0x00 payload-bytes.
+	// docs/FORMAT.md §3: "sealbridge/record/v1" 0x00 kind 0x00 id 0x00 payload-bytes.
 	msg := b("sealbridge/record/v1\x00outbox\x00id-1\x00" + `{"a":1}`)
 	if !ed25519.Verify(ed25519.PublicKey(id.Public()), msg, sig) {
-		t.Fatal("record signature is not over the §3 message")
+		t.Fatal("record signature is not over the DESIGN §3 message")
 	}
 	sig, err = identity.SignDomain(id.Signer(), identity.DomainEnvelope, payload)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !ed25519.Verify(ed25519.PublicKey(id.Public()), b("sealbridge/envelope/v1\x00"+`{"a":1}`), sig) {
-		t.Fatal("envelope signature is not over the §3 message")
+		t.Fatal("envelope signature is not over the DESIGN §3 message")
 	}
 	if len(sig) != identity.SignatureSize {
 		t.Fatalf("signature of %d bytes", len(sig))

@@ -1,4 +1,4 @@
-// Package relay is sealbridge's reference relay (DESIGN.md §11): an HTTP/1.1 +
+// Package relay is sealbridge's reference relay (DESIGN §12): an HTTP/1.1 +
 // JSON service that accepts signed wire envelopes from carriers, answers each
 // with its own signed receipt, de-duplicates them durably by envelopeId and
 // digest, and holds them in per-recipient inboxes that the recipient fetches

@@ -12,7 +12,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
-// The benchmarks of the acceptance (DESIGN §6, §7, §14): the cost of a durable
+// The store's benchmarks (DESIGN §7–§9, docs/PERFORMANCE.md): the cost of a durable
 // single-record write against the floor of a raw durable file create, of an enqueue,
 // of cached and cold reads, of a cached listing and of one after another instance
 // changed the kind, and of the Ed25519 verification every cold read pays.

@@ -117,7 +117,7 @@ func headerError(kind Kind, id string, data []byte, owner identity.DID) error {
 	return invalid("record is not in canonical form")
 }
 
-// ParseRecord checks every content rule of DESIGN §4 on the bytes of the file
+// ParseRecord checks every content rule of docs/FORMAT.md §4 on the bytes of the file
 // "<kind>/<id>.json" and returns the typed record. The bytes must be exactly the
 // canonical line EncodeRecord writes: one line ending in '\n', v known, kind and id
 // those of the path, signer the owner, the signature verifying over the exact payload

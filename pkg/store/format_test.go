@@ -1,6 +1,6 @@
 package store_test
 
-// Record format tests (DESIGN §3, §4): EncodeRecord and ParseRecord round-trip every
+// Record format tests (docs/FORMAT.md §3, §4): EncodeRecord and ParseRecord round-trip every
 // kind; the file is one line with the header members in a fixed order; raw JSON keeps
 // its exact bytes; the header and the payload are decoded strictly; the signature
 // binds the kind and the id.
@@ -648,7 +648,7 @@ func TestParseRecordRefusesSigWithNewlines(t *testing.T) {
 }
 
 // TestParseRecordRefusesNonCanonicalHeader: DESIGN §1 says any record that was
-// tampered with is refused, and §4 fixes the line's form. The header is not signed,
+// tampered with is refused, and docs/FORMAT.md §4 fixes the line's form. The header is not signed,
 // so only a byte-exact check of its canonical form refuses these edits, which change
 // the file but not what it decodes to.
 func TestParseRecordRefusesNonCanonicalHeader(t *testing.T) {

@@ -1,6 +1,6 @@
 package store_test
 
-// Fuzz targets of the record parser (DESIGN §14): ParseRecord never panics, and
+// Fuzz targets of the record parser (DESIGN §16): ParseRecord never panics, and
 // whatever it accepts was signed by the owner for that kind and id, decodes the same
 // leniently, and re-encodes to a record that parses back equal.
 

@@ -12,7 +12,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
-// Idempotency defaults (DESIGN §7).
+// Idempotency defaults (DESIGN §9).
 const (
 	DefaultOperationLease     = 120 * time.Second
 	DefaultOperationRetention = 24 * time.Hour
@@ -38,7 +38,7 @@ type OperationStart struct {
 //   - a new key, or one whose binding's retention ended: a new in-flight operation
 //     with a lease, and its binding (written after the operation is durable).
 //
-// Capacity (operations count and cached response bytes, §4) is decided under the lock
+// Capacity (operations count and cached response bytes, DESIGN §5) is decided under the lock
 // from the operations index, which is prepared outside the lock; if another process
 // published meanwhile the index is re-prepared and the attempt repeated (bounded;
 // then IDEMPOTENCY_STORE_BUSY). Past a limit: IDEMPOTENCY_STORE_FULL, nothing written.

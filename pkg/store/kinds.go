@@ -11,7 +11,7 @@ import (
 // Kind names a record kind and its directory.
 type Kind string
 
-// The seven record kinds (DESIGN §4).
+// The seven record kinds (DESIGN §5).
 const (
 	KindObservations Kind = "observations"
 	KindMessages     Kind = "messages"

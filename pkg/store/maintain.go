@@ -24,7 +24,7 @@ type MaintenanceReport struct {
 	Errors           []error
 }
 
-// Maintain runs every maintenance step of DESIGN §8, each in its own short
+// Maintain runs every maintenance step of DESIGN §10, each in its own short
 // transaction that rechecks its condition under the lock, checking ctx between steps.
 // A step that fails is recorded in the report and the pass goes on; ctx cancellation
 // stops the pass and is returned.

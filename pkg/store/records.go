@@ -56,7 +56,7 @@ type Outbox struct {
 	LastError        string `json:"lastError,omitempty"`
 	Lease            *Lease `json:"lease,omitempty"`
 	// UnreachableSince, when not 0, is when the carrier first found this envelope's
-	// relay unreachable: the persisted target wait (DESIGN §10). It may change.
+	// relay unreachable: the persisted target wait (DESIGN §11). It may change.
 	UnreachableSince int64           `json:"unreachableSince,omitempty"`
 	Envelope         json.RawMessage `json:"envelope"`
 	EnvelopeDigest   string          `json:"envelopeDigest"`
@@ -412,7 +412,7 @@ func (r *Binding) Validate() error {
 		checkTime("createdAt", r.CreatedAt), checkTime("retainUntil", r.RetainUntil))
 }
 
-// checkReplacement enforces the write invariants of DESIGN §4 when next replaces prev
+// checkReplacement enforces the write invariants of docs/FORMAT.md §5 when next replaces prev
 // (prev may be nil). It returns a coded error.
 func checkReplacement(prev, next Record) error {
 	switch n := next.(type) {

@@ -32,7 +32,7 @@ type SendRequest struct {
 // Enqueue accepts a message. It is a prepared transaction: the plan checks that the
 // message and its envelopes are new; the outbox members, the message record and the
 // batch marker are signed and fsynced outside the lock; then, under the lock and with
-// capacity checked there (§4 limits, OUTBOX_FULL with nothing written), the members
+// capacity checked there (DESIGN §5 limits, OUTBOX_FULL with nothing written), the members
 // and the message are renamed into place and their directories fsynced, and only then
 // the marker that makes the members dispatchable. When Enqueue returns nil the message
 // is accepted: it will be delivered or explicitly expired. Enqueueing the same message
@@ -156,7 +156,7 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
 	return cloneRecord(msg).(*Message), nil
 }
 
-// checkCapacity checks, under the lock, that req's new message fits the §4 limits,
+// checkCapacity checks, under the lock, that req's new message fits the DESIGN §5 limits,
 // from the outbox and messages indexes: kept current by this process's publications,
 // and reconciled only if another process published to their kind since.
 func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {

@@ -25,7 +25,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
-// Limits are the capacity limits of DESIGN §4, enforced under the lock.
+// Limits are the capacity limits of DESIGN §5, enforced under the lock.
 type Limits struct {
 	RecordBytes       int64 // one record file (default 256 KiB)
 	OperationBytes    int64 // one operations record (default 64 KiB)
@@ -38,7 +38,7 @@ type Limits struct {
 	CachedResultBytes int64 // operation responses (default 64 MiB)
 }
 
-// DefaultLimits returns the limits of DESIGN §4.
+// DefaultLimits returns the limits of DESIGN §5.
 func DefaultLimits() Limits {
 	return Limits{
 		RecordBytes: 256 << 10, OperationBytes: 64 << 10, WireBytes: 128 << 10,
@@ -80,7 +80,7 @@ func (l Limits) MaxBytes(k Kind) int64 {
 
 // Options configure a Store. The zero value is usable.
 type Options struct {
-	// Home is the data root; empty means DataRoot("") (DESIGN §4 resolution order).
+	// Home is the data root; empty means DataRoot("") (DESIGN §5 resolution order).
 	Home string
 	// Dir, if set, is the store directory itself (overrides Home).
 	Dir    string
@@ -476,7 +476,7 @@ func typed[T Record](r Record, err error) (T, error) {
 }
 
 // Stamp is a kind's listing stamp: its directory's dev, ino, mtime and ctime, and the
-// size of the generation file (DESIGN §6).
+// size of the generation file (DESIGN §8).
 type Stamp struct {
 	Dir    fsx.DirStamp
 	Absent bool

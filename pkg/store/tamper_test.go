@@ -1,6 +1,6 @@
 package store_test
 
-// Tamper tests (DESIGN §4, §6): every record that was copied, moved, re-signed,
+// Tamper tests (docs/FORMAT.md §4, DESIGN §8): every record that was copied, moved, re-signed,
 // truncated, planted, linked, replaced by a special file, loosened, grown past its
 // limit or crafted against the strict decoder is refused with OUTBOX_STORE_INVALID on
 // read — by a fresh store with no cache, and by a store that had cached the valid
@@ -543,7 +543,7 @@ func tamperNonCanonicalSig(t testing.TB, sig string) string {
 	return out
 }
 
-// TestTamperedContentRefused: each content tampering of DESIGN §4 is refused on read,
+// TestTamperedContentRefused: each content tampering of docs/FORMAT.md §4 is refused on read,
 // by a fresh store without cache and by a warm store that had cached the valid record
 // (the file then replaced by rename, or rewritten in place on the same inode).
 func TestTamperedContentRefused(t *testing.T) {
@@ -853,8 +853,8 @@ func (f tamperCountingFile) Read(p []byte) (int, error) {
 
 // TestOversizeRecordRefusedWithoutReadingIt: a valid owner-signed record larger than
 // its kind's limit (RecordBytes; OperationBytes for operations) is refused, and the
-// store reads at most the limit of its bytes (DESIGN §4: "refused without reading it
-// all"). With a larger limit the same file is valid.
+// store reads at most the limit of its bytes (docs/FORMAT.md §4: "a larger file is refused
+// without being read"). With a larger limit the same file is valid.
 func TestOversizeRecordRefusedWithoutReadingIt(t *testing.T) {
 	e := tamperSetup(t)
 	big := e.bigOutbox(t, e.e2)
@@ -1015,7 +1015,7 @@ func (f tamperFrozenFile) Stat() (fsx.Info, error) {
 // TestTamperedInPlaceWithinOneTickRefused: a cached record whose file is rewritten in
 // place with tampered bytes of the same size, within one timestamp tick (same inode,
 // size, mtime and ctime: the fingerprint cannot tell), is refused — the cache entry
-// was racy, so its next hit compares the bytes (DESIGN §6).
+// was racy, so its next hit compares the bytes (DESIGN §8).
 func TestTamperedInPlaceWithinOneTickRefused(t *testing.T) {
 	e := tamperSetup(t)
 	tick := time.Now().UnixNano()

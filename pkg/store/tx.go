@@ -438,7 +438,7 @@ var kindMark = map[Kind]byte{
 	KindReceipts: 'r', KindOperations: 'p', KindIdempotency: 'i',
 }
 
-// bumpGeneration appends k's mark to the generation file (DESIGN §6).
+// bumpGeneration appends k's mark to the generation file (DESIGN §7).
 func (tx *Tx) bumpGeneration(k Kind) (oldGen, newGen int64, err error) {
 	if tx.gen == nil {
 		f, err := tx.s.fs.OpenFile(generationName, syscall.O_WRONLY|syscall.O_APPEND|syscall.O_CREAT, 0o600)
