@@ -89,7 +89,7 @@ var names = []string{
 	"valid", "valid-large", "stale-lock", "live-lock", "leftover-temps", "truncated-record",
 	"flipped-byte", "foreign-signer", "wrong-id", "wrong-kind", "wrong-mode",
 	"symlinked-record", "symlinked-dir", "orphan-outbox", "batch-missing-member",
-	"oversize-record", "unknown-file", "expired-records", "regressed-receipt", "combined",
+	"oversize-record", "unknown-file", "expired-records", "unacknowledged-receipt", "combined",
 }
 
 // Names returns the name of every fixture, in a fixed order.
@@ -170,9 +170,9 @@ func Build(t testing.TB, name string, opts ...Option) string {
 	case "expired-records":
 		b.base()
 		b.expired()
-	case "regressed-receipt":
+	case "unacknowledged-receipt":
 		b.base()
-		b.regressReceipt()
+		b.unacknowledgedReceipt()
 	case "combined":
 		b.base()
 		b.temps(false)
@@ -181,7 +181,7 @@ func Build(t testing.TB, name string, opts ...Option) string {
 		b.orphans()
 		b.remove(store.RecordPath(store.KindOutbox, ID("msg-a/envelope/1")))
 		b.write("notes.txt", []byte("planted\n"), 0o600)
-		b.regressReceipt()
+		b.unacknowledgedReceipt()
 		b.chmod(string(store.KindReceipts), 0o750)
 		b.staleLock() // last: the store's own writes above would break it
 	default:
@@ -513,11 +513,11 @@ func (b *builder) expired() {
 	b.tx(func(tx *store.Tx) error { return tx.Put(r) })
 }
 
-// regressReceipt replaces the processed receipt of in-1 by a lower-state one signed
-// by the owner. The store refuses such a write, so it is planted directly — as a
-// restored backup or a replayed old file would be. Its observation shows that the
-// envelope was processed.
-func (b *builder) regressReceipt() {
+// unacknowledgedReceipt leaves in-1's receipt "persisted" beside its observation, as
+// the inbox follower does between storing an envelope and acknowledging it at the
+// relay (or when it crashed in between). The store refuses to lower a receipt, so it
+// is planted directly over the processed one.
+func (b *builder) unacknowledgedReceipt() {
 	r, _ := inboundRecords("in-1", store.ReceiptPersisted, Far.Add(week))
 	b.write(store.RecordPath(store.KindReceipts, r.RecordID()), b.encode(b.owner, r), 0o600)
 }

@@ -855,16 +855,18 @@ func (c *checker) relate(results []result) {
 		}
 	}
 
-	// Receipts: an observation of the envelope means it was processed, so its receipt
-	// must be at least "processed" (the state only rises).
+	// Receipts: the inbox follower writes a "persisted" receipt and the observation
+	// together, and raises the receipt once the relay has the acknowledgement. A
+	// persisted receipt beside its observation is that in-between state, not damage:
+	// moving the receipt away would lose the delivery confirmation the follower still
+	// owes the sender.
 	for _, r := range receipts {
 		op, ok := observed[r.r.SenderDID+"\x00"+r.r.EnvelopeDigest]
 		if !ok || r.r.State != store.ReceiptPersisted {
 			continue
 		}
-		c.add(problem(CodeReceiptRegressed, r.path,
-			"the receipt says persisted, but the observation "+op+" of the same envelope exists, so it was processed: the receipt went back down (a restored or replayed file)",
-			actionMove, moveFix(phaseRecords, true, dep{path: r.path, fp: fps[r.path]}, dep{path: op, fp: fps[op]})))
+		c.add(note(CodeReceiptUnacknowledged, r.path,
+			"the receipt says persisted and the observation "+op+" of the same envelope exists: the envelope is stored but not yet acknowledged at the relay; the daemon acknowledges it, raises the receipt and confirms delivery at its next start"))
 	}
 
 	for _, k := range store.Kinds {

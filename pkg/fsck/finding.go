@@ -67,9 +67,12 @@ const (
 	// CodeOrphanOutbox: an outbox record that no intact marker lists (a half-done
 	// enqueue, or a member of an unwound batch). Moved, after its marker.
 	CodeOrphanOutbox Code = "orphan-outbox"
-	// CodeReceiptRegressed: a receipt still "persisted" while the observation of the
-	// same envelope exists — the receipt went back down. Moved.
-	CodeReceiptRegressed Code = "receipt-regressed"
+	// CodeReceiptUnacknowledged (a note): a receipt still "persisted" while the
+	// observation of the same envelope exists. The daemon's inbox follower writes both
+	// in one transaction and raises the receipt only after acknowledging the envelope
+	// at the relay, so this is the state between the two (or after a crash between
+	// them), which the follower finishes at its next start. Kept.
+	CodeReceiptUnacknowledged Code = "receipt-unacknowledged"
 	// CodeDataRootUnsafe: the store directory sits in a data root
 	// (<root>/delivery/<hex>) and the data root, or its delivery/, identities/, run/
 	// or relay/ directory, breaks the data-root rules (internal/dataroot): a symbolic
