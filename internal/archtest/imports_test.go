@@ -24,6 +24,8 @@ var allowed = map[string][]string{
 	// identity: its key-file system calls use x/sys directly (renameat2 NOREPLACE).
 	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58", "golang.org/x/sys"},
 	"pkg/envelope": {"pkg/identity"},
+	// relayproto: the relay protocol, both of its sides: relay serves it, carrier and daemon speak it.
+	"pkg/relayproto": {"pkg/envelope", "pkg/identity"},
 	"pkg/store": {"internal/fsx", "internal/lockfile", "internal/lru", "internal/dataroot", "pkg/identity",
 		"pkg/envelope", "pkg/errcode", "github.com/google/uuid"},
 	"pkg/fsck":    {"pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
@@ -96,6 +98,8 @@ func TestCheckEdgeRefusesUpwardImports(t *testing.T) {
 		{"cmd/sealbridge", module + "/fsfixtures"},
 		{"pkg/store", "github.com/some/thing"},
 		{"pkg/unknown", module + "/pkg/errcode"},
+		{"pkg/relayproto", module + "/pkg/relay"},
+		{"pkg/relayproto", module + "/pkg/store"},
 	} {
 		if checkEdge(c.pkg, c.imp) == "" {
 			t.Errorf("%s → %s was allowed", c.pkg, c.imp)
