@@ -24,12 +24,12 @@ var allowed = map[string][]string{
 	// identity: its key-file system calls use x/sys directly (renameat2 NOREPLACE).
 	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58", "golang.org/x/sys"},
 	"pkg/envelope": {"pkg/identity"},
-	// relayproto: the relay protocol, both of its sides: relay serves it, the daemon speaks it.
+	// relayproto: the relay protocol, both of its sides: relay serves it, carrier and daemon speak it.
 	"pkg/relayproto": {"pkg/envelope", "pkg/identity"},
 	"pkg/store": {"internal/fsx", "internal/lockfile", "internal/lru", "internal/dataroot", "pkg/identity",
 		"pkg/envelope", "pkg/errcode", "github.com/google/uuid"},
 	"pkg/fsck":    {"pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
-	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "github.com/google/uuid", "golang.org/x/sys"},
+	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "github.com/google/uuid", "golang.org/x/sys"},
 	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "github.com/google/uuid"},
 	"pkg/client":  {"pkg/errcode", "internal/dataroot"},
 	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "pkg/relayproto",
