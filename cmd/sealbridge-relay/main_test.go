@@ -17,6 +17,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 func TestVersionAndUsage(t *testing.T) {
@@ -137,7 +138,7 @@ func TestProcessServesAndStopsOnSIGTERM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &relay.Client{BaseURL: addr}
+	c := &relayproto.Client{BaseURL: addr}
 	raw, rc, err := c.Post(context.Background(), data)
 	if err != nil || string(rc.RelayDID) != did {
 		t.Fatalf("post: %v", err)
@@ -153,7 +154,7 @@ func TestProcessServesAndStopsOnSIGTERM(t *testing.T) {
 	if did2 != did {
 		t.Fatalf("identity changed: %s %s", did, did2)
 	}
-	c2 := &relay.Client{BaseURL: addr2}
+	c2 := &relayproto.Client{BaseURL: addr2}
 	raw2, _, err := c2.Post(context.Background(), data)
 	if err != nil || !bytes.Equal(raw, raw2) {
 		t.Fatalf("duplicate after restart: %v", err)

@@ -24,14 +24,16 @@ var allowed = map[string][]string{
 	// identity: its key-file system calls use x/sys directly (renameat2 NOREPLACE).
 	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58", "golang.org/x/sys"},
 	"pkg/envelope": {"pkg/identity"},
+	// relayproto: the relay protocol, both of its sides: relay serves it, carrier and daemon speak it.
+	"pkg/relayproto": {"pkg/envelope", "pkg/identity"},
 	"pkg/store": {"internal/fsx", "internal/lockfile", "internal/lru", "internal/dataroot", "pkg/identity",
 		"pkg/envelope", "pkg/errcode", "github.com/google/uuid"},
 	"pkg/fsck":    {"pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
-	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "github.com/google/uuid", "golang.org/x/sys"},
-	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "internal/dataroot", "github.com/google/uuid"},
+	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "github.com/google/uuid", "golang.org/x/sys"},
+	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "github.com/google/uuid"},
 	"pkg/client":  {"pkg/errcode", "internal/dataroot"},
-	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "internal/dataroot",
-		"github.com/google/uuid", "github.com/prometheus/client_golang"},
+	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "pkg/relayproto",
+		"internal/dataroot", "github.com/google/uuid", "github.com/prometheus/client_golang"},
 	"fsfixtures": {"pkg/store", "pkg/identity", "pkg/envelope", "internal/fsx", "github.com/google/uuid"},
 }
 
@@ -96,6 +98,9 @@ func TestCheckEdgeRefusesUpwardImports(t *testing.T) {
 		{"cmd/sealbridge", module + "/fsfixtures"},
 		{"pkg/store", "github.com/some/thing"},
 		{"pkg/unknown", module + "/pkg/errcode"},
+		{"pkg/relayproto", module + "/pkg/relay"},
+		{"pkg/relayproto", module + "/pkg/store"},
+		{"pkg/daemon", module + "/pkg/relay"},
 	} {
 		if checkEdge(c.pkg, c.imp) == "" {
 			t.Errorf("%s → %s was allowed", c.pkg, c.imp)
@@ -105,6 +110,8 @@ func TestCheckEdgeRefusesUpwardImports(t *testing.T) {
 		{"pkg/store", module + "/internal/fsx"},
 		{"internal/fsx", "golang.org/x/sys/unix"},
 		{"cmd/sealbridge", module + "/pkg/store"},
+		{"pkg/daemon", module + "/pkg/relayproto"},
+		{"pkg/relay", module + "/pkg/relayproto"},
 	} {
 		if why := checkEdge(c.pkg, c.imp); why != "" {
 			t.Errorf("%s → %s refused: %s", c.pkg, c.imp, why)

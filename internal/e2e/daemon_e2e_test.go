@@ -20,7 +20,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
-	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -252,7 +252,7 @@ func TestDaemonCrashIdempotentResend(t *testing.T) {
 
 	// The relay holds each envelope exactly once: the recipient's inbox has one
 	// envelope per message id, 200 in all.
-	rc := &relay.Client{BaseURL: relayURL}
+	rc := &relayproto.Client{BaseURL: relayURL}
 	perMessage := map[string]int{}
 	total, after := 0, ""
 	for {

@@ -23,6 +23,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -160,11 +161,11 @@ func relayedCount(t *testing.T, st *store.Store) (relayed, total int) {
 
 // inboxIDs fetches every envelope id waiting for id at a relay.
 func inboxIDs(t *testing.T, addr string, id *identity.Identity) map[string]int {
-	c := &relay.Client{BaseURL: "http://" + addr}
+	c := &relayproto.Client{BaseURL: "http://" + addr}
 	got := map[string]int{}
 	after := ""
 	for {
-		page, err := c.Fetch(context.Background(), id, after, relay.MaxFetchLimit)
+		page, err := c.Fetch(context.Background(), id, after, relayproto.MaxFetchLimit)
 		if err != nil {
 			t.Fatal(err)
 		}

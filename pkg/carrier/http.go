@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 // DefaultSendTimeout bounds one attempt: connect, request, answer (DESIGN §11).
@@ -91,7 +92,7 @@ func (t *HTTPTransport) CloseIdleConnections() { t.client.CloseIdleConnections()
 func (t *HTTPTransport) Send(ctx context.Context, relayURL string, env []byte) Result {
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
-	url := strings.TrimRight(relayURL, "/") + "/v1/envelopes"
+	url := strings.TrimRight(relayURL, "/") + relayproto.PathEnvelopes
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(env))
 	if err != nil {
 		return Result{Outcome: Unreachable, Err: fmt.Errorf("relay URL: %w", err)}

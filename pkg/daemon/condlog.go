@@ -4,11 +4,13 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 // condRepeatEvery is how often a condition that persists is logged again.
@@ -110,9 +112,9 @@ func errClass(err error) string {
 	if c := errcode.CodeOf(err); c != nil {
 		return c.String()
 	}
-	var se *relayStatusError
+	var se *relayproto.Error
 	if errors.As(err, &se) {
-		return "HTTP " + se.status
+		return "HTTP " + strconv.Itoa(se.Status)
 	}
 	var errno syscall.Errno
 	if errors.As(err, &errno) {

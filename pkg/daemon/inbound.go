@@ -16,6 +16,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -64,7 +65,7 @@ type pendingReceipt struct {
 // arrives: see processEnvelope.
 type follower struct {
 	d       *Daemon
-	rc      *inboxClient
+	rc      *relayproto.Client
 	url     string
 	kick    chan struct{}
 	mu      sync.Mutex
@@ -152,7 +153,7 @@ func (d *Daemon) follow(ctx context.Context) {
 		every = DefaultPollEvery
 	}
 	f := &follower{d: d, url: d.opts.InboxRelay, kick: make(chan struct{}, 1), pending: map[string]*pendingReceipt{},
-		rc: &inboxClient{base: d.opts.InboxRelay, id: d.id, hc: &http.Client{Timeout: 30 * time.Second}}}
+		rc: &relayproto.Client{BaseURL: d.opts.InboxRelay, HTTP: &http.Client{Timeout: 30 * time.Second}}}
 	followers.Store(d, f)
 	defer followers.Delete(d)
 	for attempt := 0; ; attempt++ {
@@ -283,7 +284,7 @@ func (f *follower) recover(ctx context.Context) error {
 func (f *follower) poll(ctx context.Context) error {
 	after := ""
 	for {
-		page, err := f.rc.fetch(ctx, after, inboxPageSize)
+		page, err := f.rc.Fetch(ctx, f.d.id, after, inboxPageSize)
 		if err != nil {
 			return err
 		}
@@ -310,7 +311,7 @@ func (f *follower) poll(ctx context.Context) error {
 		}
 		if len(acks) > 0 {
 			// Acknowledge only what is durable (or refused for good).
-			if err := f.rc.ack(ctx, acks); err != nil {
+			if _, err := f.rc.Ack(ctx, f.d.id, acks); err != nil {
 				return fmt.Errorf("acknowledging: %w", err)
 			}
 		}
@@ -327,7 +328,7 @@ func (f *follower) poll(ctx context.Context) error {
 // processEnvelope verifies one inbox envelope and durably records it. It returns
 // the pending receipt to advance once acknowledged (nil if none) and whether to
 // acknowledge the envelope at the relay. An error means: leave it at the relay.
-func (f *follower) processEnvelope(ctx context.Context, ie inboxEnvelope) (*pendingReceipt, bool, error) {
+func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvelope) (*pendingReceipt, bool, error) {
 	d := f.d
 	env, err := envelope.Parse(ie.Envelope)
 	if err == nil {
@@ -465,7 +466,7 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 	rid := store.ReceiptID(p.envelopeID)
 	if p.state == store.ReceiptPersisted {
 		if !acked {
-			if err := f.rc.ack(ctx, []string{p.envelopeID}); err != nil {
+			if _, err := f.rc.Ack(ctx, f.d.id, []string{p.envelopeID}); err != nil {
 				f.stuck(p, "inbox: acknowledging", err, "envelope", p.envelopeID)
 				return
 			}

@@ -3,7 +3,9 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -164,7 +167,7 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 	if dup == nil {
 		t.Fatal("no message envelope in alice's outbox")
 	}
-	rc := &relay.Client{BaseURL: relayURL}
+	rc := &relayproto.Client{BaseURL: relayURL}
 	if _, _, err := rc.Post(ctx, dup.Envelope); err != nil {
 		t.Fatalf("posting the envelope again: %v", err)
 	}
@@ -173,7 +176,7 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 	if f == nil {
 		t.Fatal("bob has no follower")
 	}
-	p, ack, err := f.processEnvelope(ctx, inboxEnvelope{EnvelopeID: dup.EnvelopeID, Envelope: dup.Envelope})
+	p, ack, err := f.processEnvelope(ctx, relayproto.InboxEnvelope{EnvelopeID: dup.EnvelopeID, Envelope: dup.Envelope})
 	if err != nil || !ack || p != nil {
 		t.Fatalf("duplicate: pending %v, ack %v, err %v", p, ack, err)
 	}
@@ -229,7 +232,7 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := &relay.Client{BaseURL: relayURL}
+	rc := &relayproto.Client{BaseURL: relayURL}
 	for _, w := range [][]byte{wire, wire2} {
 		if _, _, err := rc.Post(ctx, w); err != nil {
 			t.Fatal(err)
@@ -266,4 +269,28 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 		}
 		return got.Status == store.StatusDelivered, got.Status
 	})
+}
+
+// A relay's refusal is logged under its HTTP status, however it is worded and
+// wrapped, so a relay that keeps refusing is one condition, not one per message.
+func TestRelayRefusalClassedByStatus(t *testing.T) {
+	id, err := identity.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "5")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, `{"code":"RELAY_BUSY","message":"busy %d"}`, n.Add(1))
+	}))
+	defer srv.Close()
+	rc := &relayproto.Client{BaseURL: srv.URL}
+	_, fetchErr := rc.Fetch(context.Background(), id, "", inboxPageSize)
+	_, ackErr := rc.Ack(context.Background(), id, []string{"x"})
+	for _, err := range []error{fetchErr, fmt.Errorf("acknowledging: %w", ackErr)} {
+		if got := errClass(err); got != "HTTP 503" {
+			t.Errorf("errClass(%v) = %q, want \"HTTP 503\"", err, got)
+		}
+	}
 }

@@ -9,25 +9,9 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
-
-// Paths of the protocol.
-const (
-	PathEnvelopes = "/v1/envelopes"
-	PathInbox     = "/v1/inbox"
-	PathInboxAck  = "/v1/inbox/ack"
-)
-
-// AckRequest is the body of POST /v1/inbox/ack.
-type AckRequest struct {
-	EnvelopeIDs []string `json:"envelopeIds"`
-}
-
-// AckResponse is its answer: how many of the ids were removed.
-type AckResponse struct {
-	Acknowledged int `json:"acknowledged"`
-}
 
 // Handler returns the relay's HTTP handler.
 func (r *Relay) Handler() http.Handler {
@@ -36,14 +20,14 @@ func (r *Relay) Handler() http.Handler {
 		var status int
 		var err error
 		switch req.URL.Path {
-		case PathEnvelopes:
+		case relayproto.PathEnvelopes:
 			status, err = r.only(w, req, http.MethodPost, r.serveEnvelope)
-		case PathInbox:
+		case relayproto.PathInbox:
 			status, err = r.only(w, req, http.MethodGet, r.serveInbox)
-		case PathInboxAck:
+		case relayproto.PathInboxAck:
 			status, err = r.only(w, req, http.MethodPost, r.serveAck)
 		default:
-			err = newError(http.StatusNotFound, CodeNotFound, "no such endpoint")
+			err = newError(http.StatusNotFound, relayproto.CodeNotFound, "no such endpoint")
 		}
 		if err != nil {
 			e := asError(err)
@@ -55,8 +39,8 @@ func (r *Relay) Handler() http.Handler {
 			}
 			args := []any{"method", req.Method, "path", req.URL.Path, "status", e.Status, "code", e.Code,
 				"remote", req.RemoteAddr, "ms", time.Since(start).Milliseconds()}
-			if e.cause != nil && e.Status >= 500 {
-				args = append(args, "cause", e.cause.Error())
+			if e.Cause != nil && e.Status >= 500 {
+				args = append(args, "cause", e.Cause.Error())
 			}
 			level("relay: request refused", args...)
 			return
@@ -70,13 +54,13 @@ func (r *Relay) only(w http.ResponseWriter, req *http.Request, method string,
 	fn func(http.ResponseWriter, *http.Request) (int, error)) (int, error) {
 	if req.Method != method {
 		w.Header().Set("Allow", method)
-		return 0, newError(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "use %s", method)
+		return 0, newError(http.StatusMethodNotAllowed, relayproto.CodeMethodNotAllowed, "use %s", method)
 	}
 	return fn(w, req)
 }
 
 // readBody reads at most max bytes of the body; more is a 413 with code.
-func readBody(w http.ResponseWriter, req *http.Request, max int64, code string) ([]byte, *Error) {
+func readBody(w http.ResponseWriter, req *http.Request, max int64, code string) ([]byte, *relayproto.Error) {
 	if req.ContentLength > max {
 		return nil, newError(http.StatusRequestEntityTooLarge, code, "body is %d bytes, limit %d", req.ContentLength, max)
 	}
@@ -86,13 +70,13 @@ func readBody(w http.ResponseWriter, req *http.Request, max int64, code string) 
 		if errors.As(err, &mbe) {
 			return nil, newError(http.StatusRequestEntityTooLarge, code, "body is larger than %d bytes", max)
 		}
-		return nil, &Error{Status: http.StatusBadRequest, Code: CodeBadRequest, Message: "could not read the body", cause: err}
+		return nil, &relayproto.Error{Status: http.StatusBadRequest, Code: relayproto.CodeBadRequest, Message: "could not read the body", Cause: err}
 	}
 	return body, nil
 }
 
 func (r *Relay) serveEnvelope(w http.ResponseWriter, req *http.Request) (int, error) {
-	body, e := readBody(w, req, envelope.MaxSize, CodeEnvelopeTooLarge)
+	body, e := readBody(w, req, envelope.MaxSize, relayproto.CodeEnvelopeTooLarge)
 	if e != nil {
 		r.count(func(s *Stats) { s.Refused++ })
 		return 0, e
@@ -109,7 +93,7 @@ func (r *Relay) serveEnvelope(w http.ResponseWriter, req *http.Request) (int, er
 }
 
 func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error) {
-	body, e := readBody(w, req, MaxAckBodySize, CodeBodyTooLarge)
+	body, e := readBody(w, req, relayproto.MaxAckBodySize, relayproto.CodeBodyTooLarge)
 	if e != nil {
 		return 0, e
 	}
@@ -120,22 +104,22 @@ func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error
 	q := req.URL.Query()
 	for k := range q {
 		if k != "after" && k != "limit" {
-			return 0, newError(http.StatusBadRequest, CodeBadRequest, "unknown query parameter %q", k)
+			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "unknown query parameter %q", k)
 		}
 	}
 	var after uint64
 	if s := q.Get("after"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
-			return 0, newError(http.StatusBadRequest, CodeBadRequest, "after is not a cursor")
+			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "after is not a cursor")
 		}
 		after = v
 	}
-	limit := DefaultFetchLimit
+	limit := relayproto.DefaultFetchLimit
 	if s := q.Get("limit"); s != "" {
 		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 || v > MaxFetchLimit {
-			return 0, newError(http.StatusBadRequest, CodeBadRequest, "limit must be 1..%d", MaxFetchLimit)
+		if err != nil || v < 1 || v > relayproto.MaxFetchLimit {
+			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "limit must be 1..%d", relayproto.MaxFetchLimit)
 		}
 		limit = v
 	}
@@ -152,7 +136,7 @@ func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error
 }
 
 func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) {
-	body, e := readBody(w, req, MaxAckBodySize, CodeBodyTooLarge)
+	body, e := readBody(w, req, relayproto.MaxAckBodySize, relayproto.CodeBodyTooLarge)
 	if e != nil {
 		return 0, e
 	}
@@ -160,23 +144,23 @@ func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) 
 	if e != nil {
 		return 0, e
 	}
-	var ack AckRequest
+	var ack relayproto.AckRequest
 	if err := envelope.DecodeStrict(body, &ack); err != nil {
-		return 0, newError(http.StatusBadRequest, CodeBadRequest, `body must be one JSON object {"envelopeIds":[…]}: %s`, err)
+		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, `body must be one JSON object {"envelopeIds":[…]}: %s`, err)
 	}
-	if len(ack.EnvelopeIDs) == 0 || len(ack.EnvelopeIDs) > MaxAckIDs {
-		return 0, newError(http.StatusBadRequest, CodeBadRequest, "envelopeIds must list 1..%d ids", MaxAckIDs)
+	if len(ack.EnvelopeIDs) == 0 || len(ack.EnvelopeIDs) > relayproto.MaxAckIDs {
+		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds must list 1..%d ids", relayproto.MaxAckIDs)
 	}
 	for i, id := range ack.EnvelopeIDs {
 		if !store.IsUUID(id) {
-			return 0, newError(http.StatusBadRequest, CodeBadRequest, "envelopeIds[%d] is not a lower-case UUID", i)
+			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds[%d] is not a lower-case UUID", i)
 		}
 	}
 	n, err := r.Ack(req.Context(), did, ack.EnvelopeIDs)
 	if err != nil {
 		return 0, err
 	}
-	data, _ := json.Marshal(AckResponse{Acknowledged: n})
+	data, _ := json.Marshal(relayproto.AckResponse{Acknowledged: n})
 	writeJSONBytes(w, http.StatusOK, data)
 	return http.StatusOK, nil
 }

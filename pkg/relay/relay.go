@@ -3,7 +3,7 @@
 // with its own signed receipt, de-duplicates them durably by envelopeId and
 // digest, and holds them in per-recipient inboxes that the recipient fetches
 // and acknowledges with requests signed by its key. docs/RELAY.md is the
-// protocol.
+// protocol; pkg/relayproto defines it for the relay and its clients alike.
 //
 // Persistence: the relay has an identity of its own and keeps its
 // de-duplication records in a store of that identity (pkg/store, kind
@@ -35,6 +35,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -42,21 +43,11 @@ import (
 // sealbridge-relay) listen on unless --listen says otherwise.
 const DefaultListen = "127.0.0.1:8470"
 
-// Limits of the protocol.
+// Limits of this relay (the protocol's own are relayproto's).
 const (
-	// MaxClockSkew is how far a signed inbox request's timestamp may be from
-	// the relay's clock, either way.
-	MaxClockSkew = 5 * time.Minute
-	// DefaultFetchLimit and MaxFetchLimit bound the envelopes of one inbox page.
-	DefaultFetchLimit = 64
-	MaxFetchLimit     = 256
 	// MaxPageBytes bounds the envelope bytes of one inbox page (at least one
 	// envelope is always returned when one is due).
 	MaxPageBytes = 4 << 20
-	// MaxAckIDs bounds the envelope ids of one acknowledgement.
-	MaxAckIDs = 1024
-	// MaxAckBodySize bounds an acknowledgement's body.
-	MaxAckBodySize = 64 << 10
 	// DedupeRetention is how long after an envelope's delivery deadline its
 	// receipt record (and so its de-duplication) is kept.
 	DedupeRetention = 24 * time.Hour
@@ -393,7 +384,7 @@ var errConflict = errors.New("relay: envelope id already used with another diges
 
 // Accept verifies and stores one wire envelope and returns the relay's
 // receipt: the same bytes for the same envelope again. Its errors are
-// *Error values with an HTTP status and a code.
+// *relayproto.Error values with an HTTP status and a code.
 func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	env, err := envelope.Parse(data)
 	if err != nil {
@@ -500,35 +491,13 @@ func stripe(id string) int {
 	return int(h % 64)
 }
 
-// InboxEnvelope is one envelope of an inbox page.
-type InboxEnvelope struct {
-	// Cursor is this envelope's position; passing it as after= returns the
-	// envelopes after it.
-	Cursor         string `json:"cursor"`
-	EnvelopeID     string `json:"envelopeId"`
-	EnvelopeDigest string `json:"envelopeDigest"`
-	ReceivedAt     int64  `json:"receivedAt"`
-	// Envelope is the wire envelope, byte for byte.
-	Envelope rawJSON `json:"envelope"`
-}
-
-// InboxPage is the answer to GET /v1/inbox.
-type InboxPage struct {
-	Envelopes []InboxEnvelope `json:"envelopes"`
-	// Cursor is the cursor to pass next: the last envelope's, or the one
-	// asked for when the page is empty.
-	Cursor string `json:"cursor"`
-	// More is true when more envelopes are waiting after Cursor.
-	More bool `json:"more"`
-}
-
 // Fetch returns recipient's envelopes after cursor after (0: from the start),
 // at most limit and MaxPageBytes of them.
-func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*InboxPage, error) {
+func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relayproto.InboxPage, error) {
 	if limit <= 0 {
-		limit = DefaultFetchLimit
+		limit = relayproto.DefaultFetchLimit
 	}
-	limit = min(limit, MaxFetchLimit)
+	limit = min(limit, relayproto.MaxFetchLimit)
 	r.mu.Lock()
 	var pick []*entry
 	more := false
@@ -555,7 +524,7 @@ func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*InboxPa
 		}
 	}
 	r.mu.Unlock()
-	page := &InboxPage{Envelopes: []InboxEnvelope{}, Cursor: strconv.FormatUint(after, 10), More: more}
+	page := &relayproto.InboxPage{Envelopes: []relayproto.InboxEnvelope{}, Cursor: strconv.FormatUint(after, 10), More: more}
 	for _, e := range pick {
 		page.Cursor = strconv.FormatUint(e.seq, 10)
 		data, err := readFileBounded(e.file, envelope.MaxSize)
@@ -565,7 +534,7 @@ func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*InboxPa
 		if err != nil {
 			return nil, unavailable("INBOX_UNREADABLE", "the relay cannot read its inbox", err)
 		}
-		page.Envelopes = append(page.Envelopes, InboxEnvelope{
+		page.Envelopes = append(page.Envelopes, relayproto.InboxEnvelope{
 			Cursor: page.Cursor, EnvelopeID: e.envelopeID, EnvelopeDigest: e.digest,
 			ReceivedAt: e.receivedAt, Envelope: data,
 		})
@@ -633,14 +602,4 @@ func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 		r.log.Warn("relay: acknowledged envelopes removed, receipt records not updated", "count", len(gone), "err", err)
 	}
 	return len(gone), nil
-}
-
-// rawJSON is a json.RawMessage that is not copied on marshal.
-type rawJSON []byte
-
-func (m rawJSON) MarshalJSON() ([]byte, error) { return m, nil }
-
-func (m *rawJSON) UnmarshalJSON(b []byte) error {
-	*m = append((*m)[:0], b...)
-	return nil
 }

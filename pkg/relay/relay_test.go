@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,27 +19,23 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// fakeClock is a settable clock shared by relay and clients.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
+// fakeClock is a settable clock shared by relay and clients: Unix nanoseconds.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock(t time.Time) *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(t.UnixNano())
+	return c
 }
 
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
+func (c *fakeClock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
 
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func (c *fakeClock) Add(d time.Duration) { c.ns.Add(int64(d)) }
 
 func ident(t testing.TB, n byte) *identity.Identity {
 	t.Helper()
@@ -57,12 +52,12 @@ type env struct {
 	clock  *fakeClock
 	relay  *relay.Relay
 	srv    *httptest.Server
-	client *relay.Client
+	client *relayproto.Client
 	relID  *identity.Identity
 }
 
 func newEnv(t *testing.T) *env {
-	e := &env{t: t, home: t.TempDir(), clock: &fakeClock{t: time.UnixMilli(1_767_225_600_000)}, relID: ident(t, 9)}
+	e := &env{t: t, home: t.TempDir(), clock: newFakeClock(time.UnixMilli(1_767_225_600_000)), relID: ident(t, 9)}
 	e.start()
 	t.Cleanup(e.stop)
 	return e
@@ -76,7 +71,7 @@ func (e *env) start() {
 	}
 	e.relay = r
 	e.srv = httptest.NewServer(r.Handler())
-	e.client = &relay.Client{BaseURL: e.srv.URL, Now: e.clock.Now}
+	e.client = &relayproto.Client{BaseURL: e.srv.URL, Now: e.clock.Now}
 }
 
 func (e *env) stop() {
@@ -109,7 +104,7 @@ func (e *env) message(recipient identity.DID) (*envelope.Envelope, []byte) {
 
 func (e *env) post(data []byte) (int, []byte, http.Header) {
 	e.t.Helper()
-	resp, err := http.Post(e.srv.URL+relay.PathEnvelopes, "application/json", bytes.NewReader(data))
+	resp, err := http.Post(e.srv.URL+relayproto.PathEnvelopes, "application/json", bytes.NewReader(data))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -151,7 +146,7 @@ func TestAcceptDuplicateConflict(t *testing.T) {
 	// of the body changed... simplest: another sender re-uses the id.
 	other := forgeSameID(t, en, ident(t, 3), bob.DID(), e.clock.Now())
 	status, body, _ := e.post(other)
-	wantCode(t, status, body, 409, relay.CodeEnvelopeConflict)
+	wantCode(t, status, body, 409, relayproto.CodeEnvelopeConflict)
 	st := e.relay.Stats()
 	if st.Accepted != 1 || st.Duplicates != 1 || st.Conflicts != 1 {
 		t.Fatalf("stats %+v", st)
@@ -195,7 +190,7 @@ func TestRefusals(t *testing.T) {
 
 	big := bytes.Repeat([]byte("a"), envelope.MaxSize+1)
 	status, body, _ := e.post(big)
-	wantCode(t, status, body, 413, relay.CodeEnvelopeTooLarge)
+	wantCode(t, status, body, 413, relayproto.CodeEnvelopeTooLarge)
 
 	bad := bytes.Clone(data)
 	i := bytes.LastIndex(bad, []byte(`"sig":"`)) + 10
@@ -214,12 +209,12 @@ func TestRefusals(t *testing.T) {
 	otherSig, _ := identity.SignDomain(ident(t, 1).Signer(), identity.DomainEnvelope, []byte("something else"))
 	wrong = append(append(wrong[:sigStart:sigStart], b64(otherSig)...), `"}`...)
 	status, body, _ = e.post(wrong)
-	wantCode(t, status, body, 400, relay.CodeEnvelopeSignature)
+	wantCode(t, status, body, 400, relayproto.CodeEnvelopeSignature)
 
 	status, body, _ = e.post([]byte(`{"v":1}`))
-	wantCode(t, status, body, 400, relay.CodeEnvelopeMalformed)
+	wantCode(t, status, body, 400, relayproto.CodeEnvelopeMalformed)
 	status, body, _ = e.post(nil)
-	wantCode(t, status, body, 400, relay.CodeEnvelopeMalformed)
+	wantCode(t, status, body, 400, relayproto.CodeEnvelopeMalformed)
 
 	// Deadline passed.
 	_, old, err := envelope.NewMessage(ident(t, 1), bob.DID(), uuid.NewString(), []byte("x"),
@@ -229,23 +224,23 @@ func TestRefusals(t *testing.T) {
 	}
 	e.clock.Add(2 * time.Minute)
 	status, body, _ = e.post(old)
-	wantCode(t, status, body, 400, relay.CodeEnvelopeExpired)
+	wantCode(t, status, body, 400, relayproto.CodeEnvelopeExpired)
 
 	// Wrong method, unknown path.
-	resp, err := http.Get(e.srv.URL + relay.PathEnvelopes)
+	resp, err := http.Get(e.srv.URL + relayproto.PathEnvelopes)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	wantCode(t, resp.StatusCode, body, 405, relay.CodeMethodNotAllowed)
+	wantCode(t, resp.StatusCode, body, 405, relayproto.CodeMethodNotAllowed)
 	resp, err = http.Get(e.srv.URL + "/nope")
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	wantCode(t, resp.StatusCode, body, 404, relay.CodeNotFound)
+	wantCode(t, resp.StatusCode, body, 404, relayproto.CodeNotFound)
 	if st := e.relay.Stats(); st.Accepted != 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -360,8 +355,8 @@ func TestAckedEnvelopeDuplicateAfterRestart(t *testing.T) {
 // signedReq builds a signed GET of bob's inbox.
 func signedReq(t *testing.T, e *env, id *identity.Identity, at time.Time) *http.Request {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+relay.PathInbox+"?limit=5", nil)
-	if err := relay.SignInboxRequest(req, id, at); err != nil {
+	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+relayproto.PathInbox+"?limit=5", nil)
+	if err := relayproto.SignInboxRequest(req, id, at); err != nil {
 		t.Fatal(err)
 	}
 	return req
@@ -391,79 +386,83 @@ func TestInboxAuth(t *testing.T) {
 	replay, _ := http.NewRequest(http.MethodGet, req.URL.String(), nil)
 	replay.Header = req.Header.Clone()
 	status, body := do(t, replay)
-	wantCode(t, status, body, 401, relay.CodeAuthNonceReplayed)
+	wantCode(t, status, body, 401, relayproto.CodeAuthNonceReplayed)
 
 	// Stale and future timestamps.
 	status, body = do(t, signedReq(t, e, bob, e.clock.Now().Add(-6*time.Minute)))
-	wantCode(t, status, body, 401, relay.CodeAuthTimestamp)
+	wantCode(t, status, body, 401, relayproto.CodeAuthTimestamp)
 	status, body = do(t, signedReq(t, e, bob, e.clock.Now().Add(6*time.Minute)))
-	wantCode(t, status, body, 401, relay.CodeAuthTimestamp)
+	wantCode(t, status, body, 401, relayproto.CodeAuthTimestamp)
 
 	// Wrong key: mallory signs, claims bob.
 	req = signedReq(t, e, mallory, e.clock.Now())
-	req.Header.Set(relay.HeaderDID, string(bob.DID()))
+	req.Header.Set(relayproto.HeaderDID, string(bob.DID()))
 	status, body = do(t, req)
-	wantCode(t, status, body, 401, relay.CodeAuthSignature)
+	wantCode(t, status, body, 401, relayproto.CodeAuthSignature)
 
 	// Tampered query (signature covers the request URI).
 	req = signedReq(t, e, bob, e.clock.Now())
 	req.URL.RawQuery = "limit=6"
 	status, body = do(t, req)
-	wantCode(t, status, body, 401, relay.CodeAuthSignature)
+	wantCode(t, status, body, 401, relayproto.CodeAuthSignature)
 
 	// Tampered ack body.
-	ack, _ := http.NewRequest(http.MethodPost, e.srv.URL+relay.PathInboxAck,
+	ack, _ := http.NewRequest(http.MethodPost, e.srv.URL+relayproto.PathInboxAck,
 		strings.NewReader(`{"envelopeIds":["`+uuid.NewString()+`"]}`))
-	if err := relay.SignInboxRequest(ack, bob, e.clock.Now()); err != nil {
+	if err := relayproto.SignInboxRequest(ack, bob, e.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	ack.Body = io.NopCloser(strings.NewReader(`{"envelopeIds":["` + uuid.NewString() + `"]}`))
 	status, body = do(t, ack)
-	wantCode(t, status, body, 401, relay.CodeAuthSignature)
+	wantCode(t, status, body, 401, relayproto.CodeAuthSignature)
 
 	// Missing headers, malformed DID, bad query, bad ack body.
-	r0, _ := http.NewRequest(http.MethodGet, e.srv.URL+relay.PathInbox, nil)
+	r0, _ := http.NewRequest(http.MethodGet, e.srv.URL+relayproto.PathInbox, nil)
 	status, body = do(t, r0)
-	wantCode(t, status, body, 401, relay.CodeAuthMissing)
+	wantCode(t, status, body, 401, relayproto.CodeAuthMissing)
 	req = signedReq(t, e, bob, e.clock.Now())
-	req.Header.Set(relay.HeaderDID, "did:key:z6MkNOPE")
+	req.Header.Set(relayproto.HeaderDID, "did:key:z6MkNOPE")
 	status, body = do(t, req)
-	wantCode(t, status, body, 401, relay.CodeAuthDID)
-	req, _ = http.NewRequest(http.MethodGet, e.srv.URL+relay.PathInbox+"?limit=0", nil)
-	_ = relay.SignInboxRequest(req, bob, e.clock.Now())
+	wantCode(t, status, body, 401, relayproto.CodeAuthDID)
+	req, _ = http.NewRequest(http.MethodGet, e.srv.URL+relayproto.PathInbox+"?limit=0", nil)
+	_ = relayproto.SignInboxRequest(req, bob, e.clock.Now())
 	status, body = do(t, req)
-	wantCode(t, status, body, 400, relay.CodeBadRequest)
-	ack, _ = http.NewRequest(http.MethodPost, e.srv.URL+relay.PathInboxAck, strings.NewReader(`{"ids":[]}`))
-	_ = relay.SignInboxRequest(ack, bob, e.clock.Now())
+	wantCode(t, status, body, 400, relayproto.CodeBadRequest)
+	ack, _ = http.NewRequest(http.MethodPost, e.srv.URL+relayproto.PathInboxAck, strings.NewReader(`{"ids":[]}`))
+	_ = relayproto.SignInboxRequest(ack, bob, e.clock.Now())
 	status, body = do(t, ack)
-	wantCode(t, status, body, 400, relay.CodeBadRequest)
+	wantCode(t, status, body, 400, relayproto.CodeBadRequest)
 
 	// A request signed before the relay (re)started is refused: its nonce
 	// may have been spent in the previous process.
 	before := e.clock.Now()
 	e.restart()
 	status, body = do(t, signedReq(t, e, bob, before))
-	wantCode(t, status, body, 401, relay.CodeAuthTimestamp)
+	wantCode(t, status, body, 401, relayproto.CodeAuthTimestamp)
 }
 
 func TestConcurrentSameEnvelope(t *testing.T) {
 	e := newEnv(t)
 	_, data := e.message(ident(t, 2).DID())
-	var wg sync.WaitGroup
-	receipts := make([][]byte, 16)
-	for i := range receipts {
-		wg.Go(func() {
-			resp, err := http.Post(e.srv.URL+relay.PathEnvelopes, "application/json", bytes.NewReader(data))
+	got := make(chan []byte)
+	for range 16 {
+		go func() {
+			var receipt []byte
+			defer func() { got <- receipt }()
+			resp, err := http.Post(e.srv.URL+relayproto.PathEnvelopes, "application/json", bytes.NewReader(data))
 			if err != nil {
 				return
 			}
 			defer resp.Body.Close()
 			if resp.StatusCode == 200 {
-				receipts[i], _ = io.ReadAll(resp.Body)
+				receipt, _ = io.ReadAll(resp.Body)
 			}
-		})
+		}()
 	}
-	wg.Wait()
+	receipts := make([][]byte, 16)
+	for i := range receipts {
+		receipts[i] = <-got
+	}
 	for i := range receipts {
 		if !bytes.Equal(receipts[i], receipts[0]) || len(receipts[0]) == 0 {
 			t.Fatalf("receipt %d differs", i)
@@ -494,7 +493,7 @@ func TestOnAcceptHookAndClient(t *testing.T) {
 	}
 	srv := httptest.NewServer(r.Handler())
 	defer srv.Close()
-	c := &relay.Client{BaseURL: srv.URL}
+	c := &relayproto.Client{BaseURL: srv.URL}
 	en, data, err := envelope.NewMessage(ident(t, 1), ident(t, 2).DID(), uuid.NewString(), []byte("x"),
 		time.Now().Add(time.Hour), time.Now())
 	if err != nil {
@@ -513,8 +512,8 @@ func TestOnAcceptHookAndClient(t *testing.T) {
 		t.Fatal("no hook call")
 	}
 	_, _, err = c.Post(context.Background(), []byte("[]"))
-	var re *relay.Error
-	if !errors.As(err, &re) || re.Status != 400 || re.Code != relay.CodeEnvelopeMalformed {
+	var re *relayproto.Error
+	if !errors.As(err, &re) || re.Status != 400 || re.Code != relayproto.CodeEnvelopeMalformed {
 		t.Fatalf("client error: %v", err)
 	}
 	if accepted.Load() != 1 {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 // The relay's request bodies are strict JSON: duplicate keys, case-variant keys
@@ -20,8 +20,8 @@ func TestStrictRequestBodies(t *testing.T) {
 	e.clock.Add(time.Second)
 	id := uuid.NewString()
 	ack := func(body string) (int, []byte) {
-		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+relay.PathInboxAck, strings.NewReader(body))
-		if err := relay.SignInboxRequest(req, bob, e.clock.Now()); err != nil {
+		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+relayproto.PathInboxAck, strings.NewReader(body))
+		if err := relayproto.SignInboxRequest(req, bob, e.clock.Now()); err != nil {
 			t.Fatal(err)
 		}
 		return do(t, req)
@@ -34,7 +34,7 @@ func TestStrictRequestBodies(t *testing.T) {
 	} {
 		t.Run("ack/"+name, func(t *testing.T) {
 			status, resp := ack(body)
-			wantCode(t, status, resp, http.StatusBadRequest, relay.CodeBadRequest)
+			wantCode(t, status, resp, http.StatusBadRequest, relayproto.CodeBadRequest)
 		})
 	}
 	if status, resp := ack(`{"envelopeIds":["` + id + `"]}`); status != http.StatusOK {

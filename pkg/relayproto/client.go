@@ -1,4 +1,4 @@
-package relay
+package relayproto
 
 import (
 	"bytes"
@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -15,6 +14,12 @@ import (
 
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+)
+
+// Bounds on what a Client reads of a relay's answers.
+const (
+	maxPageAnswer = 64 << 20
+	maxAckAnswer  = 4 << 10
 )
 
 // Client talks to one relay. The zero HTTP client means http.DefaultClient;
@@ -69,7 +74,8 @@ func envelopeIDOf(wire []byte) string {
 	return ""
 }
 
-// Fetch returns a page of id's inbox after cursor (empty: from the start).
+// Fetch returns a page of id's inbox after cursor (empty: from the start), at
+// most limit envelopes (0: the relay's default).
 func (c *Client) Fetch(ctx context.Context, id *identity.Identity, after string, limit int) (*InboxPage, error) {
 	q := url.Values{}
 	if after != "" {
@@ -89,7 +95,7 @@ func (c *Client) Fetch(ctx context.Context, id *identity.Identity, after string,
 	if err := SignInboxRequest(req, id, c.now()); err != nil {
 		return nil, err
 	}
-	body, err := c.do(req, 64<<20)
+	body, err := c.do(req, maxPageAnswer)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +120,7 @@ func (c *Client) Ack(ctx context.Context, id *identity.Identity, envelopeIDs []s
 	if err := SignInboxRequest(req, id, c.now()); err != nil {
 		return 0, err
 	}
-	body, err := c.do(req, 4<<10)
+	body, err := c.do(req, maxAckAnswer)
 	if err != nil {
 		return 0, err
 	}
@@ -123,31 +129,4 @@ func (c *Client) Ack(ctx context.Context, id *identity.Identity, envelopeIDs []s
 		return 0, fmt.Errorf("relay: bad ack response: %w", err)
 	}
 	return resp.Acknowledged, nil
-}
-
-// do sends req and returns the body of a 200, or the relay's *Error.
-func (c *Client) do(req *http.Request, max int64) ([]byte, error) {
-	resp, err := c.http().Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(body)) > max {
-		return nil, fmt.Errorf("relay: answer larger than %d bytes", max)
-	}
-	if resp.StatusCode != http.StatusOK {
-		e := &Error{Status: resp.StatusCode}
-		if json.Unmarshal(body, e) != nil || e.Code == "" {
-			e.Code, e.Message = "HTTP_"+strconv.Itoa(resp.StatusCode), "relay answered "+resp.Status
-		}
-		if s := resp.Header.Get("Retry-After"); s != "" {
-			e.RetryAfter, _ = strconv.Atoi(s)
-		}
-		return nil, e
-	}
-	return body, nil
 }
