@@ -203,7 +203,7 @@ func TestIdempotentSendAfterFailedResponseStore(t *testing.T) {
 			if tc.failures == 1 {
 				// The lease was ended, so the retry took the operation over and
 				// stored its response.
-				op, err := d.Store().Operation(a.body["messageId"].(string))
+				op, err := store.GetAs[*store.Operation](d.Store(), a.body["messageId"].(string))
 				if err != nil || op == nil || op.State != store.OperationDone {
 					t.Fatalf("operation after the retry: %+v %v", op, err)
 				}
