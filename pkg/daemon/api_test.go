@@ -116,8 +116,8 @@ func TestStrictSendRequest(t *testing.T) {
 			}
 			for _, key := range []string{"", "k-" + name} {
 				a := post(t, hc, key, body)
-				if a.status != http.StatusBadRequest || a.body["code"] != CodeBadRequest {
-					t.Fatalf("key %q: got %d %s, want 400 %s", key, a.status, a.raw, CodeBadRequest)
+				if a.status != http.StatusBadRequest || a.body["code"] != codeBadRequest {
+					t.Fatalf("key %q: got %d %s, want 400 %s", key, a.status, a.raw, codeBadRequest)
 				}
 			}
 		})
