@@ -498,7 +498,7 @@ func workloads() []workload {
 			if err := s.CompleteOperation(ctx, start.Operation.OperationID, json.RawMessage(`{"ok":true}`)); err != nil {
 				t.Fatal(err)
 			}
-			done, _ := s.Operation(start.Operation.OperationID)
+			done, _ := store.GetAs[*store.Operation](s, start.Operation.OperationID)
 			ack(done)
 		}},
 		staleLockWorkload(),

@@ -19,13 +19,13 @@ import (
 // The numbers of DESIGN §11 (see docs/CARRIER.md for why).
 const (
 	maxTargetsDefault        = 16
-	DefaultBackoffMin        = 2 * time.Second
-	DefaultBackoffMax        = 300 * time.Second
-	DefaultProbeEvery        = 300 * time.Second
-	DefaultOfflineLimit      = 30 * 24 * time.Hour
-	DefaultSweepEvery        = 5 * time.Minute
-	DefaultStoreFailureDelay = 300 * time.Second
-	DefaultPollEvery         = 2 * time.Second
+	defaultBackoffMin        = 2 * time.Second
+	defaultBackoffMax        = 300 * time.Second
+	defaultProbeEvery        = 300 * time.Second
+	defaultOfflineLimit      = 30 * 24 * time.Hour
+	defaultSweepEvery        = 5 * time.Minute
+	defaultStoreFailureDelay = 300 * time.Second
+	defaultPollEvery         = 2 * time.Second
 	// leaseMargin is how much longer than one send a lease lasts (the settlement).
 	leaseMargin = 30 * time.Second
 	// settleTimeout bounds a settlement that runs after Run's ctx was cancelled.
@@ -94,18 +94,18 @@ func (o Options) withDefaults() Options {
 	if o.MaxTargets <= 0 {
 		o.MaxTargets = maxTargetsDefault
 	}
-	def(&o.SendTimeout, DefaultSendTimeout)
+	def(&o.SendTimeout, defaultSendTimeout)
 	def(&o.LeaseFor, o.SendTimeout+leaseMargin)
-	def(&o.BackoffMin, DefaultBackoffMin)
-	def(&o.BackoffMax, DefaultBackoffMax)
+	def(&o.BackoffMin, defaultBackoffMin)
+	def(&o.BackoffMax, defaultBackoffMax)
 	if o.BackoffMax < o.BackoffMin {
 		o.BackoffMax = o.BackoffMin
 	}
-	def(&o.ProbeEvery, DefaultProbeEvery)
-	def(&o.OfflineLimit, DefaultOfflineLimit)
-	def(&o.SweepEvery, DefaultSweepEvery)
-	def(&o.StoreFailureDelay, DefaultStoreFailureDelay)
-	def(&o.PollEvery, DefaultPollEvery)
+	def(&o.ProbeEvery, defaultProbeEvery)
+	def(&o.OfflineLimit, defaultOfflineLimit)
+	def(&o.SweepEvery, defaultSweepEvery)
+	def(&o.StoreFailureDelay, defaultStoreFailureDelay)
+	def(&o.PollEvery, defaultPollEvery)
 	if o.MaxPerPass <= 0 {
 		o.MaxPerPass = 64
 	}

@@ -582,8 +582,8 @@ func TestTimer(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.kick()
-	if got := h.armed().Sub(t0); got != DefaultSweepEvery {
-		t.Fatalf("armed %v ahead, want the clamp %v", got, DefaultSweepEvery)
+	if got := h.armed().Sub(t0); got != defaultSweepEvery {
+		t.Fatalf("armed %v ahead, want the clamp %v", got, defaultSweepEvery)
 	}
 	// An earlier due time replaces it.
 	h.enqueue(relayN(3), 1, 24*time.Hour)

@@ -49,7 +49,7 @@ func TestEventsReportAttempts(t *testing.T) {
 	f, a := attempts[0], attempts[1]
 	o := h.outbox(r.Envelopes[0].EnvelopeID)
 	if f.Outcome != Failed || f.Target != relayA || f.EnvelopeID != o.EnvelopeID || f.Reason == "" ||
-		!f.NextAttempt.Equal(t0.Add(DefaultBackoffMin)) {
+		!f.NextAttempt.Equal(t0.Add(defaultBackoffMin)) {
 		t.Fatalf("failed attempt event: %+v (t0 %s)", f, t0)
 	}
 	if a.Outcome != Accepted || !a.NextAttempt.IsZero() || o.State != store.StateRelayed {

@@ -20,8 +20,8 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
-// DefaultSendTimeout bounds one attempt: connect, request, answer (DESIGN §11).
-const DefaultSendTimeout = 150 * time.Second
+// defaultSendTimeout bounds one attempt: connect, request, answer (DESIGN §11).
+const defaultSendTimeout = 150 * time.Second
 
 // maxResponseBytes bounds how much of a relay's answer is read: a receipt is far
 // smaller (envelope.MaxReceiptSize), and an error body is only looked at for its size.
@@ -52,7 +52,7 @@ type HTTPTransport struct {
 func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 	t := &HTTPTransport{client: opts.Client, timeout: opts.SendTimeout}
 	if t.timeout <= 0 {
-		t.timeout = DefaultSendTimeout
+		t.timeout = defaultSendTimeout
 	}
 	if t.client == nil {
 		perHost := opts.MaxConnsPerHost

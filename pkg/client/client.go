@@ -171,9 +171,9 @@ func dial(ctx context.Context, candidates []string) (net.Conn, error) {
 	return d.DialContext(ctx, "unix", candidates[0])
 }
 
-// SocketPath returns the socket the client dials: for a client of ForIdentity, the
+// socketPath returns the socket the client dials: for a client of ForIdentity, the
 // one Locate finds now.
-func (c *Client) SocketPath() string { return locate(c.candidates) }
+func (c *Client) socketPath() string { return locate(c.candidates) }
 
 // Send asks the daemon to send a message. A non-empty idempotencyKey is sent as the
 // Idempotency-Key header: the same key with the same request answers the same
@@ -255,12 +255,12 @@ func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, b
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("sealbridged at %s: %w", c.SocketPath(), err)
+		return fmt.Errorf("sealbridged at %s: %w", c.socketPath(), err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
 	if err != nil {
-		return fmt.Errorf("sealbridged at %s: %w", c.SocketPath(), err)
+		return fmt.Errorf("sealbridged at %s: %w", c.socketPath(), err)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		e := &Error{Status: resp.StatusCode}

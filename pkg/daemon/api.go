@@ -22,26 +22,26 @@ import (
 
 // API limits.
 const (
-	// MaxRequestBytes bounds a request body: a MaxBodySize body in base64 plus the
+	// maxRequestBytes bounds a request body: a MaxBodySize body in base64 plus the
 	// other fields.
-	MaxRequestBytes = envelope.MaxBodySize*4/3 + 8<<10
-	// MaxIdempotencyKey bounds the Idempotency-Key header.
-	MaxIdempotencyKey = 255
-	// DefaultDeadline is the delivery deadline of a request that gives none.
-	DefaultDeadline = 24 * time.Hour
-	// DefaultPageSize and MaxPageSize bound GET /v1/messages.
-	DefaultPageSize = 100
-	MaxPageSize     = 1000
+	maxRequestBytes = envelope.MaxBodySize*4/3 + 8<<10
+	// maxIdempotencyKey bounds the Idempotency-Key header.
+	maxIdempotencyKey = 255
+	// defaultDeadline is the delivery deadline of a request that gives none.
+	defaultDeadline = 24 * time.Hour
+	// defaultPageSize and maxPageSize bound GET /v1/messages.
+	defaultPageSize = 100
+	maxPageSize     = 1000
 )
 
 // Error codes of the API besides the store's (errcode).
 const (
-	CodeBadRequest  = "BAD_REQUEST"
-	CodeNotFound    = "NOT_FOUND"
-	CodeTooLarge    = "REQUEST_TOO_LARGE"
-	CodeNotReady    = "NOT_READY"
-	CodeInternal    = "INTERNAL"
-	CodeUnsupported = "UNSUPPORTED_MEDIA_TYPE"
+	codeBadRequest  = "BAD_REQUEST"
+	codeNotFound    = "NOT_FOUND"
+	codeTooLarge    = "REQUEST_TOO_LARGE"
+	codeNotReady    = "NOT_READY"
+	codeInternal    = "INTERNAL"
+	codeUnsupported = "UNSUPPORTED_MEDIA_TYPE"
 )
 
 func (d *Daemon) handler() http.Handler {
@@ -57,7 +57,7 @@ func (d *Daemon) handler() http.Handler {
 	mux.HandleFunc("GET /readyz", d.route("readyz", d.serveReady))
 	mux.Handle("GET /metrics", d.m.handler())
 	mux.HandleFunc("/", d.route("other", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, CodeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		writeError(w, http.StatusNotFound, codeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))
 	return mux
 }
@@ -91,7 +91,7 @@ func (d *Daemon) route(name string, h http.HandlerFunc) http.HandlerFunc {
 func (d *Daemon) serveMessage(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !store.IsUUID(id) {
-		writeError(w, http.StatusBadRequest, CodeBadRequest, "message id must be a lower-case UUID")
+		writeError(w, http.StatusBadRequest, codeBadRequest, "message id must be a lower-case UUID")
 		return
 	}
 	m, err := d.st.Message(id)
@@ -100,7 +100,7 @@ func (d *Daemon) serveMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if m == nil {
-		writeError(w, http.StatusNotFound, CodeNotFound, "no message "+id)
+		writeError(w, http.StatusNotFound, codeNotFound, "no message "+id)
 		return
 	}
 	cm := toClient(m)
@@ -139,19 +139,19 @@ func withDelivery(cm *client.Message, envs []*store.Outbox) {
 func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	status, after := q.Get("status"), q.Get("after")
-	limit := DefaultPageSize
+	limit := defaultPageSize
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, CodeBadRequest, "limit must be a positive integer")
+			writeError(w, http.StatusBadRequest, codeBadRequest, "limit must be a positive integer")
 			return
 		}
-		limit = min(n, MaxPageSize)
+		limit = min(n, maxPageSize)
 	}
 	switch status {
 	case "", store.StatusQueued, store.StatusRelayed, store.StatusDelivered, store.StatusClosed:
 	default:
-		writeError(w, http.StatusBadRequest, CodeBadRequest, "unknown status "+strconv.Quote(status))
+		writeError(w, http.StatusBadRequest, codeBadRequest, "unknown status "+strconv.Quote(status))
 		return
 	}
 	ctx := r.Context()
@@ -247,32 +247,32 @@ type response struct {
 
 func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		writeError(w, http.StatusUnsupportedMediaType, CodeUnsupported, "send application/json")
+		writeError(w, http.StatusUnsupportedMediaType, codeUnsupported, "send application/json")
 		return
 	}
 	key := r.Header.Get("Idempotency-Key")
-	if len(key) > MaxIdempotencyKey || strings.ContainsFunc(key, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
-		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("Idempotency-Key must be 1..%d printable ASCII characters", MaxIdempotencyKey))
+	if len(key) > maxIdempotencyKey || strings.ContainsFunc(key, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
+		writeError(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("Idempotency-Key must be 1..%d printable ASCII characters", maxIdempotencyKey))
 		return
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, CodeTooLarge, fmt.Sprintf("request body over %d bytes", MaxRequestBytes))
+			writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body over %d bytes", maxRequestBytes))
 			return
 		}
-		writeError(w, http.StatusBadRequest, CodeBadRequest, "reading the request: "+err.Error())
+		writeError(w, http.StatusBadRequest, codeBadRequest, "reading the request: "+err.Error())
 		return
 	}
 	var req client.SendRequest
 	if err := decodeBody(data, &req); err != nil {
-		writeError(w, http.StatusBadRequest, CodeBadRequest, "request must be one JSON object {to, relayUrl, body, deadline}: "+err.Error())
+		writeError(w, http.StatusBadRequest, codeBadRequest, "request must be one JSON object {to, relayUrl, body, deadline}: "+err.Error())
 		return
 	}
 	canonical, _ := json.Marshal(req)
 	now := time.Now()
-	deadline := now.Add(DefaultDeadline)
+	deadline := now.Add(defaultDeadline)
 	if req.DeadlineMs != 0 {
 		deadline = time.UnixMilli(req.DeadlineMs)
 	}
@@ -320,7 +320,7 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 	if start.Done {
 		var resp response
 		if err := json.Unmarshal(start.Operation.Response, &resp); err != nil || resp.Status == 0 {
-			writeError(w, http.StatusInternalServerError, CodeInternal, "stored response is unreadable")
+			writeError(w, http.StatusInternalServerError, codeInternal, "stored response is unreadable")
 			return
 		}
 		w.Header().Set("Idempotent-Replayed", "true")
@@ -406,14 +406,14 @@ func (d *Daemon) send(ctx context.Context, msgID string, req client.SendRequest,
 
 func validate(req client.SendRequest, deadline, now time.Time) (code, msg string) {
 	if _, err := identity.ParseDID(req.To); err != nil {
-		return CodeBadRequest, "to must be a did:key of an Ed25519 key"
+		return codeBadRequest, "to must be a did:key of an Ed25519 key"
 	}
 	u, err := url.Parse(req.RelayURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
-		return CodeBadRequest, "relayUrl must be an http(s) URL"
+		return codeBadRequest, "relayUrl must be an http(s) URL"
 	}
 	if len(req.Body) > envelope.MaxBodySize {
-		return CodeTooLarge, fmt.Sprintf("body over %d bytes", envelope.MaxBodySize)
+		return codeTooLarge, fmt.Sprintf("body over %d bytes", envelope.MaxBodySize)
 	}
 	if !deadline.After(now) {
 		return errcode.OutboxDeadlineExpired.String(), "deadline is not in the future"
@@ -505,7 +505,7 @@ func (d *Daemon) writeSendError(w http.ResponseWriter, err error, msgID string, 
 func (d *Daemon) classify(w http.ResponseWriter, err error) (int, string, string) {
 	var br *badRequest
 	if errors.As(err, &br) {
-		return http.StatusBadRequest, CodeBadRequest, br.msg
+		return http.StatusBadRequest, codeBadRequest, br.msg
 	}
 	var c *errcode.Code
 	for _, k := range errcode.All {
@@ -515,12 +515,12 @@ func (d *Daemon) classify(w http.ResponseWriter, err error) (int, string, string
 		}
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return http.StatusServiceUnavailable, CodeNotReady, "request cancelled"
+		return http.StatusServiceUnavailable, codeNotReady, "request cancelled"
 	}
 	if c == nil {
 		d.m.storeError(err)
 		d.log.Error("api: internal error", "err", err)
-		return http.StatusInternalServerError, CodeInternal, "internal error (see the daemon log)"
+		return http.StatusInternalServerError, codeInternal, "internal error (see the daemon log)"
 	}
 	status := statusOf(c)
 	if unreadable(err) {

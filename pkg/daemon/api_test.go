@@ -116,8 +116,8 @@ func TestStrictSendRequest(t *testing.T) {
 			}
 			for _, key := range []string{"", "k-" + name} {
 				a := post(t, hc, key, body)
-				if a.status != http.StatusBadRequest || a.body["code"] != CodeBadRequest {
-					t.Fatalf("key %q: got %d %s, want 400 %s", key, a.status, a.raw, CodeBadRequest)
+				if a.status != http.StatusBadRequest || a.body["code"] != codeBadRequest {
+					t.Fatalf("key %q: got %d %s, want 400 %s", key, a.status, a.raw, codeBadRequest)
 				}
 			}
 		})
@@ -203,7 +203,7 @@ func TestIdempotentSendAfterFailedResponseStore(t *testing.T) {
 			if tc.failures == 1 {
 				// The lease was ended, so the retry took the operation over and
 				// stored its response.
-				op, err := d.Store().Operation(a.body["messageId"].(string))
+				op, err := store.GetAs[*store.Operation](d.Store(), a.body["messageId"].(string))
 				if err != nil || op == nil || op.State != store.OperationDone {
 					t.Fatalf("operation after the retry: %+v %v", op, err)
 				}

@@ -26,24 +26,24 @@ import (
 
 // Change-feed limits.
 const (
-	DefaultChangeWindow    = 100_000
-	DefaultChangePollEvery = 250 * time.Millisecond
-	MaxChangePage          = 256
-	MaxChangeWait          = 60 * time.Second
+	defaultChangeWindow    = 100_000
+	defaultChangePollEvery = 250 * time.Millisecond
+	maxChangePage          = 256
+	maxChangeWait          = 60 * time.Second
 	// baselineWait bounds how long a request waits for the detector's first scan.
 	baselineWait = 5 * time.Second
 )
 
 // Reset reasons.
 const (
-	ResetNoCursor   = "no cursor"
-	ResetRestarted  = "daemon restarted"
-	ResetPastWindow = "cursor past the retained window"
-	ResetAhead      = "cursor ahead of the daemon"
+	resetNoCursor   = "no cursor"
+	resetRestarted  = "daemon restarted"
+	resetPastWindow = "cursor past the retained window"
+	resetAhead      = "cursor ahead of the daemon"
 )
 
-// StateRemoved is the state of a change whose record went away (retention).
-const StateRemoved = "removed"
+// stateRemoved is the state of a change whose record went away (retention).
+const stateRemoved = "removed"
 
 // feedEntry is the last state the feed reported for one record. sig is the
 // detector's fingerprint of it; "" when the state came from recordChange.
@@ -68,7 +68,7 @@ type changeFeed struct {
 
 func newChangeFeed(window int) *changeFeed {
 	if window <= 0 {
-		window = DefaultChangeWindow
+		window = defaultChangeWindow
 	}
 	f := &changeFeed{instance: strings.ReplaceAll(uuid.NewString(), "-", ""), window: window,
 		notify: make(chan struct{}), last: map[string]map[string]feedEntry{},
@@ -130,7 +130,7 @@ func (f *changeFeed) forget(topic string, seen map[string]bool, silent bool) {
 		if !seen[id] {
 			delete(f.last[topic], id)
 			if !silent {
-				f.appendLocked(topic, id, StateRemoved)
+				f.appendLocked(topic, id, stateRemoved)
 			}
 		}
 	}
@@ -171,14 +171,14 @@ type page struct {
 // readLocked returns up to max changes after seq `after` in topics (nil: all).
 func (f *changeFeed) readLocked(after uint64, topics map[string]bool, max int) page {
 	if after > f.seq {
-		return page{next: f.seq, reset: ResetAhead}
+		return page{next: f.seq, reset: resetAhead}
 	}
 	oldest := uint64(1) // the oldest retained sequence
 	if f.seq > uint64(f.window) {
 		oldest = f.seq - uint64(f.window) + 1
 	}
 	if after+1 < oldest {
-		return page{next: f.seq, reset: ResetPastWindow}
+		return page{next: f.seq, reset: resetPastWindow}
 	}
 	p := page{next: f.seq}
 	for s := after + 1; s <= f.seq; s++ {
@@ -209,7 +209,7 @@ func (f *changeFeed) next(ctx context.Context, after uint64, topics map[string]b
 	}
 	for {
 		f.mu.Lock()
-		p := f.readLocked(after, topics, MaxChangePage)
+		p := f.readLocked(after, topics, maxChangePage)
 		ch := f.notify
 		f.mu.Unlock()
 		if p.reset != "" || len(p.changes) > 0 || wait <= 0 {
@@ -242,7 +242,7 @@ func (d *Daemon) recordChange(topic, id, state string) { d.changes.record(topic,
 func (d *Daemon) detectChanges(ctx context.Context) {
 	every := d.opts.ChangePollEvery
 	if every <= 0 {
-		every = DefaultChangePollEvery
+		every = defaultChangePollEvery
 	}
 	dt := d.newDetector()
 	for {
@@ -383,7 +383,7 @@ func (d *Daemon) serveChanges(w http.ResponseWriter, r *http.Request) {
 		for t := range strings.SplitSeq(s, ",") {
 			t = strings.TrimSpace(t)
 			if !isTopic(t) {
-				writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("unknown topic %q (topics: %s)", t, strings.Join(client.Topics, ",")))
+				writeError(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("unknown topic %q (topics: %s)", t, strings.Join(client.Topics, ",")))
 				return
 			}
 			topics[t] = true
@@ -397,10 +397,10 @@ func (d *Daemon) serveChanges(w http.ResponseWriter, r *http.Request) {
 			wait, err = time.Duration(n)*time.Second, nerr
 		}
 		if err != nil || wait < 0 {
-			writeError(w, http.StatusBadRequest, CodeBadRequest, "wait must be a duration such as 30s (at most 60s)")
+			writeError(w, http.StatusBadRequest, codeBadRequest, "wait must be a duration such as 30s (at most 60s)")
 			return
 		}
-		wait = min(wait, MaxChangeWait)
+		wait = min(wait, maxChangeWait)
 	}
 	after := q.Get("after")
 	var inst string
@@ -408,7 +408,7 @@ func (d *Daemon) serveChanges(w http.ResponseWriter, r *http.Request) {
 	if after != "" {
 		var err error
 		if inst, seq, err = parseCursor(after); err != nil {
-			writeError(w, http.StatusBadRequest, CodeBadRequest, err.Error())
+			writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
 			return
 		}
 	}
@@ -419,19 +419,19 @@ func (d *Daemon) serveChanges(w http.ResponseWriter, r *http.Request) {
 		t.Stop()
 	case <-t.C:
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, CodeNotReady, "the change feed is starting")
+		writeError(w, http.StatusServiceUnavailable, codeNotReady, "the change feed is starting")
 		return
 	case <-r.Context().Done():
 		t.Stop()
-		writeError(w, http.StatusServiceUnavailable, CodeNotReady, "request cancelled")
+		writeError(w, http.StatusServiceUnavailable, codeNotReady, "request cancelled")
 		return
 	}
 	switch {
 	case after == "":
-		d.writeReset(w, ResetNoCursor)
+		d.writeReset(w, resetNoCursor)
 		return
 	case inst != f.instance:
-		d.writeReset(w, ResetRestarted)
+		d.writeReset(w, resetRestarted)
 		return
 	}
 	if wait > 0 { // the server's WriteTimeout is 60 s: make room for the longest wait

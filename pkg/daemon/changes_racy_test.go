@@ -99,9 +99,9 @@ func TestChangeDetectorSameSecondChangeNotMissed(t *testing.T) {
 	at(2 * time.Second)
 	dt.poll(ctx)
 	d.changes.mu.Lock()
-	p := d.changes.readLocked(0, nil, MaxChangePage)
+	p := d.changes.readLocked(0, nil, maxChangePage)
 	d.changes.mu.Unlock()
-	if len(p.changes) != 1 || p.changes[0].Topic != string(store.KindReceipts) || p.changes[0].ID != ids[1] || p.changes[0].State != StateRemoved {
+	if len(p.changes) != 1 || p.changes[0].Topic != string(store.KindReceipts) || p.changes[0].ID != ids[1] || p.changes[0].State != stateRemoved {
 		t.Fatalf("after a same-second removal, the feed holds %+v; want receipts/%s removed", p.changes, ids[1])
 	}
 

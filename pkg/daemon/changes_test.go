@@ -56,7 +56,7 @@ func firstCursor(t *testing.T, c *client.Client) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !p.Reset || p.Reason != ResetNoCursor || p.Cursor == "" || len(p.Changes) != 0 {
+	if !p.Reset || p.Reason != resetNoCursor || p.Cursor == "" || len(p.Changes) != 0 {
 		t.Fatalf("empty cursor: %+v", p)
 	}
 	return p.Cursor
@@ -117,7 +117,7 @@ func TestChangeFeedNoLossUnderLongPolls(t *testing.T) {
 	}
 }
 
-// The reader's filter and paging: pages of at most MaxChangePage, the cursor past
+// The reader's filter and paging: pages of at most maxChangePage, the cursor past
 // skipped changes of other topics.
 func TestChangeFeedPagingAndFilter(t *testing.T) {
 	f := newChangeFeed(1000)
@@ -129,7 +129,7 @@ func TestChangeFeedPagingAndFilter(t *testing.T) {
 		f.record(topic, fmt.Sprint(i), "s")
 	}
 	p := f.next(context.Background(), 0, nil, 0)
-	if len(p.changes) != MaxChangePage || p.next != MaxChangePage {
+	if len(p.changes) != maxChangePage || p.next != maxChangePage {
 		t.Fatalf("page: %d changes, next %d", len(p.changes), p.next)
 	}
 	p = f.next(context.Background(), 0, map[string]bool{client.TopicMessages: true}, 0)
@@ -154,7 +154,7 @@ func TestChangesCursorFromRestartedDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !p.Reset || p.Reason != ResetRestarted || p.Cursor == "" || p.Cursor == cur || len(p.Changes) != 0 {
+	if !p.Reset || p.Reason != resetRestarted || p.Cursor == "" || p.Cursor == cur || len(p.Changes) != 0 {
 		t.Fatalf("restarted: %+v", p)
 	}
 	// The new cursor continues.
@@ -178,7 +178,7 @@ func TestChangesCursorPastWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !p.Reset || p.Reason != ResetPastWindow || len(p.Changes) != 0 {
+	if !p.Reset || p.Reason != resetPastWindow || len(p.Changes) != 0 {
 		t.Fatalf("past the window: %+v", p)
 	}
 	p, err = c.Changes(context.Background(), d.changes.cursor(20), nil, 0)

@@ -22,8 +22,8 @@ import (
 // apiSource prefixes the key of a problem the API met: "api <path>".
 const apiSource = "api "
 
-// Problem is one reason the daemon is not ready, as GET /readyz lists it.
-type Problem struct {
+// readyProblem is one reason the daemon is not ready, as GET /readyz lists it.
+type readyProblem struct {
 	Source string    `json:"source"` // the loop that met it, e.g. "changes messages"
 	Code   string    `json:"code,omitempty"`
 	Error  string    `json:"error"`
@@ -32,10 +32,10 @@ type Problem struct {
 
 type health struct {
 	mu       sync.Mutex
-	problems map[string]Problem
+	problems map[string]readyProblem
 }
 
-func newHealth() *health { return &health{problems: map[string]Problem{}} }
+func newHealth() *health { return &health{problems: map[string]readyProblem{}} }
 
 // set records that source cannot read the store (err).
 func (h *health) set(source string, err error, now time.Time) {
@@ -58,19 +58,16 @@ func (h *health) clear(source string) bool {
 }
 
 // list returns the problems sorted by source.
-func (h *health) list() []Problem {
+func (h *health) list() []readyProblem {
 	h.mu.Lock()
-	out := make([]Problem, 0, len(h.problems))
+	out := make([]readyProblem, 0, len(h.problems))
 	for _, p := range h.problems {
 		out = append(out, p)
 	}
 	h.mu.Unlock()
-	slices.SortFunc(out, func(a, b Problem) int { return strings.Compare(a.Source, b.Source) })
+	slices.SortFunc(out, func(a, b readyProblem) int { return strings.Compare(a.Source, b.Source) })
 	return out
 }
-
-// Problems returns what keeps the daemon from being ready (empty when it is).
-func (d *Daemon) Problems() []Problem { return d.health.list() }
 
 // problem records and logs (as a condition) that source met err reading the store.
 func (d *Daemon) problem(source, msg string, err error, attrs ...any) {
@@ -171,7 +168,7 @@ func (d *Daemon) carrierEvent(e carrier.Event) {
 
 func (d *Daemon) serveReady(w http.ResponseWriter, _ *http.Request) {
 	if d.draining.Load() {
-		writeError(w, http.StatusServiceUnavailable, CodeNotReady, "draining")
+		writeError(w, http.StatusServiceUnavailable, codeNotReady, "draining")
 		return
 	}
 	if ps := d.health.list(); len(ps) > 0 {
@@ -180,7 +177,7 @@ func (d *Daemon) serveReady(w http.ResponseWriter, _ *http.Request) {
 			msg += fmt.Sprintf(" (and %d more; see problems)", len(ps)-1)
 		}
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"code": CodeNotReady, "message": msg,
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"code": codeNotReady, "message": msg,
 			"status": "not ready", "did": string(d.id.DID()), "problems": ps})
 		return
 	}

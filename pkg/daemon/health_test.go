@@ -182,11 +182,11 @@ func TestPlantedRecordNotReadyAndQuiet(t *testing.T) {
 			const polls = 3 * 60 * 4 // three minutes of 250 ms polls
 			for range polls {
 				dt.poll(ctx)
-				clk.advance(DefaultChangePollEvery)
+				clk.advance(defaultChangePollEvery)
 			}
 			code, body := get(t, h, "/readyz")
 			msg, _ := body["message"].(string)
-			if code != http.StatusServiceUnavailable || body["code"] != CodeNotReady ||
+			if code != http.StatusServiceUnavailable || body["code"] != codeNotReady ||
 				!strings.Contains(msg, "messages/"+tc.file) || !strings.Contains(msg, "OUTBOX_STORE_INVALID") {
 				t.Fatalf("planted: /readyz %d %v\n%s", code, body, strings.Join(logs.lines(), "\n"))
 			}

@@ -18,17 +18,17 @@ import (
 func (d *Daemon) serveInbox(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	after := q.Get("after")
-	limit := DefaultPageSize
+	limit := defaultPageSize
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, CodeBadRequest, "limit must be a positive integer")
+			writeError(w, http.StatusBadRequest, codeBadRequest, "limit must be a positive integer")
 			return
 		}
-		limit = min(n, MaxPageSize)
+		limit = min(n, maxPageSize)
 	}
 	if after != "" && !store.IsUUID(after) {
-		writeError(w, http.StatusBadRequest, CodeBadRequest, "after must be a message id")
+		writeError(w, http.StatusBadRequest, codeBadRequest, "after must be a message id")
 		return
 	}
 	var all []client.InboxMessage
@@ -59,7 +59,7 @@ func (d *Daemon) serveInbox(w http.ResponseWriter, r *http.Request) {
 	if after != "" {
 		i := slices.IndexFunc(all, func(m client.InboxMessage) bool { return m.MessageID == after })
 		if i < 0 {
-			writeError(w, http.StatusBadRequest, CodeBadRequest, "after names no received message")
+			writeError(w, http.StatusBadRequest, codeBadRequest, "after names no received message")
 			return
 		}
 		start = i + 1

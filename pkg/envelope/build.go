@@ -11,7 +11,7 @@ import (
 )
 
 // MaxBodySize is the largest body NewMessage always accepts: the sealed body
-// (plaintext + TagSize, in base64url) and the rest of the envelope then fit
+// (plaintext + tagSize, in base64url) and the rest of the envelope then fit
 // in MaxSize whatever the times are. A slightly larger body may fit too;
 // NewMessage refuses one that does not with ErrTooLarge.
 const MaxBodySize = 97_280 // 95 KiB
@@ -103,7 +103,7 @@ func sign(sender *identity.Identity, p *payloadJSON) (*Envelope, []byte, error) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("envelope: sign %s: %w", p.EnvelopeID, err)
 	}
-	data, err := marshalCompact(&wireJSON{V: Version, Payload: payload, Sig: b64.EncodeToString(sig)})
+	data, err := marshalCompact(&wireJSON{V: version, Payload: payload, Sig: b64.EncodeToString(sig)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("envelope: encode: %w", err)
 	}

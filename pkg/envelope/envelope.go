@@ -12,8 +12,8 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
-// Version is the wire format version, the envelope's "v".
-const Version = 1
+// version is the wire format version, the envelope's "v".
+const version = 1
 
 // MaxSize is the largest wire envelope, in bytes (DESIGN §5: 128 KiB).
 const MaxSize = 128 << 10
@@ -40,11 +40,11 @@ const StatusDelivered = "delivered"
 
 // Sizes of the sealed body's parts.
 const (
-	// EncSize is the length of the HPKE encapsulated key (DHKEM(X25519)).
-	EncSize = 32
-	// TagSize is the ChaCha20-Poly1305 tag: a sealed body's ct is its
-	// plaintext plus TagSize bytes.
-	TagSize = 16
+	// encSize is the length of the HPKE encapsulated key (DHKEM(X25519)).
+	encSize = 32
+	// tagSize is the ChaCha20-Poly1305 tag: a sealed body's ct is its
+	// plaintext plus tagSize bytes.
+	tagSize = 16
 )
 
 // b64 is the encoding of every binary field: base64url without padding,
@@ -157,7 +157,7 @@ func parse(data []byte) (*Envelope, error) {
 	if err := decodeStrict("envelope", data, &w); err != nil {
 		return nil, err
 	}
-	if w.V != Version {
+	if w.V != version {
 		return nil, fmt.Errorf("%w: v=%d", ErrVersion, w.V)
 	}
 	// Only the canonical bytes are an envelope: no whitespace, reordered
@@ -224,14 +224,14 @@ func (p *payloadJSON) validate() (sender identity.PublicKey, enc, ct []byte, err
 		if enc, err = decodeB64(p.Body.Enc, "body.enc"); err != nil {
 			return nil, nil, nil, err
 		}
-		if len(enc) != EncSize {
-			return nil, nil, nil, bad("body.enc is %d bytes, want %d", len(enc), EncSize)
+		if len(enc) != encSize {
+			return nil, nil, nil, bad("body.enc is %d bytes, want %d", len(enc), encSize)
 		}
 		if ct, err = decodeB64(p.Body.Ct, "body.ct"); err != nil {
 			return nil, nil, nil, err
 		}
-		if len(ct) < TagSize {
-			return nil, nil, nil, bad("body.ct is shorter than its %d-byte tag", TagSize)
+		if len(ct) < tagSize {
+			return nil, nil, nil, bad("body.ct is shorter than its %d-byte tag", tagSize)
 		}
 	case KindDeliveryStatus:
 		if p.Confirms == nil || p.Body != nil {

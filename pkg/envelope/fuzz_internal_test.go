@@ -71,7 +71,7 @@ func FuzzParseEnvelope(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wire, err := marshalCompact(&wireJSON{V: Version, Payload: payload, Sig: b64.EncodeToString(sig)})
+		wire, err := marshalCompact(&wireJSON{V: version, Payload: payload, Sig: b64.EncodeToString(sig)})
 		if err != nil || !bytes.Equal(wire, data) {
 			t.Fatalf("envelope re-encodes differently: %v", err)
 		}

@@ -107,7 +107,7 @@ func SignRelayReceipt(relay *identity.Identity, r RelayReceipt) ([]byte, error) 
 	if err != nil {
 		return nil, fmt.Errorf("envelope: sign receipt for %s: %w", r.EnvelopeID, err)
 	}
-	data, err := marshalCompact(&wireJSON{V: Version, Payload: payload, Sig: b64.EncodeToString(sig)})
+	data, err := marshalCompact(&wireJSON{V: version, Payload: payload, Sig: b64.EncodeToString(sig)})
 	if err != nil {
 		return nil, fmt.Errorf("envelope: encode receipt: %w", err)
 	}
@@ -137,7 +137,7 @@ func ParseRelayReceipt(data []byte) (*RelayReceipt, error) {
 	if err := decodeStrict("receipt", data, &w); err != nil {
 		return nil, err
 	}
-	if w.V != Version {
+	if w.V != version {
 		return nil, fmt.Errorf("%w: receipt v=%d", ErrVersion, w.V)
 	}
 	if canon, err := marshalCompact(&w); err != nil || !bytes.Equal(canon, data) {

@@ -8,8 +8,8 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
-// BodyInfoDomain starts the HPKE info string of a sealed body (see bodyInfo).
-const BodyInfoDomain = "sealbridge/envelope-body/v1"
+// bodyInfoDomain starts the HPKE info string of a sealed body (see bodyInfo).
+const bodyInfoDomain = "sealbridge/envelope-body/v1"
 
 // The HPKE ciphersuite (RFC 9180): DHKEM(X25519, HKDF-SHA256) = 0x0020,
 // HKDF-SHA256 = 0x0001, ChaCha20-Poly1305 = 0x0003, mode base.
@@ -28,8 +28,8 @@ var (
 // does not open under another's: it cannot be moved to another envelope,
 // message, sender or recipient, not even by its sender re-signing.
 func bodyInfo(p *payloadJSON) []byte {
-	info := make([]byte, 0, len(BodyInfoDomain)+4+2*36+2*len(p.SenderDID))
-	info = append(info, BodyInfoDomain...)
+	info := make([]byte, 0, len(bodyInfoDomain)+4+2*36+2*len(p.SenderDID))
+	info = append(info, bodyInfoDomain...)
 	for _, f := range []string{p.EnvelopeID, p.MessageID, string(p.SenderDID), string(p.RecipientDID)} {
 		info = append(info, 0)
 		info = append(info, f...)

@@ -149,9 +149,9 @@ func Ensure(err error, c *Code, context string) error {
 	return New(c, context, err)
 }
 
-// Hinted is an error that carries a hint: one line telling the user what to do.
+// hinted is an error that carries a hint: one line telling the user what to do.
 // The commands print it as "PROG: hint: …" after the error.
-type Hinted struct {
+type hinted struct {
 	Err  error
 	Hint string
 }
@@ -161,15 +161,15 @@ func WithHint(err error, hint string) error {
 	if err == nil {
 		return nil
 	}
-	return &Hinted{Err: err, Hint: hint}
+	return &hinted{Err: err, Hint: hint}
 }
 
-func (e *Hinted) Error() string { return e.Err.Error() }
-func (e *Hinted) Unwrap() error { return e.Err }
+func (e *hinted) Error() string { return e.Err.Error() }
+func (e *hinted) Unwrap() error { return e.Err }
 
 // HintOf returns the outermost hint in err's chain, or "".
 func HintOf(err error) string {
-	var h *Hinted
+	var h *hinted
 	if errors.As(err, &h) {
 		return h.Hint
 	}

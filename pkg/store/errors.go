@@ -8,24 +8,6 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
-// Errors returned by the store are *errcode.Error values: test them with errors.Is
-// against the sentinels of pkg/errcode (re-exported here for convenience). Their text
-// names the kind and id or path involved, never key material or payload contents.
-var (
-	ErrOutboxFull             = errcode.OutboxFull
-	ErrStoreBusy              = errcode.OutboxStoreBusy
-	ErrStoreInvalid           = errcode.OutboxStoreInvalid
-	ErrStoreUnwritable        = errcode.OutboxStoreUnwritable
-	ErrDeadlineExpired        = errcode.OutboxDeadlineExpired
-	ErrRecordConflict         = errcode.DeliveryRecordConflict
-	ErrInvalidDeliveryStatus  = errcode.InvalidDeliveryStatus
-	ErrDeliveryStatusConflict = errcode.DeliveryStatusConflict
-	ErrIdempotencyFull        = errcode.IdempotencyStoreFull
-	ErrIdempotencyBusy        = errcode.IdempotencyStoreBusy
-	ErrIdempotencyKeyReused   = errcode.IdempotencyKeyReused
-	ErrIdempotencyInProgress  = errcode.IdempotencyInProgress
-)
-
 func where(r Record) string { return fmt.Sprintf("%s/%s", r.Kind(), r.RecordID()) }
 
 func conflict(r Record, format string, args ...any) error {

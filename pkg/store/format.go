@@ -14,8 +14,8 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
-// FormatVersion is the record file format version ("v").
-const FormatVersion = 1
+// formatVersion is the record file format version ("v").
+const formatVersion = 1
 
 // fileHeader is the outer object of a record file, in its fixed key order.
 type fileHeader struct {
@@ -41,9 +41,9 @@ func marshalPayload(r Record) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// ErrRecordInvalid is wrapped by EncodeRecord's errors for a record that cannot be
+// errRecordInvalid is wrapped by EncodeRecord's errors for a record that cannot be
 // written: it fails its validation, or it would not read back as the same record.
-var ErrRecordInvalid = errors.New("store: record is invalid")
+var errRecordInvalid = errors.New("store: record is invalid")
 
 // EncodeRecord validates r and returns its signed one-line file bytes:
 //
@@ -52,24 +52,24 @@ var ErrRecordInvalid = errors.New("store: record is invalid")
 // The signature is Ed25519 by signer over
 // "sealbridge/record/v1" 0x00 kind 0x00 id 0x00 payload-bytes.
 //
-// It refuses (ErrRecordInvalid) a record whose encoding would not parse back strictly
+// It refuses a record whose encoding would not parse back strictly
 // to the same record — say a string that is not UTF-8 (the encoder would replace it),
 // or raw JSON with duplicate keys — so a write that is acknowledged always reads back.
 func EncodeRecord(signer crypto.Signer, owner identity.DID, r Record) ([]byte, error) {
 	if err := r.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrRecordInvalid, err)
+		return nil, fmt.Errorf("%w: %v", errRecordInvalid, err)
 	}
 	kind, id := r.Kind(), r.RecordID()
 	if err := checkKindID(kind, id); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrRecordInvalid, err)
+		return nil, fmt.Errorf("%w: %v", errRecordInvalid, err)
 	}
 	payload, err := marshalPayload(r)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrRecordInvalid, err)
+		return nil, fmt.Errorf("%w: %v", errRecordInvalid, err)
 	}
 	back := newRecord(kind)
 	if err := json.Unmarshal(payload, back); err != nil || !reflect.DeepEqual(back, r) {
-		return nil, fmt.Errorf("%w: it does not read back as written (non-UTF-8 text or duplicate keys?)", ErrRecordInvalid)
+		return nil, fmt.Errorf("%w: it does not read back as written (non-UTF-8 text or duplicate keys?)", errRecordInvalid)
 	}
 	sig, err := identity.SignDomain(signer, identity.DomainRecord, []byte(kind), []byte(id), payload)
 	if err != nil {
@@ -105,7 +105,7 @@ func headerError(kind Kind, id string, data []byte, owner identity.DID) error {
 		return fmt.Errorf("record header: %w", err)
 	}
 	switch {
-	case h.V != FormatVersion:
+	case h.V != formatVersion:
 		return invalid("unknown format version %d", h.V)
 	case h.Kind != kind:
 		return invalid("record kind %q does not match its directory %q", h.Kind, kind)

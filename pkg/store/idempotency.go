@@ -14,8 +14,8 @@ import (
 
 // Idempotency defaults (DESIGN §9).
 const (
-	DefaultOperationLease     = 120 * time.Second
-	DefaultOperationRetention = 24 * time.Hour
+	defaultOperationLease     = 120 * time.Second
+	defaultOperationRetention = 24 * time.Hour
 )
 
 // OperationStart is what BeginOperation found or made for an Idempotency-Key.
@@ -98,13 +98,13 @@ func (s *Store) planBegin(tx *Tx, keyHash, reqDigest string) (OperationStart, er
 		}
 	}
 	op := &Operation{OperationID: uuid.NewString(), RequestDigest: reqDigest, State: OperationInFlight,
-		CreatedAt: now, LeaseUntil: now + s.leaseMs(), RetainUntil: now + DefaultOperationRetention.Milliseconds()}
+		CreatedAt: now, LeaseUntil: now + s.leaseMs(), RetainUntil: now + defaultOperationRetention.Milliseconds()}
 	binding := &Binding{KeyHash: keyHash, OperationID: op.OperationID, RequestDigest: reqDigest,
 		CreatedAt: now, RetainUntil: op.RetainUntil}
 	if err := tx.Put(op); err != nil {
 		return OperationStart{}, err
 	}
-	return OperationStart{Operation: cloneRecord(op).(*Operation)}, tx.PutLast(binding)
+	return OperationStart{Operation: cloneRecord(op).(*Operation)}, tx.putLast(binding)
 }
 
 func (s *Store) leaseMs() int64 { return s.opLease.Milliseconds() }
@@ -155,9 +155,6 @@ func (s *Store) CompleteOperation(ctx context.Context, operationID string, respo
 		return tx.Put(op)
 	})
 }
-
-// Operation returns the operation with the given id, or nil.
-func (s *Store) Operation(id string) (*Operation, error) { return GetAs[*Operation](s, id) }
 
 // ExpireOperationLeases ends the leases of the in-flight operations created before
 // before, so that a retry with their key takes them over at once instead of answering

@@ -133,15 +133,15 @@ func TestOrphanedOperationCleanedOnlyAfterItsLease(t *testing.T) {
 	}
 	bound, _ := begin(t, s, "other", `{}`) // a bound operation, same age
 	maintain(t, s)
-	if op, _ := s.Operation(first.Operation.OperationID); op == nil {
+	if op, _ := store.GetAs[*store.Operation](s, first.Operation.OperationID); op == nil {
 		t.Fatal("an orphan was removed before its lease ran out")
 	}
 	clock.Advance(2 * time.Minute)
 	rep := maintain(t, s)
-	if op, _ := s.Operation(first.Operation.OperationID); op != nil || rep.OrphansRemoved != 1 {
+	if op, _ := store.GetAs[*store.Operation](s, first.Operation.OperationID); op != nil || rep.OrphansRemoved != 1 {
 		t.Fatalf("aged orphan kept (report %+v)", rep)
 	}
-	if op, _ := s.Operation(bound.Operation.OperationID); op == nil {
+	if op, _ := store.GetAs[*store.Operation](s, bound.Operation.OperationID); op == nil {
 		t.Fatal("a bound operation was removed as an orphan")
 	}
 }

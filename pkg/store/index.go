@@ -49,11 +49,11 @@ type index struct {
 	racy     map[string]bool            // entries fingerprinted within the racy window of the file's ctime
 	outbox   map[string]OutboxSummary
 	messages map[string]MessageSummary
-	ops      map[string]OperationSummary
+	ops      map[string]operationSummary
 }
 
-// OperationSummary is the operations index's metadata of one operation.
-type OperationSummary struct {
+// operationSummary is the operations index's metadata of one operation.
+type operationSummary struct {
 	OperationID string
 	State       string
 	CreatedAt   int64
@@ -88,7 +88,7 @@ func newIndex(k Kind, st Stamp) *index {
 	case KindMessages:
 		ix.messages = map[string]MessageSummary{}
 	case KindOperations:
-		ix.ops = map[string]OperationSummary{}
+		ix.ops = map[string]operationSummary{}
 	}
 	return ix
 }
@@ -108,7 +108,7 @@ func (ix *index) apply(id string, rec Record, fp fsx.Fingerprint, racy bool) {
 	case *Message:
 		ix.messages[id] = summarizeMessage(r)
 	case *Operation:
-		ix.ops[id] = OperationSummary{OperationID: r.OperationID, State: r.State, CreatedAt: r.CreatedAt,
+		ix.ops[id] = operationSummary{OperationID: r.OperationID, State: r.State, CreatedAt: r.CreatedAt,
 			LeaseUntil: r.LeaseUntil, RetainUntil: r.RetainUntil, Bytes: int64(len(r.Response))}
 	case nil:
 		delete(ix.fps, id)

@@ -13,9 +13,9 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
-// MaxPlanRounds bounds how often a prepared transaction's fn runs before the
+// maxPlanRounds bounds how often a prepared transaction's fn runs before the
 // transaction gives up with OUTBOX_STORE_BUSY.
-const MaxPlanRounds = 8
+const maxPlanRounds = 8
 
 // errStalePlan reports that a publication since the plan touched what it depends on.
 var errStalePlan = errors.New("store: plan invalidated by a concurrent publication")
@@ -32,16 +32,17 @@ type publication struct {
 // PreparedTransaction runs fn under the lock only to read and plan; the lock is never
 // held across a signature or an fsync.
 //
-//  1. Plan: under the lock, fn reads records and plans Put, PutLast and Delete calls.
+//  1. Plan: under the lock, fn reads records and plans Put and Delete calls.
 //  2. Stage, outside the lock: every planned record is signed and written to a fresh
 //     temp, in parallel, and each temp is fsynced.
 //  3. Publish: under the lock again — shared with every other prepared transaction of
 //     this Store waiting at that moment (group commit) — the plan is checked: if any
 //     publication since the plan changed a record fn read (or any record of a kind fn
-//     listed), the temps are removed and fn runs again, after a jittered backoff, at
-//     most MaxPlanRounds times (then OUTBOX_STORE_BUSY). Otherwise the temps are
-//     renamed into place, each directory touched is fsynced once, then the PutLast
-//     records are renamed and their directories fsynced.
+//     listed), the temps are removed and fn runs again, after a jittered backoff, up
+//     to a fixed number of rounds (then OUTBOX_STORE_BUSY). Otherwise the temps
+//     are renamed into place, each directory touched is fsynced once, then the
+//     records planned to go last (a batch marker) are renamed and their directories
+//     fsynced.
 //
 // Progress: conflicting read-modify-write transactions from two processes can starve
 // one another optimistically (the one that planned later always loses). So the last
@@ -59,8 +60,8 @@ func (s *Store) PreparedTransaction(ctx context.Context, fn func(tx *Tx) error) 
 
 func (s *Store) preparedTx(ctx context.Context, fn func(tx *Tx) error, check func(pub *Tx) error) error {
 	backoff := time.Millisecond
-	for round := 0; round < MaxPlanRounds; round++ {
-		if round == MaxPlanRounds-1 && !s.optimisticOnly {
+	for round := 0; round < maxPlanRounds; round++ {
+		if round == maxPlanRounds-1 && !s.optimisticOnly {
 			return s.lockedRound(ctx, fn, check)
 		}
 		plan, err := s.plan(ctx, fn)
@@ -205,7 +206,7 @@ func (s *Store) leadHold(ctx context.Context) {
 }
 
 // publishBatch publishes the plans of batch under one lock hold: first every plan's
-// ordinary writes, then one fsync per directory, then the PutLast writes of the plans
+// ordinary writes, then one fsync per directory, then the putLast writes of the plans
 // that succeeded, then one fsync per directory again.
 func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
 	pub := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]Record{}}
@@ -347,7 +348,7 @@ var markKind = func() map[byte]Kind {
 // otherwise fn runs again on the new version. fn must have no side effects.
 func (s *Store) Update(ctx context.Context, k Kind, id string, fn func(cur Record) (Record, error)) error {
 	return s.PreparedTransaction(ctx, func(tx *Tx) error {
-		cur, err := tx.Get(k, id)
+		cur, err := tx.getCopy(k, id)
 		if err != nil {
 			return err
 		}

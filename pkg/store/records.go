@@ -316,7 +316,8 @@ func (r *Batch) Validate() error {
 	return nil
 }
 
-// MaxBatchMembers bounds the envelopes of one batch.
+// MaxBatchMembers bounds the envelopes of one batch, and so of one SendRequest; callers
+// that split work into messages (the carrier's benchmarks) size them by it.
 const MaxBatchMembers = 64
 
 var messageStatusRank = map[string]int{StatusQueued: 0, StatusRelayed: 1, StatusDelivered: 2, StatusClosed: 2}

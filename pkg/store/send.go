@@ -150,7 +150,7 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
 	if err := tx.PutAll(writes...); err != nil {
 		return nil, err
 	}
-	if err := tx.PutLast(batch); err != nil {
+	if err := tx.putLast(batch); err != nil {
 		return nil, err
 	}
 	return cloneRecord(msg).(*Message), nil
@@ -199,7 +199,9 @@ func (tx *Tx) Committed(batchID string) ([]*Outbox, error) {
 	return committed(batchID, tx.get)
 }
 
-// Committed is Tx.Committed outside a transaction.
+// Committed is Tx.Committed outside a transaction. It stays exported for the crash
+// explorer (internal/crashtest), which checks after every crash state, without taking
+// the lock, that each marker's members are present and consistent.
 func (s *Store) Committed(batchID string) ([]*Outbox, error) {
 	return committed(batchID, s.read)
 }

@@ -98,7 +98,7 @@ type Options struct {
 	// Retention is how long settled records are kept (default 7 days).
 	Retention time.Duration
 	// OptimisticOnly makes prepared transactions give up with OUTBOX_STORE_BUSY after
-	// MaxPlanRounds invalidated plans instead of running their last round locked.
+	// their bounded optimistic rounds instead of running their last round locked.
 	OptimisticOnly bool
 	// OperationLease is the lease of an in-flight idempotent operation (default 120 s).
 	OperationLease time.Duration
@@ -209,7 +209,7 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	s.optimisticOnly = opts.OptimisticOnly
 	s.opLease = opts.OperationLease
 	if s.opLease <= 0 {
-		s.opLease = DefaultOperationLease
+		s.opLease = defaultOperationLease
 	}
 	if opts.Dir != "" {
 		s.dir, err = filepath.Abs(opts.Dir)
@@ -246,14 +246,8 @@ func (s *Store) LockStats() (acquisitions int64, waited time.Duration) {
 	return s.lockHolds.Load(), time.Duration(s.lockWait.Load())
 }
 
-// Owner returns the DID of the store's owner.
-func (s *Store) Owner() identity.DID { return s.owner }
-
 // Dir returns the store directory.
 func (s *Store) Dir() string { return s.dir }
-
-// Limits returns the store's capacity limits.
-func (s *Store) Limits() Limits { return s.limits }
 
 func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
 

@@ -121,8 +121,8 @@ func (tx *Tx) check() error {
 	return tx.ctx.Err()
 }
 
-// Get returns a copy of record kind/id as this transaction sees it, or nil.
-func (tx *Tx) Get(k Kind, id string) (Record, error) {
+// getCopy returns a copy of record kind/id as this transaction sees it, or nil.
+func (tx *Tx) getCopy(k Kind, id string) (Record, error) {
 	r, err := tx.get(k, id)
 	if r == nil || err != nil {
 		return nil, err
@@ -133,7 +133,7 @@ func (tx *Tx) Get(k Kind, id string) (Record, error) {
 // TxGet returns record id of type T as tx sees it, or the zero T if absent.
 func TxGet[T Record](tx *Tx, id string) (T, error) {
 	var zero T
-	return typed[T](tx.Get(zero.Kind(), id))
+	return typed[T](tx.getCopy(zero.Kind(), id))
 }
 
 func (tx *Tx) get(k Kind, id string) (Record, error) {
@@ -155,10 +155,10 @@ func (tx *Tx) get(k Kind, id string) (Record, error) {
 	return r, nil
 }
 
-// List returns the sorted ids of kind k as this transaction sees them. In a prepared
+// list returns the sorted ids of kind k as this transaction sees them. In a prepared
 // transaction the plan then depends on the whole listing: any publication to k
 // before the plan is published makes it run again.
-func (tx *Tx) List(k Kind) ([]string, error) {
+func (tx *Tx) list(k Kind) ([]string, error) {
 	if err := tx.check(); err != nil {
 		return nil, err
 	}
@@ -190,11 +190,11 @@ func (tx *Tx) Put(r Record) error { return tx.PutAll(r) }
 // renamed before the failure may or may not be durable and none is acknowledged.
 func (tx *Tx) PutAll(recs ...Record) error { return tx.putAll(false, recs) }
 
-// PutLast writes r after everything else the transaction writes is durable: in a
+// putLast writes r after everything else the transaction writes is durable: in a
 // prepared transaction it is renamed only after the other writes' directories were
 // fsynced (a batch marker after its members). In a Transaction, where each Put is
 // durable on return, it is Put.
-func (tx *Tx) PutLast(r Record) error { return tx.putAll(true, []Record{r}) }
+func (tx *Tx) putLast(r Record) error { return tx.putAll(true, []Record{r}) }
 
 func (tx *Tx) putAll(last bool, recs []Record) error {
 	if err := tx.check(); err != nil {
@@ -267,7 +267,9 @@ func (tx *Tx) checkBatchMembers(b *Batch) error {
 }
 
 // Delete removes record kind/id; removing an absent record does nothing. In a
-// Transaction the removal is durable when Delete returns.
+// Transaction the removal is durable when Delete returns. Outside this package only
+// tests call it (the crash explorer and the benchmarks remove records through a
+// Transaction to exercise the removal path); it is kept as the counterpart of Put.
 func (tx *Tx) Delete(k Kind, id string) error {
 	prev, err := tx.get(k, id)
 	if err != nil || prev == nil {
@@ -291,7 +293,7 @@ func (s *Store) encode(w *write) error {
 	data, err := EncodeRecord(s.signer, s.owner, w.rec)
 	if err != nil {
 		code := errcode.OutboxStoreUnwritable
-		if errors.Is(err, ErrRecordInvalid) {
+		if errors.Is(err, errRecordInvalid) {
 			code = errcode.OutboxStoreInvalid
 		}
 		return errcode.New(code, where(w.rec), err)
