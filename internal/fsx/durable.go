@@ -1,8 +1,6 @@
 package fsx
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +9,8 @@ import (
 	"path"
 	"strings"
 	"syscall"
+
+	"github.com/sealbridge/sealbridge/internal/uuid"
 )
 
 // TempPrefix and TempSuffix frame the name of a staged, unpublished write.
@@ -20,16 +20,7 @@ const (
 )
 
 // TempName returns a fresh ".<uuid>.tmp" name (a random version-4 UUID).
-func TempName() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("fsx: crypto/rand failed: " + err.Error()) // never happens on Linux
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return TempPrefix + h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32] + TempSuffix
-}
+func TempName() string { return TempPrefix + uuid.NewString() + TempSuffix }
 
 // IsTempName reports whether base has the shape of a staged write's name.
 func IsTempName(base string) bool {
@@ -37,27 +28,7 @@ func IsTempName(base string) bool {
 	if len(base) < len(TempPrefix)+len(TempSuffix) || !strings.HasPrefix(base, TempPrefix) || !strings.HasSuffix(base, TempSuffix) {
 		return false
 	}
-	return isUUID(base[len(TempPrefix) : len(base)-len(TempSuffix)])
-}
-
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-				return false
-			}
-		}
-	}
-	return true
+	return uuid.Valid(base[len(TempPrefix) : len(base)-len(TempSuffix)])
 }
 
 // Staged is a written and fsynced temp file that is not yet published. Cleanup is

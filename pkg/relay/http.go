@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // Paths of the protocol.
@@ -168,7 +168,7 @@ func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) 
 		return 0, newError(http.StatusBadRequest, CodeBadRequest, "envelopeIds must list 1..%d ids", MaxAckIDs)
 	}
 	for i, id := range ack.EnvelopeIDs {
-		if !store.IsUUID(id) {
+		if !uuid.Valid(id) {
 			return 0, newError(http.StatusBadRequest, CodeBadRequest, "envelopeIds[%d] is not a lower-case UUID", i)
 		}
 	}

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/dataroot"
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -231,7 +232,7 @@ func parseFileName(name string) (seq uint64, envelopeID string, ok bool) {
 		return 0, "", false
 	}
 	envelopeID = name[17 : 17+36]
-	return seq, envelopeID, store.IsUUID(envelopeID)
+	return seq, envelopeID, uuid.Valid(envelopeID)
 }
 
 // load scans the inbox directory and reconciles it with the receipt records.
