@@ -92,6 +92,50 @@ func (s *Staged) Publish(base string) error {
 	return nil
 }
 
+// noReplaceRenamer is an FS that can rename without replacing (renameat2
+// RENAME_NOREPLACE). OS is one; Faulty is not, so under Faulty PublishNoReplace takes
+// the link path, whose two calls the crash explorer models.
+type noReplaceRenamer interface {
+	RenameNoReplace(oldname, newname string) error
+}
+
+// PublishNoReplace gives the temp the name dir/base unless something is there — a
+// file, a directory, a symlink (even a dangling one): then it fails with EEXIST,
+// changes nothing, and the temp is left for Cleanup. It renames with
+// RENAME_NOREPLACE where the FS and the file system have it, and otherwise links the
+// temp to base (link refuses an existing name too) and unlinks the temp; if only that
+// unlink fails, the file is published (with a second link, the temp) and the error
+// says so. Like Publish, the new name is atomic but not yet durable: the caller must
+// SyncDir(Dir) before acknowledging. base is a single name (CheckBase).
+func (s *Staged) PublishNoReplace(base string) error {
+	if s.published || s.removed {
+		return errors.New("fsx: staged file already published or cleaned up")
+	}
+	if err := CheckBase(base); err != nil {
+		return err
+	}
+	dst := path.Join(s.Dir, base)
+	if r, ok := s.fsys.(noReplaceRenamer); ok {
+		err := r.RenameNoReplace(s.Temp, dst)
+		if err == nil {
+			s.published = true
+			return nil
+		}
+		// EINVAL and EOPNOTSUPP: a file system without the flag; ENOSYS: a kernel.
+		if e := Errno(err); e != syscall.EINVAL && e != syscall.EOPNOTSUPP && e != syscall.ENOSYS {
+			return err
+		}
+	}
+	if err := s.fsys.Link(s.Temp, dst); err != nil {
+		return err
+	}
+	s.published = true
+	if err := s.fsys.Remove(s.Temp); err != nil {
+		return fmt.Errorf("fsx: %s published, but its temp is left as a second link: %w", dst, err)
+	}
+	return nil
+}
+
 // Published reports whether Publish succeeded.
 func (s *Staged) Published() bool { return s.published }
 
@@ -123,6 +167,26 @@ func WriteFile(fsys FS, dir, base string, data []byte) error {
 		return err
 	}
 	if err := s.Publish(base); err != nil {
+		_ = s.Cleanup()
+		return err
+	}
+	return fsys.SyncDir(dir)
+}
+
+// CreateFile durably creates dir/base with data and never replaces anything there:
+// stage, PublishNoReplace, fsync dir. If base exists (whatever it is) it fails with
+// EEXIST (IsExist) and changes nothing. When it returns nil the new file survives a
+// power cut; an error from the final directory fsync means the file is in place but
+// may not survive one. dir must pass CheckName and base CheckBase.
+func CreateFile(fsys FS, dir, base string, data []byte) error {
+	if err := CheckBase(base); err != nil {
+		return err
+	}
+	s, err := Stage(fsys, dir, data)
+	if err != nil {
+		return err
+	}
+	if err := s.PublishNoReplace(base); err != nil {
 		_ = s.Cleanup()
 		return err
 	}
