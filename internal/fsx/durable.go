@@ -159,18 +159,7 @@ func (s *Staged) Cleanup() error {
 // survive, and the write must be treated as not acknowledged). dir must pass CheckName
 // and base CheckBase (else ErrNotLocal, and nothing is written).
 func WriteFile(fsys FS, dir, base string, data []byte) error {
-	if err := CheckBase(base); err != nil {
-		return err
-	}
-	s, err := Stage(fsys, dir, data)
-	if err != nil {
-		return err
-	}
-	if err := s.Publish(base); err != nil {
-		_ = s.Cleanup()
-		return err
-	}
-	return fsys.SyncDir(dir)
+	return stagePublishSync(fsys, dir, base, data, (*Staged).Publish)
 }
 
 // CreateFile durably creates dir/base with data and never replaces anything there:
@@ -179,6 +168,11 @@ func WriteFile(fsys FS, dir, base string, data []byte) error {
 // power cut; an error from the final directory fsync means the file is in place but
 // may not survive one. dir must pass CheckName and base CheckBase.
 func CreateFile(fsys FS, dir, base string, data []byte) error {
+	return stagePublishSync(fsys, dir, base, data, (*Staged).PublishNoReplace)
+}
+
+// stagePublishSync is WriteFile and CreateFile, with their publish step.
+func stagePublishSync(fsys FS, dir, base string, data []byte, publish func(*Staged, string) error) error {
 	if err := CheckBase(base); err != nil {
 		return err
 	}
@@ -186,7 +180,7 @@ func CreateFile(fsys FS, dir, base string, data []byte) error {
 	if err != nil {
 		return err
 	}
-	if err := s.PublishNoReplace(base); err != nil {
+	if err := publish(s, base); err != nil {
 		_ = s.Cleanup()
 		return err
 	}
