@@ -5,7 +5,6 @@ go 1.26.8
 require (
 	filippo.io/edwards25519 v1.2.0
 	github.com/gofrs/flock v0.13.2
-	github.com/google/uuid v1.6.0
 	github.com/mr-tron/base58 v1.3.0
 	github.com/prometheus/client_golang v1.23.2
 	go.etcd.io/bbolt v1.5.0
@@ -17,6 +16,7 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
 	github.com/kr/text v0.2.0 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect

@@ -31,9 +31,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -192,7 +191,7 @@ func Build(t testing.TB, name string, opts ...Option) string {
 
 // ID returns the fixed lower-case UUID of a label, the same on every run.
 func ID(label string) string {
-	return uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://sealbridge.invalid/fsfixtures/"+label)).String()
+	return uuid.FromURL("https://sealbridge.invalid/fsfixtures/" + label)
 }
 
 // DataRoot returns the data root of a fixture's store directory.

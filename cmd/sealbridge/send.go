@@ -15,8 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
-	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
@@ -111,9 +111,7 @@ func cmdSend(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	req := client.SendRequest{To: *to, RelayURL: *relayURL, Body: body, DeadlineMs: deadlineMs}
 	k := *key
 	if k == "" {
-		if k, err = envelope.NewUUID(); err != nil {
-			return err
-		}
+		k = uuid.NewString()
 	}
 	m, err := sendRetries.send(ctx, d.c, req, k)
 	var ie *incompleteSend

@@ -17,24 +17,26 @@ var allowed = map[string][]string{
 	"internal/buildinfo": {},
 	"internal/dataroot":  {"pkg/errcode"},
 	"internal/lru":       {},
+	"internal/uuid":      {},
 	"internal/cli":       {"pkg/errcode"},
-	"internal/fsx":       {"golang.org/x/sys"},
+	"internal/fsx":       {"internal/uuid", "golang.org/x/sys"},
 	"internal/lockfile":  {"internal/fsx", "github.com/gofrs/flock", "golang.org/x/sys"},
 	"internal/crashtest": {"internal/fsx"},
-	// identity: its key-file system calls use x/sys directly (renameat2 NOREPLACE).
-	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58", "golang.org/x/sys"},
-	"pkg/envelope": {"pkg/identity"},
+	// identity: its key files are written and read through internal/fsx, never by
+	// system calls of its own.
+	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58"},
+	"pkg/envelope": {"pkg/identity", "internal/uuid"},
 	// relayproto: the relay protocol, both of its sides: relay serves it, carrier and daemon speak it.
 	"pkg/relayproto": {"pkg/envelope", "pkg/identity"},
 	"pkg/store": {"internal/fsx", "internal/lockfile", "internal/lru", "internal/dataroot", "pkg/identity",
-		"pkg/envelope", "pkg/errcode", "github.com/google/uuid"},
+		"pkg/envelope", "pkg/errcode", "internal/uuid"},
 	"pkg/fsck":    {"pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
-	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "github.com/google/uuid", "golang.org/x/sys"},
-	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "github.com/google/uuid"},
+	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "internal/uuid", "golang.org/x/sys"},
+	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "internal/fsx", "internal/uuid"},
 	"pkg/client":  {"pkg/errcode", "internal/dataroot"},
 	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "pkg/relayproto",
-		"internal/dataroot", "github.com/google/uuid", "github.com/prometheus/client_golang"},
-	"fsfixtures": {"pkg/store", "pkg/identity", "pkg/envelope", "internal/fsx", "github.com/google/uuid"},
+		"internal/dataroot", "internal/uuid", "github.com/prometheus/client_golang"},
+	"fsfixtures": {"pkg/store", "pkg/identity", "pkg/envelope", "internal/fsx", "internal/uuid"},
 }
 
 func TestImportEdges(t *testing.T) {

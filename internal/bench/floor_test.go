@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"golang.org/x/sys/unix"
 )
 

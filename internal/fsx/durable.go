@@ -1,8 +1,6 @@
 package fsx
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +9,8 @@ import (
 	"path"
 	"strings"
 	"syscall"
+
+	"github.com/sealbridge/sealbridge/internal/uuid"
 )
 
 // TempPrefix and TempSuffix frame the name of a staged, unpublished write.
@@ -20,16 +20,7 @@ const (
 )
 
 // TempName returns a fresh ".<uuid>.tmp" name (a random version-4 UUID).
-func TempName() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("fsx: crypto/rand failed: " + err.Error()) // never happens on Linux
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return TempPrefix + h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32] + TempSuffix
-}
+func TempName() string { return TempPrefix + uuid.NewString() + TempSuffix }
 
 // IsTempName reports whether base has the shape of a staged write's name.
 func IsTempName(base string) bool {
@@ -37,27 +28,7 @@ func IsTempName(base string) bool {
 	if len(base) < len(TempPrefix)+len(TempSuffix) || !strings.HasPrefix(base, TempPrefix) || !strings.HasSuffix(base, TempSuffix) {
 		return false
 	}
-	return isUUID(base[len(TempPrefix) : len(base)-len(TempSuffix)])
-}
-
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-				return false
-			}
-		}
-	}
-	return true
+	return uuid.Valid(base[len(TempPrefix) : len(base)-len(TempSuffix)])
 }
 
 // Staged is a written and fsynced temp file that is not yet published. Cleanup is
@@ -121,6 +92,50 @@ func (s *Staged) Publish(base string) error {
 	return nil
 }
 
+// noReplaceRenamer is an FS that can rename without replacing (renameat2
+// RENAME_NOREPLACE). OS is one; Faulty is not, so under Faulty PublishNoReplace takes
+// the link path, whose two calls the crash explorer models.
+type noReplaceRenamer interface {
+	RenameNoReplace(oldname, newname string) error
+}
+
+// PublishNoReplace gives the temp the name dir/base unless something is there — a
+// file, a directory, a symlink (even a dangling one): then it fails with EEXIST,
+// changes nothing, and the temp is left for Cleanup. It renames with
+// RENAME_NOREPLACE where the FS and the file system have it, and otherwise links the
+// temp to base (link refuses an existing name too) and unlinks the temp; if only that
+// unlink fails, the file is published (with a second link, the temp) and the error
+// says so. Like Publish, the new name is atomic but not yet durable: the caller must
+// SyncDir(Dir) before acknowledging. base is a single name (CheckBase).
+func (s *Staged) PublishNoReplace(base string) error {
+	if s.published || s.removed {
+		return errors.New("fsx: staged file already published or cleaned up")
+	}
+	if err := CheckBase(base); err != nil {
+		return err
+	}
+	dst := path.Join(s.Dir, base)
+	if r, ok := s.fsys.(noReplaceRenamer); ok {
+		err := r.RenameNoReplace(s.Temp, dst)
+		if err == nil {
+			s.published = true
+			return nil
+		}
+		// EINVAL and EOPNOTSUPP: a file system without the flag; ENOSYS: a kernel.
+		if e := Errno(err); e != syscall.EINVAL && e != syscall.EOPNOTSUPP && e != syscall.ENOSYS {
+			return err
+		}
+	}
+	if err := s.fsys.Link(s.Temp, dst); err != nil {
+		return err
+	}
+	s.published = true
+	if err := s.fsys.Remove(s.Temp); err != nil {
+		return fmt.Errorf("fsx: %s published, but its temp is left as a second link: %w", dst, err)
+	}
+	return nil
+}
+
 // Published reports whether Publish succeeded.
 func (s *Staged) Published() bool { return s.published }
 
@@ -144,6 +159,20 @@ func (s *Staged) Cleanup() error {
 // survive, and the write must be treated as not acknowledged). dir must pass CheckName
 // and base CheckBase (else ErrNotLocal, and nothing is written).
 func WriteFile(fsys FS, dir, base string, data []byte) error {
+	return stagePublishSync(fsys, dir, base, data, (*Staged).Publish)
+}
+
+// CreateFile durably creates dir/base with data and never replaces anything there:
+// stage, PublishNoReplace, fsync dir. If base exists (whatever it is) it fails with
+// EEXIST (IsExist) and changes nothing. When it returns nil the new file survives a
+// power cut; an error from the final directory fsync means the file is in place but
+// may not survive one. dir must pass CheckName and base CheckBase.
+func CreateFile(fsys FS, dir, base string, data []byte) error {
+	return stagePublishSync(fsys, dir, base, data, (*Staged).PublishNoReplace)
+}
+
+// stagePublishSync is WriteFile and CreateFile, with their publish step.
+func stagePublishSync(fsys FS, dir, base string, data []byte, publish func(*Staged, string) error) error {
 	if err := CheckBase(base); err != nil {
 		return err
 	}
@@ -151,7 +180,7 @@ func WriteFile(fsys FS, dir, base string, data []byte) error {
 	if err != nil {
 		return err
 	}
-	if err := s.Publish(base); err != nil {
+	if err := publish(s, base); err != nil {
 		_ = s.Cleanup()
 		return err
 	}

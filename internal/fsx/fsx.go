@@ -15,6 +15,9 @@
 //     fsyncs it; Staged.Publish renames it into place; the caller fsyncs the directory.
 //     A failed fsync is never retried: the temp is discarded and the error returned.
 //   - WriteFile = Stage + Publish + SyncDir: when it returns nil the bytes are durable.
+//   - Staged.PublishNoReplace and CreateFile = Stage + PublishNoReplace + SyncDir do the
+//     same for a name that must not exist yet (renameat2 RENAME_NOREPLACE, or link and
+//     unlink): they never replace anything.
 //   - RemoveFile = unlink + SyncDir: when it returns nil the removal is durable.
 //   - ReadFile opens with O_NONBLOCK|O_NOFOLLOW (a FIFO never blocks us), checks with
 //     fstat that it is a regular file no larger than a bound, then reads it.

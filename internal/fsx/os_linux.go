@@ -277,6 +277,15 @@ func (o *OS) Rename(oldname, newname string) error {
 	})
 }
 
+// RenameNoReplace renames oldname to newname unless newname exists (EEXIST), with
+// renameat2 RENAME_NOREPLACE. A file system without the flag fails with EINVAL.
+// Staged.PublishNoReplace uses it.
+func (o *OS) RenameNoReplace(oldname, newname string) error {
+	return o.twoParents("rename", oldname, newname, func(pa int, ba string, pb int, bb string) error {
+		return unix.Renameat2(pa, ba, pb, bb, unix.RENAME_NOREPLACE)
+	})
+}
+
 // Link implements FS.
 func (o *OS) Link(oldname, newname string) error {
 	return o.twoParents("link", oldname, newname, func(pa int, ba string, pb int, bb string) error {

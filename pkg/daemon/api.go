@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
@@ -90,7 +90,7 @@ func (d *Daemon) route(name string, h http.HandlerFunc) http.HandlerFunc {
 
 func (d *Daemon) serveMessage(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if !store.IsUUID(id) {
+	if !uuid.Valid(id) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "message id must be a lower-case UUID")
 		return
 	}

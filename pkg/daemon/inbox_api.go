@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -27,7 +28,7 @@ func (d *Daemon) serveInbox(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = min(n, maxPageSize)
 	}
-	if after != "" && !store.IsUUID(after) {
+	if after != "" && !uuid.Valid(after) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "after must be a message id")
 		return
 	}

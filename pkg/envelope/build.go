@@ -1,12 +1,11 @@
 package envelope
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
@@ -69,7 +68,7 @@ func newPayload(sender *identity.Identity, kind Kind, recipient identity.DID, me
 	if _, err := identity.ParseDID(string(recipient)); err != nil {
 		return nil, fmt.Errorf("%w: recipient: %w", ErrMalformed, err)
 	}
-	if !IsUUID(messageID) {
+	if !uuid.Valid(messageID) {
 		return nil, fmt.Errorf("%w: messageId is not a lower-case UUID", ErrMalformed)
 	}
 	created, dl := now.UnixMilli(), deadline.UnixMilli()
@@ -80,11 +79,7 @@ func newPayload(sender *identity.Identity, kind Kind, recipient identity.DID, me
 		return nil, fmt.Errorf("%w: deadline %s is not after now %s", ErrExpired,
 			deadline.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
 	}
-	id, err := NewUUID()
-	if err != nil {
-		return nil, err
-	}
-	return &payloadJSON{EnvelopeID: id, Kind: kind, MessageID: messageID, SenderDID: sender.DID(),
+	return &payloadJSON{EnvelopeID: uuid.NewString(), Kind: kind, MessageID: messageID, SenderDID: sender.DID(),
 		RecipientDID: recipient, CreatedAt: created, DeliveryDeadline: dl}, nil
 }
 
@@ -118,25 +113,4 @@ func sign(sender *identity.Identity, p *payloadJSON) (*Envelope, []byte, error) 
 		return nil, nil, fmt.Errorf("envelope: built envelope does not parse back: %w", err)
 	}
 	return env, data, nil
-}
-
-// NewUUID returns a random (version 4) lower-case UUID.
-func NewUUID() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("envelope: random envelope id: %w", err)
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	var s [36]byte
-	hex.Encode(s[0:8], b[0:4])
-	s[8] = '-'
-	hex.Encode(s[9:13], b[4:6])
-	s[13] = '-'
-	hex.Encode(s[14:18], b[6:8])
-	s[18] = '-'
-	hex.Encode(s[19:23], b[8:10])
-	s[23] = '-'
-	hex.Encode(s[24:36], b[10:16])
-	return string(s[:]), nil
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
@@ -205,9 +206,9 @@ func (p *payloadJSON) validate() (sender identity.PublicKey, enc, ct []byte, err
 		return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case !IsUUID(p.EnvelopeID):
+	case !uuid.Valid(p.EnvelopeID):
 		return nil, nil, nil, bad("envelopeId is not a lower-case UUID")
-	case !IsUUID(p.MessageID):
+	case !uuid.Valid(p.MessageID):
 		return nil, nil, nil, bad("messageId is not a lower-case UUID")
 	case p.CreatedAt <= 0 || p.CreatedAt > MaxTime:
 		return nil, nil, nil, bad("createdAt is not a positive millisecond time up to 2^53-1")
@@ -239,7 +240,7 @@ func (p *payloadJSON) validate() (sender identity.PublicKey, enc, ct []byte, err
 		}
 		c := p.Confirms
 		switch {
-		case !IsUUID(c.MessageID):
+		case !uuid.Valid(c.MessageID):
 			return nil, nil, nil, bad("confirms.messageId is not a lower-case UUID")
 		case c.MessageID != p.MessageID:
 			return nil, nil, nil, bad("confirms.messageId is not the envelope's messageId")
@@ -259,26 +260,6 @@ func (p *payloadJSON) validate() (sender identity.PublicKey, enc, ct []byte, err
 		return nil, nil, nil, fmt.Errorf("%w: senderDid: %w", ErrMalformed, err)
 	}
 	return sender, enc, ct, nil
-}
-
-// IsUUID reports whether s is a lower-case hyphenated UUID (8-4-4-4-12 hex
-// digits; any version and variant): the form of every envelope, message and
-// record id.
-func IsUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < 36; i++ {
-		c := s[i]
-		if i == 8 || i == 13 || i == 18 || i == 23 {
-			if c != '-' {
-				return false
-			}
-		} else if !isLowerHex(c) {
-			return false
-		}
-	}
-	return true
 }
 
 func isLowerHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
@@ -57,7 +58,7 @@ type receiptPayloadJSON struct {
 
 func (p *receiptPayloadJSON) validate() (identity.PublicKey, error) {
 	switch {
-	case !IsUUID(p.EnvelopeID):
+	case !uuid.Valid(p.EnvelopeID):
 		return nil, fmt.Errorf("%w: receipt envelopeId is not a lower-case UUID", ErrMalformed)
 	case !IsHex(p.EnvelopeDigest, 64):
 		return nil, fmt.Errorf("%w: receipt envelopeDigest is not 64 lower-case hex digits", ErrMalformed)

@@ -8,9 +8,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // Handler returns the relay's HTTP handler.
@@ -152,7 +152,7 @@ func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) 
 		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds must list 1..%d ids", relayproto.MaxAckIDs)
 	}
 	for i, id := range ack.EnvelopeIDs {
-		if !store.IsUUID(id) {
+		if !uuid.Valid(id) {
 			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds[%d] is not a lower-case UUID", i)
 		}
 	}

@@ -9,8 +9,10 @@
 // de-duplication records in a store of that identity (pkg/store, kind
 // receipts, id store.ReceiptID(envelopeId)). The envelope bytes waiting in
 // inboxes live in a relay-private directory next to the store, one file per
-// envelope, written durably (O_EXCL temp, fsync, rename, directory fsync)
-// before the receipt record; an envelope is acknowledged (200) only after both
+// envelope, written durably through internal/fsx (O_EXCL temp, fsync, a rename
+// that never replaces, directory fsync) before the receipt record, and read
+// without following a symlink or blocking on a FIFO; an envelope is acknowledged
+// (200) only after both
 // are durable. The signed receipt is not stored as bytes: Ed25519 signatures
 // are deterministic, so signing the stored fields (envelopeId, digest,
 // receivedAt) again with the same key reproduces the first receipt byte for
@@ -23,8 +25,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,6 +37,8 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/dataroot"
+	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -92,6 +98,7 @@ type Relay struct {
 	id       *identity.Identity
 	st       *store.Store
 	inboxDir string
+	fs       fsx.FS // rooted at inboxDir; every inbox file call goes through it
 	lockFile *os.File
 	now      func() time.Time
 	log      *slog.Logger
@@ -123,7 +130,7 @@ type entry struct {
 	digest     string
 	receivedAt int64
 	size       int
-	file       string // path of the envelope file
+	file       string // name of the envelope file in r.fs: "<recipient dir>/<file name>"
 	recipient  string // recipient dir name
 }
 
@@ -167,9 +174,10 @@ func New(opts Options) (*Relay, error) {
 	if err := dataroot.CheckDir(r.inboxDir, "the relay's inbox directory"); err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
-	if err := ensureDir(r.inboxDir); err != nil {
+	if err := ensureInboxDir(r.inboxDir); err != nil {
 		return nil, fmt.Errorf("relay: create inbox dir: %w", err)
 	}
+	r.fs = fsx.NewOS(r.inboxDir)
 	if r.lockFile, err = lockDir(r.inboxDir); err != nil {
 		return nil, err
 	}
@@ -222,43 +230,43 @@ func parseFileName(name string) (seq uint64, envelopeID string, ok bool) {
 		return 0, "", false
 	}
 	envelopeID = name[17 : 17+36]
-	return seq, envelopeID, store.IsUUID(envelopeID)
+	return seq, envelopeID, uuid.Valid(envelopeID)
 }
 
 // load scans the inbox directory and reconciles it with the receipt records.
 func (r *Relay) load(ctx context.Context) error {
-	dirs, err := os.ReadDir(r.inboxDir)
+	dirs, err := readDirSorted(r.fs, ".")
 	if err != nil {
 		return fmt.Errorf("relay: read inbox dir: %w", err)
 	}
 	var loaded, completed, removed int
 	for _, d := range dirs {
-		if !d.IsDir() || len(d.Name()) != 64 {
+		if d.Type != fs.ModeDir || len(d.Name) != 64 {
 			continue
 		}
-		rdir := filepath.Join(r.inboxDir, d.Name())
-		files, err := os.ReadDir(rdir)
+		rdir := d.Name
+		files, err := readDirSorted(r.fs, rdir)
 		if err != nil {
 			return fmt.Errorf("relay: read inbox: %w", err)
 		}
 		for _, f := range files {
-			name := f.Name()
+			name := f.Name
 			if strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".tmp") {
-				_ = os.Remove(filepath.Join(rdir, name)) // an interrupted write, never acknowledged
+				_ = r.fs.Remove(path.Join(rdir, name)) // an interrupted write, never acknowledged
 				continue
 			}
 			seq, envID, ok := parseFileName(name)
 			if !ok {
-				r.log.Warn("relay: ignoring unexpected file in inbox", "dir", d.Name(), "file", name)
+				r.log.Warn("relay: ignoring unexpected file in inbox", "dir", rdir, "file", name)
 				continue
 			}
-			path := filepath.Join(rdir, name)
-			data, err := readFileBounded(path, envelope.MaxSize)
+			file := path.Join(rdir, name)
+			data, info, err := fsx.ReadFile(r.fs, file, envelope.MaxSize)
 			if err != nil {
-				return fmt.Errorf("relay: read inbox file %s: %w", name, err)
+				return fmt.Errorf("relay: read inbox: %w", err)
 			}
 			env, err := envelope.Parse(data)
-			if err != nil || env.ID() != envID || recipientDir(env.Recipient()) != d.Name() {
+			if err != nil || env.ID() != envID || recipientDir(env.Recipient()) != rdir {
 				return fmt.Errorf("relay: inbox file %s is not the envelope its name says: %v", name, err)
 			}
 			rec, err := store.GetAs[*store.Receipt](r.st, store.ReceiptID(envID))
@@ -268,7 +276,7 @@ func (r *Relay) load(ctx context.Context) error {
 			if _, dup := r.byID[envID]; dup || (rec != nil && rec.EnvelopeDigest != env.Digest()) {
 				// A second file for one id cannot be acknowledged twice; the
 				// receipt record names the one that was.
-				_ = os.Remove(path)
+				_ = r.fs.Remove(file)
 				removed++
 				continue
 			}
@@ -276,34 +284,37 @@ func (r *Relay) load(ctx context.Context) error {
 			case rec == nil:
 				// Crash between the file and the record: the envelope was never
 				// acknowledged, but it is durable and valid — complete the accept.
-				st, _ := os.Lstat(path)
-				recvAt := r.now().UnixMilli()
-				if st != nil {
-					recvAt = st.ModTime().UnixMilli()
-				}
-				rec = r.receiptRecord(env, recvAt)
+				rec = r.receiptRecord(env, info.MtimeNs/int64(time.Millisecond))
 				if err := r.st.PreparedTransaction(ctx, func(tx *store.Tx) error { return tx.Put(rec) }); err != nil {
 					return fmt.Errorf("relay: complete receipt of %s: %w", envID, err)
 				}
 				completed++
 			case rec.State != store.ReceiptPersisted:
-				_ = os.Remove(path) // acknowledged; the removal was interrupted
+				_ = r.fs.Remove(file) // acknowledged; the removal was interrupted
 				removed++
 				continue
 			}
 			e := &entry{seq: seq, envelopeID: envID, digest: env.Digest(), receivedAt: rec.ReceivedAt,
-				size: len(data), file: path, recipient: d.Name()}
+				size: len(data), file: file, recipient: rdir}
 			r.insert(e)
 			r.lastSeq = max(r.lastSeq, seq)
 			loaded++
 		}
 		if removed > 0 {
-			_ = syncDir(rdir)
+			_ = r.fs.SyncDir(rdir)
 		}
 	}
 	r.log.Info("relay: inboxes loaded", "envelopes", loaded, "completed", completed, "removed", removed,
 		"relayDid", string(r.id.DID()))
 	return nil
+}
+
+// readDirSorted lists directory name of fsys in name order (so, for envelope files,
+// in sequence order).
+func readDirSorted(fsys fsx.FS, name string) ([]fsx.DirEntry, error) {
+	ents, err := fsys.ReadDir(name)
+	slices.SortFunc(ents, func(a, b fsx.DirEntry) int { return strings.Compare(a.Name, b.Name) })
+	return ents, err
 }
 
 // insert adds e to its inbox in sequence order. r.mu must be held (or r not
@@ -410,12 +421,13 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	seq, done := r.allocSeq()
 	defer done()
 	rdir := recipientDir(env.Recipient())
-	dir := filepath.Join(r.inboxDir, rdir)
 	name := fileName(seq, env.ID())
-	if err := ensureDir(dir); err != nil {
+	if _, err := fsx.MkdirPrivate(r.fs, rdir); err != nil {
 		return nil, unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
 	}
-	if err := writeFileDurable(dir, name, data); err != nil {
+	// The name's sequence number is new, so nothing may be there: CreateFile
+	// refuses to replace what is.
+	if err := fsx.CreateFile(r.fs, rdir, name, data); err != nil {
 		return nil, unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
 	}
 	rec = r.receiptRecord(env, now.UnixMilli())
@@ -430,7 +442,7 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 		return tx.Put(rec)
 	})
 	e := &entry{seq: seq, envelopeID: env.ID(), digest: env.Digest(), receivedAt: rec.ReceivedAt,
-		size: len(data), file: filepath.Join(dir, name), recipient: rdir}
+		size: len(data), file: path.Join(rdir, name), recipient: rdir}
 	if err != nil {
 		// Keep the file only if the record made it to disk after all (a
 		// failure after publication): it is then the envelope the record names.
@@ -439,8 +451,7 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 			r.insert(e)
 			r.mu.Unlock()
 		} else {
-			_ = os.Remove(e.file)
-			_ = syncDir(dir)
+			_ = fsx.RemoveFile(r.fs, rdir, name)
 		}
 		if errors.Is(err, errConflict) {
 			return nil, conflictError(env)
@@ -527,7 +538,7 @@ func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relaypr
 	page := &relayproto.InboxPage{Envelopes: []relayproto.InboxEnvelope{}, Cursor: strconv.FormatUint(after, 10), More: more}
 	for _, e := range pick {
 		page.Cursor = strconv.FormatUint(e.seq, 10)
-		data, err := readFileBounded(e.file, envelope.MaxSize)
+		data, _, err := fsx.ReadFile(r.fs, e.file, envelope.MaxSize)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // acknowledged meanwhile
 		}
@@ -572,11 +583,11 @@ func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 	}
 	var firstErr error
 	for _, e := range gone {
-		if err := os.Remove(e.file); err != nil && !errors.Is(err, os.ErrNotExist) && firstErr == nil {
+		if err := r.fs.Remove(e.file); err != nil && !errors.Is(err, os.ErrNotExist) && firstErr == nil {
 			firstErr = err
 		}
 	}
-	if err := syncDir(filepath.Join(r.inboxDir, rdir)); err != nil && firstErr == nil {
+	if err := r.fs.SyncDir(rdir); err != nil && firstErr == nil {
 		firstErr = err
 	}
 	if firstErr != nil {

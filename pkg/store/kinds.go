@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 )
 
@@ -41,11 +42,8 @@ func ValidID(k Kind, id string) bool {
 	if k == KindIdempotency {
 		return isHex(id, 64)
 	}
-	return IsUUID(id)
+	return uuid.Valid(id)
 }
-
-// IsUUID reports whether s is a lower-case hyphenated UUID.
-func IsUUID(s string) bool { return envelope.IsUUID(s) }
 
 func isHex(s string, n int) bool { return envelope.IsHex(s, n) }
 

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
@@ -201,7 +202,7 @@ func newRecord(k Kind) Record {
 func invalid(format string, args ...any) error { return fmt.Errorf(format, args...) }
 
 func checkUUID(field, v string) error {
-	if !IsUUID(v) {
+	if !uuid.Valid(v) {
 		return invalid("%s is not a lower-case UUID", field)
 	}
 	return nil

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
@@ -64,7 +64,7 @@ func (s *Store) checkSendRequest(req SendRequest) error {
 		return errcode.New(errcode.OutboxStoreInvalid, "message "+req.MessageID, fmt.Errorf(format, args...))
 	}
 	switch {
-	case !IsUUID(req.MessageID):
+	case !uuid.Valid(req.MessageID):
 		return bad("message id is not a lower-case UUID")
 	case len(req.Envelopes) == 0 || len(req.Envelopes) > MaxBatchMembers:
 		return bad("a message has 1..%d envelopes", MaxBatchMembers)

@@ -1,0 +1,73 @@
+// Package uuid is sealbridge's one UUID helper: the generator of every random id
+// (envelope, message, batch and operation ids, temp-file names), the one validator of
+// the id form, and the name-based ids of the test fixtures. It sits at the bottom of
+// the package map so that internal/fsx can use it as well as pkg/envelope.
+package uuid
+
+import (
+	"crypto/rand"
+	"crypto/sha1"
+	"encoding/hex"
+)
+
+// NewString returns a fresh random (version 4) UUID in its lower-case hyphenated
+// form. crypto/rand never fails on the platforms Go supports (it aborts the program
+// rather than return short), so there is no error to handle.
+func NewString() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 9562 variant
+	return format(b)
+}
+
+// namespaceURL is the URL namespace of RFC 9562 (6ba7b811-9dad-11d1-80b4-00c04fd430c8).
+var namespaceURL = [16]byte{0x6b, 0xa7, 0xb8, 0x11, 0x9d, 0xad, 0x11, 0xd1, 0x80, 0xb4, 0x00, 0xc0, 0x4f, 0xd4, 0x30, 0xc8}
+
+// FromURL returns the name-based (version 5, SHA-1) UUID of url in the URL namespace:
+// the same id for the same url on every run. Only fixed test fixtures use it; every
+// live id is NewString's.
+func FromURL(url string) string {
+	h := sha1.New()
+	h.Write(namespaceURL[:])
+	h.Write([]byte(url))
+	var b [16]byte
+	copy(b[:], h.Sum(nil))
+	b[6] = b[6]&0x0f | 0x50 // version 5
+	b[8] = b[8]&0x3f | 0x80
+	return format(b)
+}
+
+func format(b [16]byte) string {
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:36], b[10:16])
+	return string(s[:])
+}
+
+// Valid reports whether s is a lower-case hyphenated UUID (8-4-4-4-12 hex digits; any
+// version and variant): the form of every envelope, message and record id and of the
+// uuid in a temp-file name.
+func Valid(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < 36; i++ {
+		c := s[i]
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			if c != '-' {
+				return false
+			}
+		} else if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
