@@ -510,7 +510,7 @@ func TestOnAcceptHookAndClient(t *testing.T) {
 		if id != en.ID() {
 			t.Fatal(id)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("no hook call")
 	}
 	_, _, err = c.Post(context.Background(), []byte("[]"))
