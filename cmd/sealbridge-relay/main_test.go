@@ -106,7 +106,7 @@ func TestProcessServesAndStopsOnSIGTERM(t *testing.T) {
 			close(lines)
 		}()
 		var got []string
-		deadline := time.After(20 * time.Second)
+		deadline := time.After(60 * time.Second)
 		for len(got) < 2 {
 			select {
 			case l, ok := <-lines:

@@ -48,7 +48,7 @@ func startFaultyDaemon(t *testing.T, home, name string, fail *atomic.Bool) *daem
 		cancel()
 		select {
 		case <-done:
-		case <-time.After(30 * time.Second):
+		case <-time.After(60 * time.Second):
 			t.Error("daemon did not stop")
 		}
 	})
@@ -56,7 +56,7 @@ func startFaultyDaemon(t *testing.T, home, name string, fail *atomic.Bool) *daem
 	case <-d.Ready():
 	case err := <-done:
 		t.Fatalf("daemon stopped: %v", err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("daemon not ready")
 	}
 	return d

@@ -170,7 +170,7 @@ func TestSystemdUnitsExecStartRuns(t *testing.T) {
 				}
 			case c := <-code:
 				t.Fatalf("sealbridged %q exited %d: %s", args, c, errb.String())
-			case <-time.After(30 * time.Second):
+			case <-time.After(60 * time.Second):
 				t.Fatal("no READY=1")
 			}
 			conn, err := net.Dial("unix", sock)
@@ -184,7 +184,7 @@ func TestSystemdUnitsExecStartRuns(t *testing.T) {
 				if c != 0 {
 					t.Fatalf("exit %d: %s", c, errb.String())
 				}
-			case <-time.After(30 * time.Second):
+			case <-time.After(60 * time.Second):
 				t.Fatal("sealbridged did not stop")
 			}
 		})

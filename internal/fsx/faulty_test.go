@@ -370,7 +370,7 @@ func TestFaultyInjectMayBlock(t *testing.T) {
 	go func() { done <- WriteFile(fz, "d", "slow", []byte("s")) }()
 	select {
 	case <-entered:
-	case <-time.After(5 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("the slow call never started")
 	}
 	// While the rename is held: the log is readable and other calls proceed.
@@ -385,7 +385,7 @@ func TestFaultyInjectMayBlock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(60 * time.Second):
 		close(release)
 		t.Fatal("a blocked Inject blocked other calls")
 	}
@@ -398,7 +398,7 @@ func TestFaultyInjectMayBlock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("the slow call never finished")
 	}
 	if !exists(t, abs(fz, "d/slow")) {

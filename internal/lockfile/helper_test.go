@@ -170,8 +170,8 @@ func (c *child) expect(want string) {
 		if line != want {
 			c.t.Fatalf("child %d said %q, want %q; stderr:\n%s", c.cmd.Process.Pid, line, want, c.stderr.String())
 		}
-	case <-time.After(40 * time.Second):
-		c.t.Fatalf("child %d: no %q within 40s; stderr:\n%s", c.cmd.Process.Pid, want, c.stderr.String())
+	case <-time.After(60 * time.Second):
+		c.t.Fatalf("child %d: no %q within 60s; stderr:\n%s", c.cmd.Process.Pid, want, c.stderr.String())
 	}
 }
 

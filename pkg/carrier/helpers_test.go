@@ -267,7 +267,7 @@ func (h *harness) stop() {
 	h.cancel = nil
 	select {
 	case <-h.done:
-	case <-time.After(20 * time.Second):
+	case <-time.After(60 * time.Second):
 		h.t.Error("carrier did not stop")
 	}
 }
@@ -284,7 +284,7 @@ func (h *harness) enqueue(relayURL string, n int, deadline time.Duration) store.
 // waitFor polls cond until it holds, failing the test after 20 s of real time.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	tick := time.NewTicker(200 * time.Microsecond)
 	defer tick.Stop()
 	for !cond() {

@@ -43,6 +43,9 @@ func (c *Carrier) pollStamps(ctx context.Context) {
 	for i, k := range watchedKinds {
 		last[i], _ = c.s.ListingStamp(k)
 	}
+	// A write between the loop's first look and these stamps moved nothing they
+	// will see: look once more now that they are taken.
+	c.Kick()
 	for {
 		t := c.o.Clock.NewTimer(c.o.PollEvery)
 		select {
@@ -84,14 +87,19 @@ func (c *Carrier) watchInotify(ctx context.Context) error {
 	dir := c.s.Dir()
 	kindWatch := map[int32]bool{}
 	var rootWatch int32 = -1
+	// addAll adds the watches that are missing. A directory watched only now may
+	// have changed before (records published into it, or the whole store
+	// directory created with its records between two looks), which no event will
+	// report: then it kicks the loop, which lists what is there.
 	addAll := func() error {
+		added := false
 		if rootWatch < 0 {
 			wd, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ONLYDIR)
 			if err != nil && !errors.Is(err, unix.ENOENT) {
 				return err
 			}
 			if err == nil {
-				rootWatch = int32(wd)
+				rootWatch, added = int32(wd), true
 			}
 		}
 		for _, k := range watchedKinds {
@@ -99,9 +107,12 @@ func (c *Carrier) watchInotify(ctx context.Context) error {
 			if err != nil && !errors.Is(err, unix.ENOENT) {
 				return err
 			}
-			if err == nil {
-				kindWatch[int32(wd)] = true
+			if err == nil && !kindWatch[int32(wd)] {
+				kindWatch[int32(wd)], added = true, true
 			}
+		}
+		if added {
+			c.Kick()
 		}
 		return nil
 	}

@@ -252,7 +252,7 @@ func TestChangesLongPollWakesAndDrains(t *testing.T) {
 	cancel()
 	select {
 	case r = <-ch:
-	case <-time.After(10 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("the long poll did not return at drain")
 	}
 	if r.err != nil || len(r.p.Changes) != 0 || r.p.Reset {

@@ -317,7 +317,7 @@ func TestInboxBackoff(t *testing.T) {
 		select {
 		case tm := <-clk.timers:
 			return tm
-		case <-time.After(30 * time.Second):
+		case <-time.After(60 * time.Second):
 			t.Fatal("the follower armed no timer")
 			return nil
 		}

@@ -220,7 +220,7 @@ func TestLoadKeyFileRefusesFIFO(t *testing.T) {
 		if !errors.Is(err, identity.ErrKeyFileType) {
 			t.Fatalf("FIFO: %v, want ErrKeyFileType", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(60 * time.Second):
 		// Unblock the reader so the goroutine ends.
 		if fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
 			unix.Close(fd)

@@ -593,9 +593,14 @@ func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 	if firstErr != nil {
 		return 0, unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", firstErr)
 	}
-	// The records only say what happened; a failure here leaves them
-	// "persisted", which de-duplication does not mind and load repairs.
-	err := r.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
+	// The files are gone: the records must follow even if the caller has gone
+	// away meanwhile (a client that disconnects, a server shutting down), so
+	// the update is not cancelled with the request, only bounded. The records
+	// only say what happened; a failure here (or a crash before it) leaves them
+	// "persisted" without a file, which neither de-duplication nor load minds.
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackRecordTimeout)
+	defer cancel()
+	err := r.st.PreparedTransaction(uctx, func(tx *store.Tx) error {
 		for _, e := range gone {
 			rec, err := store.TxGet[*store.Receipt](tx, store.ReceiptID(e.envelopeID))
 			if err != nil || rec == nil || rec.State != store.ReceiptPersisted {
@@ -614,3 +619,7 @@ func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 	}
 	return len(gone), nil
 }
+
+// ackRecordTimeout bounds the receipt-record update of an Ack, which runs to the
+// end even when the request is cancelled.
+const ackRecordTimeout = 10 * time.Second

@@ -20,6 +20,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
+	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -508,7 +509,7 @@ func TestOnAcceptHookAndClient(t *testing.T) {
 		if id != en.ID() {
 			t.Fatal(id)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("no hook call")
 	}
 	_, _, err = c.Post(context.Background(), []byte("[]"))
@@ -522,3 +523,32 @@ func TestOnAcceptHookAndClient(t *testing.T) {
 }
 
 func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
+
+// An acknowledgement whose request is cancelled after the relay took it (the
+// client disconnects, the server shuts down) still raises the receipt records
+// of the envelopes it removed: the files and the records never disagree.
+func TestAckRecordsSurviveCancelledRequest(t *testing.T) {
+	e := newEnv(t)
+	bob := ident(t, 2)
+	en, data := e.message(bob.DID())
+	if status, body, _ := e.post(data); status != 200 {
+		t.Fatalf("post: %d %s", status, body)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if n, err := e.relay.Ack(ctx, bob.DID(), []string{en.ID()}); err != nil || n != 1 {
+		t.Fatalf("Ack = %d, %v", n, err)
+	}
+	e.stop()
+	st, err := store.Open(e.relID.Signer(), store.Options{Home: e.home})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.GetAs[*store.Receipt](st, store.ReceiptID(en.ID()))
+	if err != nil || rec == nil {
+		t.Fatalf("receipt record: %v, %v", rec, err)
+	}
+	if rec.State != store.ReceiptTerminal || rec.OutcomeCode != "ACKNOWLEDGED" {
+		t.Fatalf("receipt record is %s/%s after the ack, want %s/ACKNOWLEDGED", rec.State, rec.OutcomeCode, store.ReceiptTerminal)
+	}
+}
