@@ -133,7 +133,7 @@ func (i Info) Fingerprint() Fingerprint {
 }
 
 // DirStamp is the directory part of a listing stamp (DESIGN §8). The store adds the
-// generation file's size.
+// generation file's state.
 type DirStamp struct {
 	Dev, Ino uint64
 	MtimeNs  int64

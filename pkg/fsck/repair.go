@@ -424,9 +424,9 @@ func (r *repairer) rewrite(f Finding) error {
 	return nil
 }
 
-// bumpGeneration appends one "\n" to .generation, as the store does at every
-// publication (any byte other than a kind mark means "every kind may have changed"),
-// so that processes holding cached listings notice the change even within one
+// bumpGeneration appends one "\n" to .generation, where the store appends a kind's
+// mark at every publication (a byte that is not a kind mark means "every kind may
+// have changed", docs/FORMAT.md §7), so that processes holding cached listings notice the change even within one
 // timestamp tick. Best effort: a generation file that is not a private regular file
 // is left alone (its own finding deals with it).
 func (r *repairer) bumpGeneration() {

@@ -398,7 +398,8 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 	}
 
 	// No staged temp, lock temp or lock left anywhere; only the generation file is
-	// hidden, and it grew by one byte per publication (n members + message + marker).
+	// hidden, and after its header it grew by one byte per publication (n members +
+	// message + marker; far fewer than a compaction needs).
 	publications := 0
 	for _, a := range acks {
 		publications += len(a.envelopes) + 2
@@ -413,12 +414,15 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 		case name == ".lock", strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".tmp"):
 			t.Errorf("left behind: %s", p)
 		case name == ".generation":
-			info, err := d.Info()
+			data, err := os.ReadFile(p)
 			if err != nil {
 				return err
 			}
-			if info.Size() != int64(publications) {
-				t.Errorf(".generation has %d bytes, want one per publication: %d", info.Size(), publications)
+			header, marks, ok := bytes.Cut(data, []byte("\n"))
+			if !ok || !bytes.HasPrefix(header, []byte("sealbridge-generation ")) {
+				t.Errorf(".generation does not start with its header: %.60q", data)
+			} else if len(marks) != publications {
+				t.Errorf(".generation has %d marks after its header, want one per publication: %d", len(marks), publications)
 			}
 		case strings.HasPrefix(name, "."):
 			t.Errorf("unexpected hidden file %s", p)

@@ -10,8 +10,10 @@
 //
 // A write returns only once durable: the record is staged in a fresh temp file,
 // fsynced, renamed over its name, and its directory fsynced. A removal is an unlink
-// followed by a directory fsync. Every publication also grows the generation file by
-// one byte, so listing stamps change even when two changes share a timestamp tick.
+// followed by a directory fsync. Every publication also appends its kind's mark to the
+// generation file, so listing stamps change even when two changes share a timestamp
+// tick; at 64 KiB the file is replaced under the lock by one of a new epoch, which no
+// earlier stamp or plan matches (docs/FORMAT.md §7).
 // A failed fsync is never retried; the write fails and nothing is acknowledged.
 //
 // # Concurrency

@@ -275,14 +275,14 @@ func (s *Store) indexCurrent(k Kind, ix *index, st Stamp) bool {
 		return false
 	case ix.stamp == st:
 		return true
-	case st.Absent || st.Gen < ix.stamp.Gen:
+	case st.Absent:
 		return false
 	case ix.stamp.Absent:
 		// The directory appeared; without a publication to k it holds only temps.
 	case ix.stamp.Dir.Dev != st.Dir.Dev || ix.stamp.Dir.Ino != st.Dir.Ino:
 		return false
 	}
-	if s.changedKinds(ix.stamp.Gen, st.Gen)[k] {
+	if s.changedKinds(ix.stamp.gen, st.gen)[k] { // every kind, across a compaction
 		return false
 	}
 	ix.stamp = st

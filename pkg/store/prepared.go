@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
@@ -259,13 +258,11 @@ func sortedKeysOf[V any](m map[string]V) []string {
 	return sortedKeys(keys)
 }
 
-// maxGenerationTail bounds how many generation bytes a plan check reads; a longer
-// tail counts as "every kind changed".
-const maxGenerationTail = 64 << 10
-
 // validatePlan reports errStalePlan if a publication since plan was made touched a
 // record the plan read, or any record of a kind the plan listed. The generation file
-// tells which kinds were published to since (one mark byte per publication).
+// tells which kinds were published to since (one mark byte per publication). A plan
+// made on another generation file than the current one — compacted, replaced, made or
+// removed since — is stale: its tail is gone, so what changed cannot be told.
 func (s *Store) validatePlan(plan *Tx) error {
 	cur, err := s.generation()
 	if err != nil {
@@ -273,6 +270,9 @@ func (s *Store) validatePlan(plan *Tx) error {
 	}
 	if cur == plan.gen0 {
 		return nil
+	}
+	if !cur.sameFile(plan.gen0) || cur.size < plan.gen0.size {
+		return errStalePlan
 	}
 	changed := s.changedKinds(plan.gen0, cur)
 	for k := range changed {
@@ -298,40 +298,6 @@ func (s *Store) validatePlan(plan *Tx) error {
 		}
 	}
 	return nil
-}
-
-// changedKinds returns the kinds published to between generation sizes from and to.
-// When it cannot tell (the file shrank, was replaced, holds an unknown byte, or the
-// tail is too long) it returns every kind.
-func (s *Store) changedKinds(from, to int64) map[Kind]bool {
-	all := map[Kind]bool{}
-	for _, k := range Kinds {
-		all[k] = true
-	}
-	switch {
-	case to == from:
-		return map[Kind]bool{}
-	case to < from || to-from > maxGenerationTail:
-		return all
-	}
-	f, err := s.fs.OpenFile(generationName, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return all
-	}
-	defer f.Close()
-	buf := make([]byte, to-from)
-	if n, err := f.ReadAt(buf, from); err != nil || int64(n) != to-from {
-		return all
-	}
-	changed := map[Kind]bool{}
-	for _, b := range buf {
-		k, ok := markKind[b]
-		if !ok {
-			return all
-		}
-		changed[k] = true
-	}
-	return changed
 }
 
 var markKind = func() map[byte]Kind {

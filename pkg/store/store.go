@@ -470,29 +470,17 @@ func typed[T Record](r Record, err error) (T, error) {
 }
 
 // Stamp is a kind's listing stamp: its directory's dev, ino, mtime and ctime, and the
-// size of the generation file (DESIGN §8).
+// state of the generation file (its dev, ino, epoch and size; DESIGN §8). Two stamps
+// are equal only if nothing the store publishes changed between them; after a
+// compaction of the generation file no earlier stamp equals a later one.
 type Stamp struct {
 	Dir    fsx.DirStamp
 	Absent bool
-	Gen    int64
+	gen    generation
 }
 
-// generationName is the generation file, grown by one byte at every publication.
+// generationName is the generation file, grown by one mark byte at every publication.
 const generationName = GenerationFile
-
-func (s *Store) generation() (int64, error) {
-	info, err := s.fs.Lstat(generationName)
-	if fsx.IsNotExist(err) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, invalidAt(generationName, err)
-	}
-	if err := fsx.CheckPrivateFile(generationName, info); err != nil {
-		return 0, invalidAt(generationName, err)
-	}
-	return info.Size, nil
-}
 
 // ListingStamp returns the current stamp of kind k.
 func (s *Store) ListingStamp(k Kind) (Stamp, error) {
@@ -502,7 +490,7 @@ func (s *Store) ListingStamp(k Kind) (Stamp, error) {
 	}
 	info, err := s.fs.Lstat(string(k))
 	if fsx.IsNotExist(err) {
-		return Stamp{Absent: true, Gen: gen}, nil
+		return Stamp{Absent: true, gen: gen}, nil
 	}
 	if err != nil {
 		return Stamp{}, invalidAt(string(k), err)
@@ -510,7 +498,7 @@ func (s *Store) ListingStamp(k Kind) (Stamp, error) {
 	if err := fsx.CheckPrivateDir(string(k), info); err != nil {
 		return Stamp{}, invalidAt(string(k), err)
 	}
-	return Stamp{Dir: info.DirStamp(), Gen: gen}, nil
+	return Stamp{Dir: info.DirStamp(), gen: gen}, nil
 }
 
 // StampRacy reports whether the listing stamp st, just taken, is racy: a later change
@@ -620,22 +608,11 @@ func (s *Store) endPublication(k Kind) {
 // cached list and index are patched and move to k's new stamp, and every other
 // kind's cached stamp takes the new generation. Anything that was not current before
 // is dropped.
-func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerprint, racy bool, before Stamp, oldGen, newGen int64) {
+func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerprint, racy bool, before Stamp, oldGen, newGen generation) {
 	after, err := s.ListingStamp(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for kind, c := range s.listings {
-		if kind != k && c.stamp.Gen == oldGen {
-			st := c.stamp
-			st.Gen = newGen
-			s.listings[kind] = &listing{stamp: st, racy: c.racy, ids: c.ids}
-		}
-	}
-	for kind, ix := range s.indexes {
-		if kind != k && ix.stamp.Gen == oldGen {
-			ix.stamp.Gen = newGen
-		}
-	}
+	s.moveGenerationLocked(k, oldGen, newGen)
 	if c := s.listings[k]; c != nil {
 		delete(s.listings, k)
 		if err == nil && c.stamp == before {
@@ -658,6 +635,32 @@ func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerpri
 		} else {
 			ix.apply(id, rec, fp, racy)
 			ix.stamp = after
+		}
+	}
+}
+
+// adoptGeneration moves this process's cached listings and indexes at generation
+// state oldGen to newGen: this process, holding the lock, replaced the generation file
+// and changed no directory.
+func (s *Store) adoptGeneration(oldGen, newGen generation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.moveGenerationLocked("", oldGen, newGen)
+}
+
+// moveGenerationLocked moves the cached listings and indexes of every kind other than
+// except from generation state oldGen to newGen. Caller holds s.mu.
+func (s *Store) moveGenerationLocked(except Kind, oldGen, newGen generation) {
+	for kind, c := range s.listings {
+		if kind != except && c.stamp.gen == oldGen {
+			st := c.stamp
+			st.gen = newGen
+			s.listings[kind] = &listing{stamp: st, racy: c.racy, ids: c.ids}
+		}
+	}
+	for kind, ix := range s.indexes {
+		if kind != except && ix.stamp.gen == oldGen {
+			ix.stamp.gen = newGen
 		}
 	}
 }

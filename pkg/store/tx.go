@@ -30,14 +30,16 @@ type Tx struct {
 
 	// Prepared mode: the plan and what it depends on.
 	prepared bool
-	gen0     int64                      // generation when the plan was made
+	gen0     generation                 // generation when the plan was made
 	deps     map[string]fsx.Fingerprint // path → fingerprint read (zero: absent)
 	listed   map[Kind]bool              // kinds whose listing the plan read
 	writes   []*write
 
-	// Publishing: the generation file, opened at the first publication.
-	gen    fsx.File
-	genLen int64
+	// Publishing: the generation file, opened at the first publication (genOpen;
+	// gen is nil while it is absent), and its state as this transaction left it.
+	gen      fsx.File
+	genOpen  bool
+	genState generation
 }
 
 // write is one planned or performed publication: a record to write, or (rec nil) one
@@ -377,6 +379,9 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 		return dirs, lockError(tx.s.dir, err)
 	}
 	for _, w := range ws {
+		if err := tx.readyGeneration(); err != nil {
+			return dirs, err
+		}
 		before, err := tx.s.ListingStamp(w.kind)
 		if err != nil {
 			return dirs, err
@@ -438,30 +443,6 @@ func (tx *Tx) published(w *write, before Stamp) error {
 var kindMark = map[Kind]byte{
 	KindObservations: 'o', KindMessages: 'm', KindOutbox: 'x', KindBatches: 'b',
 	KindReceipts: 'r', KindOperations: 'p', KindIdempotency: 'i',
-}
-
-// bumpGeneration appends k's mark to the generation file (DESIGN §7).
-func (tx *Tx) bumpGeneration(k Kind) (oldGen, newGen int64, err error) {
-	if tx.gen == nil {
-		f, err := tx.s.fs.OpenFile(generationName, syscall.O_WRONLY|syscall.O_APPEND|syscall.O_CREAT, 0o600)
-		if err != nil {
-			return 0, 0, writeError(generationName, err)
-		}
-		info, err := f.Stat()
-		if err == nil {
-			err = fsx.CheckPrivateFile(generationName, info)
-		}
-		if err != nil {
-			f.Close()
-			return 0, 0, invalidAt(generationName, err)
-		}
-		tx.gen, tx.genLen = f, info.Size
-	}
-	if _, err := tx.gen.Write([]byte{kindMark[k]}); err != nil {
-		return 0, 0, writeError(generationName, err)
-	}
-	tx.genLen++
-	return tx.genLen - 1, tx.genLen, nil
 }
 
 // removeFile removes a file that is not a record (a staged temp) from dir.
