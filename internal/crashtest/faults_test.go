@@ -106,6 +106,7 @@ func listTemps(dir string) map[string]bool {
 // held before is intact unless the operation had published it before the fault, and
 // no temp is left behind unless the failing call was that temp's own cleanup.
 func TestFaultsOnEveryCall(t *testing.T) {
+	t.Parallel() // sequential inside; independent of the other explorations
 	errnos := []syscall.Errno{syscall.ENOSPC, syscall.EIO, syscall.EACCES}
 	runs := 0
 	for _, op := range faultOps() {

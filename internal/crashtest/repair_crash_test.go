@@ -56,6 +56,7 @@ func repairConverges(t *testing.T, dir string, valid map[string][]byte) []string
 
 // Crash states of a repair (mid fsck repair): a rerun converges and loses nothing.
 func TestCrashStatesOfRepair(t *testing.T) {
+	t.Parallel() // sequential inside; independent of the other explorations
 	dir := fsfixtures.Build(t, "combined")
 	valid := fsfixtures.ValidRecords(t, dir)
 	initial, err := crashtest.Snapshot(dir)
@@ -94,6 +95,7 @@ func TestCrashStatesOfRepair(t *testing.T) {
 // repair reports an error (or absorbs a best-effort cleanup), and a rerun with the
 // faults off converges without losing anything.
 func TestFaultsDuringRepair(t *testing.T) {
+	t.Parallel() // sequential inside; independent of the other explorations
 	base := fsfixtures.Build(t, "combined")
 	valid := fsfixtures.ValidRecords(t, base)
 	snap, err := crashtest.Snapshot(base)

@@ -621,6 +621,7 @@ func maintenanceSetup(t *testing.T, s *store.Store, c *clock) {
 }
 
 func TestCrashStates(t *testing.T) {
+	t.Parallel() // sequential inside; independent of the other explorations
 	total := 0
 	for _, w := range workloads() {
 		t.Run(w.name, func(t *testing.T) {
@@ -645,6 +646,7 @@ func TestCrashStates(t *testing.T) {
 // The test of the test: a write path without the directory fsync, or without the
 // file fsync, must be caught — also in the compaction of .generation.
 func TestCrashExplorerCatchesWeakenedProtocol(t *testing.T) {
+	t.Parallel() // sequential inside; independent of the other explorations
 	single := workloads()[0]
 	enq := workloads()[2]
 	compact := workloads()[len(workloads())-1]
