@@ -66,3 +66,32 @@ func TestLoadKeyFileReadsToTheLimit(t *testing.T) {
 		t.Fatalf("a %d-byte key file ending in a non-space byte: %v, want ErrKeyFileFormat", limit, err)
 	}
 }
+
+// TestSignDomainRefusesLeadingZeroInPart: a 0x00 anywhere in a part but the last makes
+// the message ambiguous, also as the part's first byte; the error names the part.
+func TestSignDomainRefusesLeadingZeroInPart(t *testing.T) {
+	id := newID(t)
+	for _, tc := range []struct {
+		parts [][]byte
+		part  string
+	}{
+		{[][]byte{[]byte("\x00ab"), []byte("c")}, "part 1 "},
+		{[][]byte{[]byte("a"), []byte("\x00"), []byte("c")}, "part 2 "},
+	} {
+		_, err := identity.SignDomain(id.Signer(), "test-domain", tc.parts...)
+		if !errors.Is(err, identity.ErrDomain) {
+			t.Fatalf("SignDomain(%q) = %v, want ErrDomain", tc.parts, err)
+		}
+		if !strings.Contains(err.Error(), tc.part) {
+			t.Fatalf("SignDomain(%q) = %v, want it to name %q", tc.parts, err, tc.part)
+		}
+	}
+	// In the last part a 0x00 is unambiguous.
+	sig, err := identity.SignDomain(id.Signer(), "test-domain", []byte("a"), []byte("\x00b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !identity.VerifyDomain(id.Public(), "test-domain", sig, []byte("a"), []byte("\x00b")) {
+		t.Fatal("a signature over a last part with 0x00 does not verify")
+	}
+}
