@@ -95,3 +95,29 @@ func TestSignDomainRefusesLeadingZeroInPart(t *testing.T) {
 		t.Fatal("a signature over a last part with 0x00 does not verify")
 	}
 }
+
+// TestSignDomainRefusesAmbiguousDomains: an empty domain, a domain with 0x00 (at its
+// start too) and a message of no parts are refused, and never verify.
+func TestSignDomainRefusesAmbiguousDomains(t *testing.T) {
+	id := newID(t)
+	good, err := identity.SignDomain(id.Signer(), "d", []byte("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		domain string
+		parts  [][]byte
+	}{
+		{"", [][]byte{[]byte("p")}},
+		{"\x00d", [][]byte{[]byte("p")}},
+		{"d\x00", [][]byte{[]byte("p")}},
+		{"d", nil},
+	} {
+		if _, err := identity.SignDomain(id.Signer(), tc.domain, tc.parts...); !errors.Is(err, identity.ErrDomain) {
+			t.Errorf("SignDomain(%q, %q) = %v, want ErrDomain", tc.domain, tc.parts, err)
+		}
+		if identity.VerifyDomain(id.Public(), tc.domain, good, tc.parts...) {
+			t.Errorf("VerifyDomain(%q, %q) = true", tc.domain, tc.parts)
+		}
+	}
+}
