@@ -1,10 +1,12 @@
 package lockfile_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -190,5 +192,84 @@ func TestListErrorsReported(t *testing.T) {
 	}
 	if _, err := lockfile.CleanOrphans(failingReadDir{fsys}, lockfile.Options{}); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("CleanOrphans with a failing listing: %v, want EIO", err)
+	}
+}
+
+// TestImmediateRetriesAreBounded: when ".lock" keeps vanishing before it can be
+// inspected, Acquire retries at once only a few times (1 + 8 attempts), then obeys
+// its wait bound. A context cancelled at the 50th attempt stops a runaway loop.
+func TestImmediateRetriesAreBounded(t *testing.T) {
+	dir := t.TempDir()
+	lockPath := filepath.Join(dir, lockfile.LockName)
+	fa := fsx.NewFaulty(fsx.NewOS(dir))
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	attempts := 0
+	fa.Inject = func(op fsx.Op) error {
+		switch {
+		case op.Kind == fsx.OpLink:
+			// Someone else's lock appears just before our link...
+			if attempts++; attempts == 50 {
+				cancel()
+			}
+			if err := os.WriteFile(lockPath, nil, 0o600); err != nil {
+				return err
+			}
+		case op.Kind == fsx.OpRemove && lockfile.IsTempName(op.Path):
+			// ...and is gone again when we look at it.
+			if err := os.Remove(lockPath); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	_, err := lockfile.Acquire(ctx, fa, lockfile.Options{Wait: -1})
+	if !errors.Is(err, lockfile.ErrBusy) {
+		t.Fatalf("Acquire: %v, want ErrBusy", err)
+	}
+	if attempts != 9 {
+		t.Fatalf("%d attempts, want 9", attempts)
+	}
+}
+
+// TestLockChangedRightAfterLink: when ".lock" is removed or replaced between our link
+// and our check, Acquire fails with ErrLost saying which, and leaves the other file.
+func TestLockChangedRightAfterLink(t *testing.T) {
+	for _, tc := range []struct {
+		name, says string
+		change     func(lockPath string) error
+		left       []string
+	}{
+		{"removed", "vanished", os.Remove, nil},
+		{"replaced", "replaced", func(lockPath string) error {
+			other := filepath.Join(filepath.Dir(lockPath), "other")
+			if err := os.WriteFile(other, nil, 0o600); err != nil {
+				return err
+			}
+			return os.Rename(other, lockPath)
+		}, []string{lockfile.LockName}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			lockPath := filepath.Join(dir, lockfile.LockName)
+			fa := fsx.NewFaulty(fsx.NewOS(dir))
+			linked := false
+			fa.Inject = func(op fsx.Op) error {
+				if op.Kind == fsx.OpLink {
+					linked = true
+				} else if linked && op.Kind == fsx.OpRemove && lockfile.IsTempName(op.Path) {
+					linked = false
+					return tc.change(lockPath)
+				}
+				return nil
+			}
+			_, err := lockfile.Acquire(bg, fa, lockfile.Options{Wait: -1})
+			if !errors.Is(err, lockfile.ErrLost) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("Acquire: %v, want ErrLost saying %q", err, tc.says)
+			}
+			if got := listDir(t, dir); !slices.Equal(got, tc.left) {
+				t.Fatalf("left %v, want %v", got, tc.left)
+			}
+		})
 	}
 }
