@@ -273,3 +273,24 @@ func TestLockChangedRightAfterLink(t *testing.T) {
 		})
 	}
 }
+
+// slashRoot is an FS whose Root ends in "/", as the root directory's does.
+type slashRoot struct{ fsx.FS }
+
+func (s slashRoot) Root() string { return s.FS.Root() + "/" }
+
+// TestPathsUnderASlashRoot: paths in messages are root and name joined by one "/",
+// also when the root already ends in one.
+func TestPathsUnderASlashRoot(t *testing.T) {
+	dir := t.TempDir()
+	fsys := fsx.NewOS(dir)
+	held := mustAcquire(t, fsys, lockfile.Options{})
+	defer mustUnlock(t, held)
+	_, err := lockfile.Acquire(bg, slashRoot{fsys}, lockfile.Options{Wait: -1})
+	if !errors.Is(err, lockfile.ErrBusy) {
+		t.Fatalf("Acquire: %v, want ErrBusy", err)
+	}
+	if want := dir + "/" + lockfile.LockName + " "; !strings.Contains(err.Error(), want) {
+		t.Fatalf("busy error %q does not name %q", err, want)
+	}
+}
