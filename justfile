@@ -35,6 +35,12 @@ bench mode="full":
 crash kills="5000":
     go test -count=1 -v -timeout 60m -run 'Crash|Fault|SIGKILL|Short|Fsync|EXDEV' ./internal/crashtest -crash.kills={{kills}}
 
+# mutation testing (gremlins, pinned, fetched by `go run`), one package at a time; fails
+# when a package's efficacy is not above 85% (docs/TESTING.md). Tens of minutes in all;
+# `just mutate internal/lru` for one package.
+mutate +pkgs="internal/lru pkg/identity internal/lockfile pkg/envelope internal/fsx":
+    rc=0; for p in {{pkgs}}; do GOFLAGS='-count=1 -short' go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --workers 1 --timeout-coefficient 20 --threshold-efficacy 85 "./$p" || rc=1; done; exit $rc
+
 # check (and with --repair, repair) a store offline: just fsck DIR [--json] [--repair]
 fsck dir *flags:
     go run ./cmd/sealbridge-fsck {{flags}} {{dir}}

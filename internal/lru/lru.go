@@ -78,9 +78,7 @@ func (c *Cache[K, V]) Get(k K) (V, bool) {
 // bounds hold. An entry larger than maxBytes is not cached (and any older entry for k
 // is dropped, so a stale value is never served).
 func (c *Cache[K, V]) Add(k K, v V, size int64) {
-	if size < 0 {
-		size = 0
-	}
+	size = max(size, 0)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.items[k]; ok {
@@ -125,11 +123,8 @@ func (c *Cache[K, V]) Bytes() int64 {
 func (c *Cache[K, V]) Purge() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for e := c.root.next; e != &c.root; {
-		next := e.next
-		e.prev, e.next = nil, nil
-		e = next
-	}
+	// The old entries are referenced only by one another now: the collector frees
+	// them, links and all.
 	c.root.next = &c.root
 	c.root.prev = &c.root
 	c.items = make(map[K]*entry[K, V])
