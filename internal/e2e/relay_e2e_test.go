@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -100,15 +101,26 @@ func startRelay(t *testing.T, seed byte, home, addr string, onAccept func(string
 	return ri
 }
 
-// reservePort returns a loopback address nobody listens on (yet).
+// reservePort returns a loopback address nobody listens on (yet), for a relay that
+// starts late. The port is freed until then, so it is taken on an address of its own
+// in 127.0.0.0/8 (random, never 127.0.0.1): every other listener of this and other
+// processes binds 127.0.0.1:0, and the kernel's next ephemeral port there is this
+// one's, so on 127.0.0.1 another test run could take the port meanwhile — accepting
+// envelopes meant for a relay that is down, or leaving the late relay unable to bind.
 func reservePort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	for range 16 {
+		ip := net.IPv4(127, byte(1+rand.IntN(254)), byte(rand.IntN(256)), byte(1+rand.IntN(254)))
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+		if err != nil {
+			continue // an address this machine's loopback does not route: try another
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		return addr
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	t.Skip("no loopback address in 127.0.0.0/8 other than 127.0.0.1 can be bound here")
+	return ""
 }
 
 func enqueue(t *testing.T, st *store.Store, to identity.DID, relayURL string) string {
