@@ -2,6 +2,7 @@ package fsx
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -153,5 +154,35 @@ func TestOpenat2ProbeFindsIt(t *testing.T) {
 	unix.Close(fd)
 	if noOpenat2.Load() {
 		t.Error("openat2 works, but the probe decided it is missing")
+	}
+}
+
+// TestOSFileReadEdges: Read of an empty buffer is (0, nil) even at the end of the
+// file, where a non-empty one gets io.EOF; ReadAt across the end returns the bytes
+// that are there, from the offset asked for, and io.EOF.
+func TestOSFileReadEdges(t *testing.T) {
+	fsys := NewOS(t.TempDir())
+	writeRaw(t, fsys, "a", []byte("01234"), 0o600)
+	f, err := fsys.OpenFile("a", syscall.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 10)
+	if n, err := f.Read(buf); n != 5 || err != nil {
+		t.Fatalf("Read = %d, %v, want 5, nil", n, err)
+	}
+	if n, err := f.Read(buf[:0]); n != 0 || err != nil {
+		t.Errorf("Read of an empty buffer at the end = %d, %v, want 0, nil", n, err)
+	}
+	if n, err := f.Read(buf); n != 0 || err != io.EOF {
+		t.Errorf("Read at the end = %d, %v, want 0, io.EOF", n, err)
+	}
+	clear(buf)
+	if n, err := f.ReadAt(buf, 2); n != 3 || err != io.EOF || string(buf[:n]) != "234" {
+		t.Errorf("ReadAt(10 bytes, 2) = %d %q, %v, want 3 \"234\", io.EOF", n, buf[:n], err)
+	}
+	if n, err := f.ReadAt(buf[:3], 1); n != 3 || err != nil || string(buf[:3]) != "123" {
+		t.Errorf("ReadAt(3 bytes, 1) = %d %q, %v, want 3 \"123\", nil", n, buf[:3], err)
 	}
 }
