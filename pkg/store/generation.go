@@ -82,20 +82,32 @@ func parseGenerationHeader(h []byte) ([16]byte, bool) {
 // from its header, so they belong to one file even if it is replaced meanwhile. An
 // absent file is (nil, zero state, nil).
 func (s *Store) openGeneration(flag int) (fsx.File, generation, error) {
-	f, err := s.fs.OpenFile(generationName, flag|syscall.O_NONBLOCK, 0)
-	if fsx.IsNotExist(err) {
-		return nil, generation{}, nil
-	}
-	if err != nil {
-		return nil, generation{}, invalidAt(generationName, err)
-	}
-	info, err := f.Stat()
-	if err == nil {
-		err = fsx.CheckPrivateFile(generationName, info)
-	}
-	if err != nil {
-		f.Close()
-		return nil, generation{}, invalidAt(generationName, err)
+	var f fsx.File
+	var info fsx.Info
+	for attempt := 1; ; attempt++ {
+		var err error
+		f, err = s.fs.OpenFile(generationName, flag|syscall.O_NONBLOCK, 0)
+		if fsx.IsNotExist(err) {
+			return nil, generation{}, nil
+		}
+		if err != nil {
+			return nil, generation{}, invalidAt(generationName, err)
+		}
+		info, err = f.Stat()
+		if err == nil && info.Nlink == 0 && info.IsRegular() && attempt < maxReplacedReads {
+			// Another process compacted (replaced) the file between our open and
+			// fstat: open the new one.
+			f.Close()
+			continue
+		}
+		if err == nil {
+			err = fsx.CheckPrivateFile(generationName, info)
+		}
+		if err != nil {
+			f.Close()
+			return nil, generation{}, invalidAt(generationName, err)
+		}
+		break
 	}
 	g := generation{dev: info.Dev, ino: info.Ino, size: info.Size}
 	var h [generationHeaderLen]byte

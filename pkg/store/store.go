@@ -385,6 +385,27 @@ func (s *Store) read(k Kind, id string) (Record, error) {
 // readFP is read that also returns the fingerprint of the file the record came from
 // (the zero Fingerprint when absent). The record is shared: callers must not modify it.
 func (s *Store) readFP(k Kind, id string) (Record, fsx.Fingerprint, error) {
+	for attempt := 1; ; attempt++ {
+		r, fp, err := s.readFPOnce(k, id)
+		if !errors.Is(err, errReplacedWhileRead) {
+			return r, fp, err
+		}
+		if attempt == maxReplacedReads {
+			return nil, fsx.Fingerprint{}, errcode.New(errcode.OutboxStoreBusy, recordPath(k, id), err)
+		}
+	}
+}
+
+// errReplacedWhileRead: the file a read opened lost its last link before the read's
+// fstat — another writer renamed a newer version over it or removed it. That is no
+// damage: the read starts again from the path.
+var errReplacedWhileRead = errors.New("the record was replaced while it was read")
+
+// maxReplacedReads bounds the reads of a record that keeps being replaced under them.
+const maxReplacedReads = 8
+
+// readFPOnce is one attempt of readFP.
+func (s *Store) readFPOnce(k Kind, id string) (Record, fsx.Fingerprint, error) {
 	if err := checkKindID(k, id); err != nil {
 		return nil, fsx.Fingerprint{}, invalidAt(string(k)+"/"+id, err)
 	}
@@ -396,6 +417,10 @@ func (s *Store) readFP(k Kind, id string) (Record, fsx.Fingerprint, error) {
 			return nil, fsx.Fingerprint{}, nil
 		}
 		return nil, fsx.Fingerprint{}, invalidAt(path, err)
+	}
+	if info.Nlink == 0 && info.IsRegular() {
+		s.cache.Remove(path)
+		return nil, fsx.Fingerprint{}, errReplacedWhileRead // lstat resolves, then stats: replaced between
 	}
 	if err := fsx.CheckPrivateFile(path, info); err != nil {
 		s.cache.Remove(path)
@@ -425,6 +450,9 @@ func (s *Store) readFP(k Kind, id string) (Record, fsx.Fingerprint, error) {
 			return nil, fsx.Fingerprint{}, nil
 		}
 		return nil, fsx.Fingerprint{}, invalidAt(path, err)
+	}
+	if rinfo.Nlink == 0 && rinfo.IsRegular() {
+		return nil, fsx.Fingerprint{}, errReplacedWhileRead
 	}
 	if err := fsx.CheckPrivateFile(path, rinfo); err != nil {
 		return nil, fsx.Fingerprint{}, invalidAt(path, err)
