@@ -51,12 +51,12 @@ const DefaultListen = "127.0.0.1:8470"
 
 // Limits of this relay (the protocol's own are relayproto's).
 const (
-	// MaxPageBytes bounds the envelope bytes of one inbox page (at least one
+	// maxPageBytes bounds the envelope bytes of one inbox page (at least one
 	// envelope is always returned when one is due).
-	MaxPageBytes = 4 << 20
-	// DedupeRetention is how long after an envelope's delivery deadline its
+	maxPageBytes = 4 << 20
+	// dedupeRetention is how long after an envelope's delivery deadline its
 	// receipt record (and so its de-duplication) is kept.
-	DedupeRetention = 24 * time.Hour
+	dedupeRetention = 24 * time.Hour
 	// maxNonces bounds the replay cache; past it inbox requests get 503.
 	maxNonces = 1 << 20
 )
@@ -367,8 +367,8 @@ func (r *Relay) visibleBelow() uint64 {
 }
 
 func (r *Relay) receiptRecord(env *envelope.Envelope, receivedAt int64) *store.Receipt {
-	retain := env.DeliveryDeadlineMillis() + DedupeRetention.Milliseconds()
-	retain = min(max(retain, receivedAt+DedupeRetention.Milliseconds()), envelope.MaxTime)
+	retain := env.DeliveryDeadlineMillis() + dedupeRetention.Milliseconds()
+	retain = min(max(retain, receivedAt+dedupeRetention.Milliseconds()), envelope.MaxTime)
 	return &store.Receipt{
 		EnvelopeID: env.ID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
 		State: store.ReceiptPersisted, ReceivedAt: receivedAt, RetainUntil: retain,
@@ -503,7 +503,7 @@ func stripe(id string) int {
 }
 
 // Fetch returns recipient's envelopes after cursor after (0: from the start),
-// at most limit and MaxPageBytes of them.
+// at most limit and maxPageBytes of them.
 func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relayproto.InboxPage, error) {
 	if limit <= 0 {
 		limit = relayproto.DefaultFetchLimit
@@ -526,7 +526,7 @@ func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relaypr
 		bytes := 0
 		for ; i < len(ib.entries) && ib.entries[i].seq < below; i++ {
 			e := ib.entries[i]
-			if len(pick) == limit || (len(pick) > 0 && bytes+e.size > MaxPageBytes) {
+			if len(pick) == limit || (len(pick) > 0 && bytes+e.size > maxPageBytes) {
 				more = true
 				break
 			}
