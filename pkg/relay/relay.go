@@ -188,9 +188,6 @@ func New(opts Options) (*Relay, error) {
 	return r, nil
 }
 
-// DID returns the relay's DID (the relayDid of its receipts).
-func (r *Relay) DID() identity.DID { return r.id.DID() }
-
 // Stats returns the counters.
 func (r *Relay) Stats() Stats {
 	r.mu.Lock()
@@ -396,6 +393,7 @@ var errConflict = errors.New("relay: envelope id already used with another diges
 // Accept verifies and stores one wire envelope and returns the relay's
 // receipt: the same bytes for the same envelope again. Its errors are
 // *relayproto.Error values with an HTTP status and a code.
+// Exported for the package's external tests, which call it without an HTTP server.
 func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	env, err := envelope.Parse(data)
 	if err != nil {
@@ -504,6 +502,7 @@ func stripe(id string) int {
 
 // Fetch returns recipient's envelopes after cursor after (0: from the start),
 // at most limit and maxPageBytes of them.
+// Exported for the FIFO test, which checks the error chain HTTP would flatten.
 func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relayproto.InboxPage, error) {
 	if limit <= 0 {
 		limit = relayproto.DefaultFetchLimit
@@ -556,6 +555,7 @@ func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relaypr
 // Ack removes the listed envelopes from recipient's inbox (ids not waiting
 // there are ignored) and raises their receipt records to terminal. It returns
 // how many it removed.
+// Exported for the test that passes an already cancelled context, which HTTP cannot.
 func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (int, error) {
 	rdir := recipientDir(recipient)
 	r.mu.Lock()
