@@ -61,16 +61,13 @@ const (
 	maxNonces = 1 << 20
 )
 
-// Options configure a Relay. Identity is required; so is Home unless both
-// StoreDir and InboxDir are set.
+// Options configure a Relay. Identity and Home are required.
 type Options struct {
 	// Identity is the relay's own identity: it signs receipts and owns the store.
 	Identity *identity.Identity
 	// Home is the data root: the store is <Home>/delivery/<hex sha256(DID)>
 	// (store.Options.Home) and the inboxes <Home>/relay/<hex sha256(DID)>.
 	Home string
-	// StoreDir and InboxDir override the two directories.
-	StoreDir, InboxDir string
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Logger receives one line per request outcome (default slog.Default()).
@@ -143,8 +140,8 @@ func New(opts Options) (*Relay, error) {
 	if opts.Identity == nil {
 		return nil, errors.New("relay: Options.Identity is required")
 	}
-	if opts.Home == "" && (opts.StoreDir == "" || opts.InboxDir == "") {
-		return nil, errors.New("relay: Options.Home (or StoreDir and InboxDir) is required")
+	if opts.Home == "" {
+		return nil, errors.New("relay: Options.Home is required")
 	}
 	r := &Relay{
 		id: opts.Identity, now: opts.Now, log: opts.Logger, onAccept: opts.OnAccept,
@@ -158,16 +155,13 @@ func New(opts Options) (*Relay, error) {
 	}
 	r.started = r.now()
 	r.nonces.entries = map[string]int64{}
-	sopts := store.Options{Home: opts.Home, Dir: opts.StoreDir}
+	sopts := store.Options{Home: opts.Home}
 	var err error
 	if r.st, err = store.Open(r.id.Signer(), sopts); err != nil {
 		return nil, fmt.Errorf("relay: open store: %w", err)
 	}
-	r.inboxDir = opts.InboxDir
-	if r.inboxDir == "" {
-		sum := sha256.Sum256([]byte(r.id.DID()))
-		r.inboxDir = filepath.Join(opts.Home, dataroot.RelayDir, hex.EncodeToString(sum[:]))
-	}
+	sum := sha256.Sum256([]byte(r.id.DID()))
+	r.inboxDir = filepath.Join(opts.Home, dataroot.RelayDir, hex.EncodeToString(sum[:]))
 	if r.inboxDir, err = filepath.Abs(r.inboxDir); err != nil {
 		return nil, fmt.Errorf("relay: inbox dir: %w", err)
 	}
