@@ -68,7 +68,8 @@ type Options struct {
 	// Home is the data root: the store is <Home>/delivery/<hex sha256(DID)>
 	// (store.Options.Home) and the inboxes <Home>/relay/<hex sha256(DID)>.
 	Home string
-	// Now is the clock (default time.Now).
+	// Now is the clock (default time.Now). Only the package's tests set it, to
+	// step a fake clock across the signed-request window and dedupe retention.
 	Now func() time.Time
 	// Logger receives one line per request outcome (default slog.Default()).
 	// It never sees payloads or keys.
