@@ -80,9 +80,6 @@ func decodePoint(pub []byte) (*edwards25519.Point, error) {
 	return p, nil
 }
 
-// Validate is ValidatePublicKey(pub).
-func (pub PublicKey) Validate() error { return ValidatePublicKey(pub) }
-
 // Equal reports whether pub and other are the same bytes.
 func (pub PublicKey) Equal(other PublicKey) bool { return bytes.Equal(pub, other) }
 
