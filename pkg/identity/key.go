@@ -83,11 +83,6 @@ func decodePoint(pub []byte) (*edwards25519.Point, error) {
 // Equal reports whether pub and other are the same bytes.
 func (pub PublicKey) Equal(other PublicKey) bool { return bytes.Equal(pub, other) }
 
-// Ed25519 returns a copy of pub as an ed25519.PublicKey.
-func (pub PublicKey) Ed25519() ed25519.PublicKey {
-	return bytes.Clone(ed25519.PublicKey(pub))
-}
-
 // DID returns the did:key name of pub, or "" if pub is not 32 bytes. It does
 // not validate the point; ParseDID refuses the result if it is invalid.
 func (pub PublicKey) DID() DID { return FormatDID(ed25519.PublicKey(pub)) }
