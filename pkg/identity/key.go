@@ -18,7 +18,8 @@ type PublicKey ed25519.PublicKey
 // ValidatePublicKey reports whether pub is a strictly valid Ed25519 public
 // key: 32 bytes (ErrKeyLength) decoding to a point of edwards25519
 // (ErrKeyNotOnCurve), canonically encoded (ErrKeyNonCanonical), and not of
-// small order (ErrKeySmallOrder).
+// small order (ErrKeySmallOrder). Exported as the one public-key check the
+// package's tests and FuzzValidatePublicKey exercise directly.
 func ValidatePublicKey(pub []byte) error {
 	if len(pub) == ed25519.PublicKeySize && validKeys.has([32]byte(pub)) {
 		return nil
