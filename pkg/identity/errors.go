@@ -2,6 +2,9 @@ package identity
 
 import "errors"
 
+// Every sentinel here stays exported, including those only the package's tests
+// match: they are the error classes the package documentation promises callers.
+
 // Errors returned by ParseDID. Each is wrapped with context (the DID, when it
 // is short enough to quote); test with errors.Is.
 var (

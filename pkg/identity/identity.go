@@ -36,7 +36,8 @@ func FromSeed(seed []byte) (*Identity, error) {
 
 // FromPrivateKey returns the identity of priv, which must be 64 bytes whose
 // public half matches its seed, with a strictly valid public key. It keeps a
-// copy of priv.
+// copy of priv. Exported for the package's tests of a private key whose halves
+// disagree, a case no seed or key file can produce.
 func FromPrivateKey(priv ed25519.PrivateKey) (*Identity, error) {
 	if len(priv) != ed25519.PrivateKeySize {
 		return nil, fmt.Errorf("%w: %d bytes, want %d", ErrPrivateKey, len(priv), ed25519.PrivateKeySize)

@@ -18,7 +18,8 @@ type PublicKey ed25519.PublicKey
 // ValidatePublicKey reports whether pub is a strictly valid Ed25519 public
 // key: 32 bytes (ErrKeyLength) decoding to a point of edwards25519
 // (ErrKeyNotOnCurve), canonically encoded (ErrKeyNonCanonical), and not of
-// small order (ErrKeySmallOrder).
+// small order (ErrKeySmallOrder). Exported as the one public-key check the
+// package's tests and FuzzValidatePublicKey exercise directly.
 func ValidatePublicKey(pub []byte) error {
 	if len(pub) == ed25519.PublicKeySize && validKeys.has([32]byte(pub)) {
 		return nil
@@ -80,16 +81,8 @@ func decodePoint(pub []byte) (*edwards25519.Point, error) {
 	return p, nil
 }
 
-// Validate is ValidatePublicKey(pub).
-func (pub PublicKey) Validate() error { return ValidatePublicKey(pub) }
-
 // Equal reports whether pub and other are the same bytes.
 func (pub PublicKey) Equal(other PublicKey) bool { return bytes.Equal(pub, other) }
-
-// Ed25519 returns a copy of pub as an ed25519.PublicKey.
-func (pub PublicKey) Ed25519() ed25519.PublicKey {
-	return bytes.Clone(ed25519.PublicKey(pub))
-}
 
 // DID returns the did:key name of pub, or "" if pub is not 32 bytes. It does
 // not validate the point; ParseDID refuses the result if it is invalid.

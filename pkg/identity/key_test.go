@@ -132,7 +132,7 @@ func TestValidatePublicKeyOther(t *testing.T) {
 		t.Errorf("off-curve: %v, want ErrKeyNotOnCurve", err)
 	}
 	for _, v := range didVectors {
-		if err := identity.PublicKey(mustHex(t, v.pubHex)).Validate(); err != nil {
+		if err := identity.ValidatePublicKey(mustHex(t, v.pubHex)); err != nil {
 			t.Errorf("%s: %v", v.did, err)
 		}
 	}

@@ -3,6 +3,7 @@ package identity_test
 import (
 	"bytes"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
@@ -289,7 +290,7 @@ func TestLoadKeyFileRefusesContent(t *testing.T) {
 	ec, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	ecDER, _ := x509.MarshalPKCS8PrivateKey(ec)
 	pub := id.Public()
-	spki, _ := x509.MarshalPKIXPublicKey(pub.Ed25519())
+	spki, _ := x509.MarshalPKIXPublicKey(ed25519.PublicKey(pub))
 	truncated := append([]byte(nil), block.Bytes[:len(block.Bytes)-1]...)
 
 	cases := map[string][]byte{

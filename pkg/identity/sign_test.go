@@ -213,7 +213,7 @@ func TestSignDomainRefusesBadSigner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub := id.Public().Ed25519()
+	pub := ed25519.PublicKey(id.Public())
 	boom := errors.New("agent unavailable")
 	signers := map[string]crypto.Signer{
 		"nil":             nil,

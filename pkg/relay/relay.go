@@ -51,27 +51,25 @@ const DefaultListen = "127.0.0.1:8470"
 
 // Limits of this relay (the protocol's own are relayproto's).
 const (
-	// MaxPageBytes bounds the envelope bytes of one inbox page (at least one
+	// maxPageBytes bounds the envelope bytes of one inbox page (at least one
 	// envelope is always returned when one is due).
-	MaxPageBytes = 4 << 20
-	// DedupeRetention is how long after an envelope's delivery deadline its
+	maxPageBytes = 4 << 20
+	// dedupeRetention is how long after an envelope's delivery deadline its
 	// receipt record (and so its de-duplication) is kept.
-	DedupeRetention = 24 * time.Hour
+	dedupeRetention = 24 * time.Hour
 	// maxNonces bounds the replay cache; past it inbox requests get 503.
 	maxNonces = 1 << 20
 )
 
-// Options configure a Relay. Identity is required; so is Home unless both
-// StoreDir and InboxDir are set.
+// Options configure a Relay. Identity and Home are required.
 type Options struct {
 	// Identity is the relay's own identity: it signs receipts and owns the store.
 	Identity *identity.Identity
 	// Home is the data root: the store is <Home>/delivery/<hex sha256(DID)>
 	// (store.Options.Home) and the inboxes <Home>/relay/<hex sha256(DID)>.
 	Home string
-	// StoreDir and InboxDir override the two directories.
-	StoreDir, InboxDir string
-	// Now is the clock (default time.Now).
+	// Now is the clock (default time.Now). Only the package's tests set it, to
+	// step a fake clock across the signed-request window and dedupe retention.
 	Now func() time.Time
 	// Logger receives one line per request outcome (default slog.Default()).
 	// It never sees payloads or keys.
@@ -143,8 +141,8 @@ func New(opts Options) (*Relay, error) {
 	if opts.Identity == nil {
 		return nil, errors.New("relay: Options.Identity is required")
 	}
-	if opts.Home == "" && (opts.StoreDir == "" || opts.InboxDir == "") {
-		return nil, errors.New("relay: Options.Home (or StoreDir and InboxDir) is required")
+	if opts.Home == "" {
+		return nil, errors.New("relay: Options.Home is required")
 	}
 	r := &Relay{
 		id: opts.Identity, now: opts.Now, log: opts.Logger, onAccept: opts.OnAccept,
@@ -158,16 +156,13 @@ func New(opts Options) (*Relay, error) {
 	}
 	r.started = r.now()
 	r.nonces.entries = map[string]int64{}
-	sopts := store.Options{Home: opts.Home, Dir: opts.StoreDir}
+	sopts := store.Options{Home: opts.Home}
 	var err error
 	if r.st, err = store.Open(r.id.Signer(), sopts); err != nil {
 		return nil, fmt.Errorf("relay: open store: %w", err)
 	}
-	r.inboxDir = opts.InboxDir
-	if r.inboxDir == "" {
-		sum := sha256.Sum256([]byte(r.id.DID()))
-		r.inboxDir = filepath.Join(opts.Home, dataroot.RelayDir, hex.EncodeToString(sum[:]))
-	}
+	sum := sha256.Sum256([]byte(r.id.DID()))
+	r.inboxDir = filepath.Join(opts.Home, dataroot.RelayDir, hex.EncodeToString(sum[:]))
 	if r.inboxDir, err = filepath.Abs(r.inboxDir); err != nil {
 		return nil, fmt.Errorf("relay: inbox dir: %w", err)
 	}
@@ -187,9 +182,6 @@ func New(opts Options) (*Relay, error) {
 	}
 	return r, nil
 }
-
-// DID returns the relay's DID (the relayDid of its receipts).
-func (r *Relay) DID() identity.DID { return r.id.DID() }
 
 // Stats returns the counters.
 func (r *Relay) Stats() Stats {
@@ -367,8 +359,8 @@ func (r *Relay) visibleBelow() uint64 {
 }
 
 func (r *Relay) receiptRecord(env *envelope.Envelope, receivedAt int64) *store.Receipt {
-	retain := env.DeliveryDeadlineMillis() + DedupeRetention.Milliseconds()
-	retain = min(max(retain, receivedAt+DedupeRetention.Milliseconds()), envelope.MaxTime)
+	retain := env.DeliveryDeadlineMillis() + dedupeRetention.Milliseconds()
+	retain = min(max(retain, receivedAt+dedupeRetention.Milliseconds()), envelope.MaxTime)
 	return &store.Receipt{
 		EnvelopeID: env.ID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
 		State: store.ReceiptPersisted, ReceivedAt: receivedAt, RetainUntil: retain,
@@ -396,6 +388,7 @@ var errConflict = errors.New("relay: envelope id already used with another diges
 // Accept verifies and stores one wire envelope and returns the relay's
 // receipt: the same bytes for the same envelope again. Its errors are
 // *relayproto.Error values with an HTTP status and a code.
+// Exported for the package's external tests, which call it without an HTTP server.
 func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	env, err := envelope.Parse(data)
 	if err != nil {
@@ -503,7 +496,8 @@ func stripe(id string) int {
 }
 
 // Fetch returns recipient's envelopes after cursor after (0: from the start),
-// at most limit and MaxPageBytes of them.
+// at most limit and maxPageBytes of them.
+// Exported for the FIFO test, which checks the error chain HTTP would flatten.
 func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relayproto.InboxPage, error) {
 	if limit <= 0 {
 		limit = relayproto.DefaultFetchLimit
@@ -526,7 +520,7 @@ func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relaypr
 		bytes := 0
 		for ; i < len(ib.entries) && ib.entries[i].seq < below; i++ {
 			e := ib.entries[i]
-			if len(pick) == limit || (len(pick) > 0 && bytes+e.size > MaxPageBytes) {
+			if len(pick) == limit || (len(pick) > 0 && bytes+e.size > maxPageBytes) {
 				more = true
 				break
 			}
@@ -556,6 +550,7 @@ func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relaypr
 // Ack removes the listed envelopes from recipient's inbox (ids not waiting
 // there are ignored) and raises their receipt records to terminal. It returns
 // how many it removed.
+// Exported for the test that passes an already cancelled context, which HTTP cannot.
 func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (int, error) {
 	rdir := recipientDir(recipient)
 	r.mu.Lock()
