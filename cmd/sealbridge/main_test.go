@@ -176,7 +176,13 @@ func TestNoDaemonRunning(t *testing.T) {
 // startDaemon runs identity name's daemon in process until the test ends.
 func startDaemon(t *testing.T, home, name string) *daemon.Daemon {
 	t.Helper()
-	d, err := daemon.New(daemon.Options{Home: home, Identity: name})
+	return runDaemon(t, daemon.Options{Home: home, Identity: name})
+}
+
+// runDaemon runs a daemon with opts in process until the test ends, once it is ready.
+func runDaemon(t *testing.T, opts daemon.Options) *daemon.Daemon {
+	t.Helper()
+	d, err := daemon.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ import (
 // the marker was renamed into place.
 func startFaultyDaemon(t *testing.T, home, name string, fail *atomic.Bool) *daemon.Daemon {
 	t.Helper()
-	d, err := daemon.New(daemon.Options{Home: home, Identity: name, Store: store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
+	return runDaemon(t, daemon.Options{Home: home, Identity: name, Store: store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
 		f := fsx.NewFaulty(inner)
 		f.Inject = func(op fsx.Op) error {
 			if op.Kind == fsx.OpSyncDir && op.Path == string(store.KindBatches) && fail.Load() {
@@ -38,28 +38,6 @@ func startFaultyDaemon(t *testing.T, home, name string, fail *atomic.Bool) *daem
 		}
 		return f
 	}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Error("daemon did not stop")
-		}
-	})
-	select {
-	case <-d.Ready():
-	case err := <-done:
-		t.Fatalf("daemon stopped: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("daemon not ready")
-	}
-	return d
 }
 
 // noSleep makes send's retries wait for nothing and records the waits asked for.
