@@ -18,8 +18,8 @@ const (
 	// request; a relay without it answers 404 or 405, and a sender falls back
 	// to PathEnvelopes.
 	PathEnvelopesBatch = "/v1/envelopes/batch"
-	PathInbox     = "/v1/inbox"
-	PathInboxAck  = "/v1/inbox/ack"
+	PathInbox          = "/v1/inbox"
+	PathInboxAck       = "/v1/inbox/ack"
 )
 
 // Limits of the protocol.
