@@ -85,12 +85,17 @@ type BatchAnswer struct {
 	Err error
 }
 
+// ErrNotBatchAnswer is what PostBatch returns (wrapped) for a 200 that is not a
+// batch answer for the envelopes sent: what a relay without the endpoint may
+// answer.
+var ErrNotBatchAnswer = errors.New("relay: the answer is not a batch answer")
+
 // PostBatch sends 1 to MaxBatchEnvelopes wire envelopes, which must fit
 // MaxBatchBodySize (BatchBodySize), in one request, and returns one answer per
 // envelope in their order. An error is about the whole request: a relay's
 // refusal of it comes back as an *Error (404 or 405: the relay has no batch
-// endpoint; send each envelope with Post), and an answer that does not have
-// one result per envelope is an error too.
+// endpoint; send each envelope with Post), and a 200 without one result per
+// envelope as ErrNotBatchAnswer.
 func (c *Client) PostBatch(ctx context.Context, wires [][]byte) ([]BatchAnswer, error) {
 	if len(wires) == 0 || len(wires) > MaxBatchEnvelopes {
 		return nil, fmt.Errorf("relay: a batch holds 1 to %d envelopes, not %d", MaxBatchEnvelopes, len(wires))
@@ -126,10 +131,10 @@ func (c *Client) PostBatch(ctx context.Context, wires [][]byte) ([]BatchAnswer, 
 	}
 	var resp BatchResponse
 	if err := json.Unmarshal(body, &resp); err != nil {
-		return nil, fmt.Errorf("relay: bad batch answer: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrNotBatchAnswer, err)
 	}
 	if len(resp.Results) != len(wires) {
-		return nil, fmt.Errorf("relay: batch answer has %d results for %d envelopes", len(resp.Results), len(wires))
+		return nil, fmt.Errorf("%w: %d results for %d envelopes", ErrNotBatchAnswer, len(resp.Results), len(wires))
 	}
 	out := make([]BatchAnswer, len(wires))
 	for i, r := range resp.Results {
