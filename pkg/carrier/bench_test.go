@@ -155,7 +155,9 @@ func BenchmarkDelivery(b *testing.B) {
 // as before batched delivery.
 type singleOnly struct{ t Transport }
 
-func (s singleOnly) Send(ctx context.Context, url string, env []byte) Result { return s.t.Send(ctx, url, env) }
+func (s singleOnly) Send(ctx context.Context, url string, env []byte) Result {
+	return s.t.Send(ctx, url, env)
+}
 
 // deliverOneRelay measures, in one run, n envelopes delivered by the carrier through
 // tr to a fresh reference relay (send → relayed in the store) against the same
