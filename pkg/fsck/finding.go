@@ -6,6 +6,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -17,7 +18,7 @@ type Code string
 // default run exit 4 (problems left) unless repaired.
 const (
 	// CodeRecordInvalid: a "<kind>/<id>.json" file that the store refuses
-	// (store.ParseRecord or the read failed): truncated, tampered, foreign signer,
+	// (record.Parse or the read failed): truncated, tampered, foreign signer,
 	// wrong id or kind, bad schema. Repair moves it to lost+found.
 	CodeRecordInvalid Code = "record-invalid"
 	// CodeOversize: a record file larger than its kind's limit; never read. Moved.
@@ -61,7 +62,7 @@ const (
 	// CodeBatchMissingMember: a batch marker lists a member that is absent or invalid.
 	// The batch is unwound: its marker is moved first, then its present members.
 	CodeBatchMissingMember Code = "batch-missing-member"
-	// CodeBatchInconsistent: every member is present but store.CheckBatch refuses the
+	// CodeBatchInconsistent: every member is present but record.CheckBatch refuses the
 	// batch. Unwound like a missing member.
 	CodeBatchInconsistent Code = "batch-inconsistent"
 	// CodeOrphanOutbox: an outbox record that no intact marker lists (a half-done
@@ -297,7 +298,7 @@ type fix struct {
 	dir   bool   // the path is a directory (fixChmod, deps)
 	// record is the kind of a record file to re-verify before fixRewrite ("" for the
 	// generation file).
-	record store.Kind
+	record record.Kind
 	// bump: grow .generation after the change (it changes a kind's listing).
 	bump bool
 	// deps must all still hold, under the lock, for the fix to run.
