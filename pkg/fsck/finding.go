@@ -11,7 +11,9 @@ import (
 )
 
 // Code is the stable name of a kind of finding. docs/FSCK.md lists every code with
-// its meaning and its repair.
+// its meaning and its repair. The constants are exported, though only this package's
+// tests name most of them, because they are the report's contract: a program that
+// embeds fsck (or reads --json) switches on them.
 type Code string
 
 // Problems: the store is damaged or not as the store would leave it. Each makes the
