@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -75,8 +76,8 @@ func (c *Carrier) attempt(ctx context.Context, tp *targetPlan, e *store.OutboxSu
 	var env []byte
 	err = c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 		verdict, env = skipped, nil
-		o, err := store.TxGet[*store.Outbox](tx, e.EnvelopeID)
-		if err != nil || o == nil || o.State != store.StatePending {
+		o, err := store.TxGet[*record.Outbox](tx, e.EnvelopeID)
+		if err != nil || o == nil || o.State != record.StatePending {
 			return err
 		}
 		if l := o.Lease; l != nil && l.Until > now && l.Holder != c.o.HolderID {
@@ -91,12 +92,12 @@ func (c *Carrier) attempt(ctx context.Context, tp *targetPlan, e *store.OutboxSu
 		}
 		if o.DeliveryDeadline <= now {
 			verdict = closed
-			return c.closeTx(tx, o, now, store.ClosedByDeadline, errcode.OutboxDeadlineExpired.String())
+			return c.closeTx(tx, o, now, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String())
 		}
 		if o.NextAttemptAt > now {
 			return nil
 		}
-		o.Lease = &store.Lease{Holder: c.o.HolderID, Until: now + c.o.LeaseFor.Milliseconds()}
+		o.Lease = &record.Lease{Holder: c.o.HolderID, Until: now + c.o.LeaseFor.Milliseconds()}
 		verdict, env = sent, o.Envelope
 		return tx.Put(o)
 	})
@@ -105,7 +106,7 @@ func (c *Carrier) attempt(ctx context.Context, tp *targetPlan, e *store.OutboxSu
 	}
 	if err != nil || verdict != sent {
 		if err == nil && verdict == closed {
-			c.st.close(store.ClosedByDeadline)
+			c.st.close(record.ClosedByDeadline)
 		}
 		return verdict, 0, err
 	}
@@ -135,9 +136,9 @@ func (c *Carrier) attempt(ctx context.Context, tp *targetPlan, e *store.OutboxSu
 
 // release clears this holder's lease on id without counting an attempt.
 func (c *Carrier) release(ctx context.Context, id string) error {
-	return c.s.Update(ctx, store.KindOutbox, id, func(cur store.Record) (store.Record, error) {
-		o, _ := cur.(*store.Outbox)
-		if o == nil || o.State != store.StatePending || o.Lease == nil || o.Lease.Holder != c.o.HolderID {
+	return c.s.Update(ctx, record.KindOutbox, id, func(cur record.Record) (record.Record, error) {
+		o, _ := cur.(*record.Outbox)
+		if o == nil || o.State != record.StatePending || o.Lease == nil || o.Lease.Holder != c.o.HolderID {
 			return nil, nil
 		}
 		o.Lease = nil
@@ -158,8 +159,8 @@ func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSum
 	var next int64
 	err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 		deadlineClosed, next = false, 0
-		o, err := store.TxGet[*store.Outbox](tx, e.EnvelopeID)
-		if err != nil || o == nil || o.State != store.StatePending {
+		o, err := store.TxGet[*record.Outbox](tx, e.EnvelopeID)
+		if err != nil || o == nil || o.State != record.StatePending {
 			return err
 		}
 		if l := o.Lease; res.Outcome != Accepted && l != nil && l.Holder != c.o.HolderID && l.Until > now {
@@ -169,17 +170,17 @@ func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSum
 		o.Lease = nil
 		switch res.Outcome {
 		case Accepted:
-			o.State, o.LastError, o.UnreachableSince = store.StateRelayed, "", 0
+			o.State, o.LastError, o.UnreachableSince = record.StateRelayed, "", 0
 			if err := tx.Put(o); err != nil {
 				return err
 			}
-			return c.messageTx(tx, o, now, store.StatusRelayed, "", "")
+			return c.messageTx(tx, o, now, record.StatusRelayed, "", "")
 		case Refused:
-			return c.closeTx(tx, o, now, store.ClosedByRefused, clip("refused by the relay: "+why))
+			return c.closeTx(tx, o, now, record.ClosedByRefused, clip("refused by the relay: "+why))
 		}
 		if o.DeliveryDeadline <= now {
 			deadlineClosed = true
-			return c.closeTx(tx, o, now, store.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why))
+			return c.closeTx(tx, o, now, record.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why))
 		}
 		if res.Outcome == Failed {
 			o.NextAttemptAt, o.LastError, o.UnreachableSince = now+delay.Milliseconds(), clip(why), 0
@@ -211,11 +212,11 @@ func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSum
 			if other.EnvelopeID == o.EnvelopeID || other.UnreachableSince != 0 {
 				continue
 			}
-			x, err := store.TxGet[*store.Outbox](tx, other.EnvelopeID)
+			x, err := store.TxGet[*record.Outbox](tx, other.EnvelopeID)
 			if err != nil {
 				return err
 			}
-			if x == nil || x.State != store.StatePending || x.UnreachableSince != 0 {
+			if x == nil || x.State != record.StatePending || x.UnreachableSince != 0 {
 				continue
 			}
 			x.UnreachableSince, x.NextAttemptAt = since, now+c.o.ProbeEvery.Milliseconds()
@@ -226,7 +227,7 @@ func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSum
 		return nil
 	})
 	if err == nil && deadlineClosed {
-		c.st.close(store.ClosedByDeadline)
+		c.st.close(record.ClosedByDeadline)
 	}
 	if err != nil || next == 0 {
 		return time.Time{}, err
@@ -242,11 +243,11 @@ func (c *Carrier) clearWait(ctx context.Context, tp *targetPlan) error {
 			if tp.envs[i].UnreachableSince == 0 {
 				continue
 			}
-			o, err := store.TxGet[*store.Outbox](tx, tp.envs[i].EnvelopeID)
+			o, err := store.TxGet[*record.Outbox](tx, tp.envs[i].EnvelopeID)
 			if err != nil {
 				return err
 			}
-			if o == nil || o.State != store.StatePending || o.UnreachableSince == 0 {
+			if o == nil || o.State != record.StatePending || o.UnreachableSince == 0 {
 				continue
 			}
 			o.UnreachableSince = 0
@@ -280,11 +281,11 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 		err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 			n = 0
 			for _, id := range chunk {
-				o, err := store.TxGet[*store.Outbox](tx, id)
+				o, err := store.TxGet[*record.Outbox](tx, id)
 				if err != nil {
 					return err
 				}
-				if o == nil || o.State != store.StatePending || o.UnreachableSince == 0 {
+				if o == nil || o.State != record.StatePending || o.UnreachableSince == 0 {
 					continue
 				}
 				if l := o.Lease; l != nil && l.Until > now && l.Holder != c.o.HolderID {
@@ -295,7 +296,7 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 				if o.LastError != "" {
 					reason += "; last error: " + o.LastError
 				}
-				if err := c.closeTx(tx, o, now, store.ClosedByExpired, clip(reason)); err != nil {
+				if err := c.closeTx(tx, o, now, record.ClosedByExpired, clip(reason)); err != nil {
 					return err
 				}
 				n++
@@ -306,7 +307,7 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 			return total, err
 		}
 		for range n {
-			c.st.close(store.ClosedByExpired)
+			c.st.close(record.ClosedByExpired)
 		}
 		total += n
 	}
@@ -322,34 +323,34 @@ func days(d time.Duration) string {
 }
 
 // closeTx closes o (and its message) with a reason.
-func (c *Carrier) closeTx(tx *store.Tx, o *store.Outbox, now int64, closedBy, reason string) error {
-	o.State, o.LastError, o.Lease = store.StateClosed, reason, nil
+func (c *Carrier) closeTx(tx *store.Tx, o *record.Outbox, now int64, closedBy, reason string) error {
+	o.State, o.LastError, o.Lease = record.StateClosed, reason, nil
 	if err := tx.Put(o); err != nil {
 		return err
 	}
-	return c.messageTx(tx, o, now, store.StatusClosed, closedBy, reason)
+	return c.messageTx(tx, o, now, record.StatusClosed, closedBy, reason)
 }
 
 // messageTx moves o's message forward (never back): relayed if it was queued, closed
 // if it was queued or relayed; and keeps its attempts count. Only the envelope of
 // kind message speaks for its message.
-func (c *Carrier) messageTx(tx *store.Tx, o *store.Outbox, now int64, status, closedBy, reason string) error {
-	if o.EnvelopeKind != store.EnvelopeMessage {
+func (c *Carrier) messageTx(tx *store.Tx, o *record.Outbox, now int64, status, closedBy, reason string) error {
+	if o.EnvelopeKind != record.EnvelopeMessage {
 		return nil
 	}
-	m, err := store.TxGet[*store.Message](tx, o.MessageID)
+	m, err := store.TxGet[*record.Message](tx, o.MessageID)
 	if err != nil || m == nil {
 		return err
 	}
 	changed := false
 	switch status {
-	case store.StatusRelayed:
-		if m.Status == store.StatusQueued {
-			m.Status, changed = store.StatusRelayed, true
+	case record.StatusRelayed:
+		if m.Status == record.StatusQueued {
+			m.Status, changed = record.StatusRelayed, true
 		}
-	case store.StatusClosed:
-		if m.Status == store.StatusQueued || m.Status == store.StatusRelayed {
-			m.Status, m.ClosedBy, m.LastError, changed = store.StatusClosed, closedBy, reason, true
+	case record.StatusClosed:
+		if m.Status == record.StatusQueued || m.Status == record.StatusRelayed {
+			m.Status, m.ClosedBy, m.LastError, changed = record.StatusClosed, closedBy, reason, true
 		}
 	}
 	if o.Attempts > m.Attempts {

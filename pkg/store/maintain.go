@@ -9,6 +9,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // TempMaxAge is the age after which maintenance removes a leftover staged temp.
@@ -43,7 +44,7 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 		return nil
 	}
 	// 1. Batches: close members past their deadline; finish settled batches.
-	batches, err := s.listLenient(KindBatches, &rep)
+	batches, err := s.listLenient(record.KindBatches, &rep)
 	if err != nil {
 		return rep, err
 	}
@@ -59,7 +60,7 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 	}
 	// 2. Orphan outbox records and operations, and 3. records past retainUntil, one
 	// record a step.
-	for _, k := range Kinds {
+	for _, k := range record.Kinds {
 		ids, err := s.listLenient(k, &rep)
 		if err != nil {
 			return rep, err
@@ -71,7 +72,7 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 		}
 	}
 	// 4. Leftover temps.
-	for _, k := range Kinds {
+	for _, k := range record.Kinds {
 		if err := step(func(tx *Tx) error { return s.removeOldTemps(tx, k, &rep) }); err != nil {
 			return rep, err
 		}
@@ -80,7 +81,7 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 }
 
 // listLenient lists a kind, recording (not returning) an invalid directory.
-func (s *Store) listLenient(k Kind, rep *MaintenanceReport) ([]string, error) {
+func (s *Store) listLenient(k record.Kind, rep *MaintenanceReport) ([]string, error) {
 	ids, err := s.List(k)
 	if err != nil {
 		if errors.Is(err, errcode.OutboxStoreInvalid) {
@@ -99,20 +100,20 @@ func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) error {
 	}
 	now := s.nowMs()
 	for _, m := range members {
-		if m.State != StatePending || m.DeliveryDeadline > now {
+		if m.State != record.StatePending || m.DeliveryDeadline > now {
 			continue
 		}
-		m.State, m.LastError, m.Lease = StateClosed, errcode.OutboxDeadlineExpired.String(), nil
+		m.State, m.LastError, m.Lease = record.StateClosed, errcode.OutboxDeadlineExpired.String(), nil
 		if err := tx.Put(m); err != nil {
 			return err
 		}
 		rep.ClosedByDeadline++
-		msg, err := TxGet[*Message](tx, m.MessageID)
+		msg, err := TxGet[*record.Message](tx, m.MessageID)
 		if err != nil {
 			return err
 		}
-		if msg != nil && (msg.Status == StatusQueued || msg.Status == StatusRelayed) && m.EnvelopeKind == EnvelopeMessage {
-			msg.Status, msg.ClosedBy, msg.LastError, msg.UpdatedAt = StatusClosed, ClosedByDeadline, errcode.OutboxDeadlineExpired.String(), now
+		if msg != nil && (msg.Status == record.StatusQueued || msg.Status == record.StatusRelayed) && m.EnvelopeKind == record.EnvelopeMessage {
+			msg.Status, msg.ClosedBy, msg.LastError, msg.UpdatedAt = record.StatusClosed, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String(), now
 			if err := tx.Put(msg); err != nil {
 				return err
 			}
@@ -123,15 +124,15 @@ func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) error {
 
 // finishBatch removes a batch whose members are all settled: the marker first, so an
 // interrupted cleanup can never make a member dispatchable again.
-func (s *Store) finishBatch(tx *Tx, id string, members []*Outbox, rep *MaintenanceReport) error {
-	if slices.ContainsFunc(members, func(m *Outbox) bool { return m.State == StatePending }) {
+func (s *Store) finishBatch(tx *Tx, id string, members []*record.Outbox, rep *MaintenanceReport) error {
+	if slices.ContainsFunc(members, func(m *record.Outbox) bool { return m.State == record.StatePending }) {
 		return nil
 	}
-	if err := tx.Delete(KindBatches, id); err != nil {
+	if err := tx.Delete(record.KindBatches, id); err != nil {
 		return err
 	}
 	for _, m := range members {
-		if err := tx.Delete(KindOutbox, m.EnvelopeID); err != nil {
+		if err := tx.Delete(record.KindOutbox, m.EnvelopeID); err != nil {
 			return err
 		}
 	}
@@ -143,7 +144,7 @@ func (s *Store) finishBatch(tx *Tx, id string, members []*Outbox, rep *Maintenan
 // points to.
 func (s *Store) boundOperations(ctx context.Context, rep *MaintenanceReport) (map[string]bool, error) {
 	bound := map[string]bool{}
-	ids, err := s.listLenient(KindIdempotency, rep)
+	ids, err := s.listLenient(record.KindIdempotency, rep)
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +152,7 @@ func (s *Store) boundOperations(ctx context.Context, rep *MaintenanceReport) (ma
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		b, err := GetAs[*Binding](s, id)
+		b, err := GetAs[*record.Binding](s, id)
 		if err != nil {
 			rep.Errors = append(rep.Errors, err)
 			continue
@@ -167,17 +168,17 @@ func (s *Store) boundOperations(ctx context.Context, rep *MaintenanceReport) (ma
 // operation is an orphan when no binding pointed to it (bound, listed before the
 // steps) and its lease has run out since its creation: new bindings only ever point
 // to operations created with them, so an aged operation cannot gain one later.
-func (s *Store) maintainRecord(tx *Tx, k Kind, id string, bound map[string]bool, rep *MaintenanceReport) error {
+func (s *Store) maintainRecord(tx *Tx, k record.Kind, id string, bound map[string]bool, rep *MaintenanceReport) error {
 	r, err := tx.get(k, id)
 	if err != nil || r == nil {
 		return err
 	}
-	if op, ok := r.(*Operation); ok && !bound[id] && op.CreatedAt+s.leaseMs() <= s.nowMs() {
+	if op, ok := r.(*record.Operation); ok && !bound[id] && op.CreatedAt+s.leaseMs() <= s.nowMs() {
 		rep.OrphansRemoved++
 		return tx.Delete(k, id)
 	}
-	if o, ok := r.(*Outbox); ok {
-		b, err := TxGet[*Batch](tx, o.BatchID)
+	if o, ok := r.(*record.Outbox); ok {
+		b, err := TxGet[*record.Batch](tx, o.BatchID)
 		if err != nil {
 			return err
 		}
@@ -193,27 +194,27 @@ func (s *Store) maintainRecord(tx *Tx, k Kind, id string, bound map[string]bool,
 	return nil
 }
 
-func retainUntil(r Record) int64 {
+func retainUntil(r record.Record) int64 {
 	switch v := r.(type) {
-	case *Outbox:
+	case *record.Outbox:
 		return v.RetainUntil
-	case *Batch:
+	case *record.Batch:
 		return v.RetainUntil
-	case *Message:
+	case *record.Message:
 		return v.RetainUntil
-	case *Receipt:
+	case *record.Receipt:
 		return v.RetainUntil
-	case *Observation:
+	case *record.Observation:
 		return v.RetainUntil
-	case *Operation:
+	case *record.Operation:
 		return v.RetainUntil
-	case *Binding:
+	case *record.Binding:
 		return v.RetainUntil
 	}
 	return 0
 }
 
-func (s *Store) removeOldTemps(tx *Tx, k Kind, rep *MaintenanceReport) error {
+func (s *Store) removeOldTemps(tx *Tx, k record.Kind, rep *MaintenanceReport) error {
 	ents, err := s.fs.ReadDir(string(k))
 	if fsx.IsNotExist(err) {
 		return nil
