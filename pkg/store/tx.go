@@ -291,6 +291,38 @@ func (tx *Tx) Delete(k record.Kind, id string) error {
 	return err
 }
 
+// deleteAll removes the records kind/ids of a Transaction together: every unlink,
+// then one fsync of the kind's directory. They are durable when it returns nil; on
+// error some may be removed, none is acknowledged. Absent ids are skipped.
+func (tx *Tx) deleteAll(k record.Kind, ids []string) error {
+	if tx.prepared {
+		for _, id := range ids {
+			if err := tx.Delete(k, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var ws []*write
+	for _, id := range ids {
+		prev, err := tx.get(k, id)
+		if err != nil {
+			return err
+		}
+		if prev != nil {
+			ws = append(ws, &write{kind: k, id: id})
+		}
+	}
+	if len(ws) == 0 {
+		return nil
+	}
+	dirs, err := tx.publish(ws)
+	if serr := tx.s.syncDirs(dirs); err == nil {
+		err = serr
+	}
+	return err
+}
+
 // encode signs w's record and checks its size limit.
 func (s *Store) encode(w *write) error {
 	data, err := record.Encode(s.signer, s.owner, w.rec)
