@@ -12,6 +12,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -21,7 +22,7 @@ func fillIdle(b *testing.B, n int) (*Carrier, time.Time) {
 	later := clock.Now().Add(time.Hour)
 	s := openStore(b, b.TempDir(), store.Options{Now: func() time.Time { return later }})
 	for i := 0; n > 0; i++ {
-		k := min(n, store.MaxBatchMembers)
+		k := min(n, record.MaxBatchMembers)
 		req := request(relayN(i%20), k, later.Add(24*time.Hour))
 		if _, err := s.Enqueue(context.Background(), req); err != nil {
 			b.Fatal(err)
@@ -53,7 +54,7 @@ func BenchmarkBuildPlan10k(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	batches, _ := c.s.List(store.KindBatches)
+	batches, _ := c.s.List(record.KindBatches)
 	for b.Loop() {
 		buildPlan(sums, batches, now.UnixMilli(), "h")
 	}
@@ -92,9 +93,9 @@ func wireRequest(b testing.TB, url string, n int) store.SendRequest {
 		if err != nil {
 			b.Fatal(err)
 		}
-		kind := store.EnvelopeMessage
+		kind := record.EnvelopeMessage
 		if i > 0 {
-			kind = store.EnvelopeDeliveryStatus
+			kind = record.EnvelopeDeliveryStatus
 		}
 		req.Envelopes = append(req.Envelopes, store.OutgoingEnvelope{EnvelopeID: e.ID(), Kind: kind, Envelope: data})
 	}

@@ -472,11 +472,11 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 		err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 			n = 0
 			for _, id := range chunk {
-				o, err := store.TxGet[*store.Outbox](tx, id)
+				o, err := store.TxGet[*record.Outbox](tx, id)
 				if err != nil {
 					return err
 				}
-				if o == nil || o.State != store.StatePending || o.UnreachableSince == 0 {
+				if o == nil || o.State != record.StatePending || o.UnreachableSince == 0 {
 					continue
 				}
 				if l := o.Lease; l != nil && l.Until > now && l.Holder != c.o.HolderID {
@@ -487,7 +487,7 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 				if o.LastError != "" {
 					reason += "; last error: " + o.LastError
 				}
-				if err := c.closeTx(tx, o, now, store.ClosedByExpired, clip(reason)); err != nil {
+				if err := c.closeTx(tx, o, now, record.ClosedByExpired, clip(reason)); err != nil {
 					return err
 				}
 				n++
@@ -498,7 +498,7 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 			return total, err
 		}
 		for range n {
-			c.st.close(store.ClosedByExpired)
+			c.st.close(record.ClosedByExpired)
 		}
 		total += n
 	}
@@ -514,34 +514,34 @@ func days(d time.Duration) string {
 }
 
 // closeTx closes o (and its message) with a reason.
-func (c *Carrier) closeTx(tx *store.Tx, o *store.Outbox, now int64, closedBy, reason string) error {
-	o.State, o.LastError, o.Lease = store.StateClosed, reason, nil
+func (c *Carrier) closeTx(tx *store.Tx, o *record.Outbox, now int64, closedBy, reason string) error {
+	o.State, o.LastError, o.Lease = record.StateClosed, reason, nil
 	if err := tx.Put(o); err != nil {
 		return err
 	}
-	return c.messageTx(tx, o, now, store.StatusClosed, closedBy, reason)
+	return c.messageTx(tx, o, now, record.StatusClosed, closedBy, reason)
 }
 
 // messageTx moves o's message forward (never back): relayed if it was queued, closed
 // if it was queued or relayed; and keeps its attempts count. Only the envelope of
 // kind message speaks for its message.
-func (c *Carrier) messageTx(tx *store.Tx, o *store.Outbox, now int64, status, closedBy, reason string) error {
-	if o.EnvelopeKind != store.EnvelopeMessage {
+func (c *Carrier) messageTx(tx *store.Tx, o *record.Outbox, now int64, status, closedBy, reason string) error {
+	if o.EnvelopeKind != record.EnvelopeMessage {
 		return nil
 	}
-	m, err := store.TxGet[*store.Message](tx, o.MessageID)
+	m, err := store.TxGet[*record.Message](tx, o.MessageID)
 	if err != nil || m == nil {
 		return err
 	}
 	changed := false
 	switch status {
-	case store.StatusRelayed:
-		if m.Status == store.StatusQueued {
-			m.Status, changed = store.StatusRelayed, true
+	case record.StatusRelayed:
+		if m.Status == record.StatusQueued {
+			m.Status, changed = record.StatusRelayed, true
 		}
-	case store.StatusClosed:
-		if m.Status == store.StatusQueued || m.Status == store.StatusRelayed {
-			m.Status, m.ClosedBy, m.LastError, changed = store.StatusClosed, closedBy, reason, true
+	case record.StatusClosed:
+		if m.Status == record.StatusQueued || m.Status == record.StatusRelayed {
+			m.Status, m.ClosedBy, m.LastError, changed = record.StatusClosed, closedBy, reason, true
 		}
 	}
 	if o.Attempts > m.Attempts {
