@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/carrier"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -38,7 +39,7 @@ func batchedDeliveryWorkload() workload {
 				t.Fatal(err)
 			}
 		}
-	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 		cr := carrier.New(s, acceptAll{}, carrier.Options{Clock: wall{c}, Watch: carrier.WatchOff})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -53,10 +54,10 @@ func batchedDeliveryWorkload() workload {
 		cancel()
 		<-done
 		for _, r := range reqs {
-			m, _ := store.GetAs[*store.Message](s, r.MessageID)
+			m, _ := store.GetAs[*record.Message](s, r.MessageID)
 			ack(m)
 			for _, e := range r.Envelopes {
-				o, _ := store.GetAs[*store.Outbox](s, e.EnvelopeID)
+				o, _ := store.GetAs[*record.Outbox](s, e.EnvelopeID)
 				ack(o)
 			}
 		}
@@ -66,11 +67,11 @@ func batchedDeliveryWorkload() workload {
 func allRelayed(t *testing.T, s *store.Store, reqs []store.SendRequest) bool {
 	for _, r := range reqs {
 		for _, e := range r.Envelopes {
-			o, err := store.GetAs[*store.Outbox](s, e.EnvelopeID)
+			o, err := store.GetAs[*record.Outbox](s, e.EnvelopeID)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o == nil || o.State != store.StateRelayed {
+			if o == nil || o.State != record.StateRelayed {
 				return false
 			}
 		}

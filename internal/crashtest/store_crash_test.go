@@ -513,7 +513,7 @@ func workloads() []workload {
 		}},
 		staleLockWorkload(),
 		batchedDeliveryWorkload(),
-		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
 				t.Fatal(err)
 			}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -127,14 +128,14 @@ func deliverAll(t *testing.T, lr *localRelay, tr Transport, msgs, per int) (want
 	go func() { c.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	settled := func(id, state string) bool {
-		o, err := store.GetAs[*store.Outbox](s, id)
+		o, err := store.GetAs[*record.Outbox](s, id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return o != nil && o.State == state
 	}
 	waitFor(t, "every envelope settled", func() bool {
-		if settled(bad, store.StateClosed) && !slices.ContainsFunc(want, func(id string) bool { return !settled(id, store.StateRelayed) }) {
+		if settled(bad, record.StateClosed) && !slices.ContainsFunc(want, func(id string) bool { return !settled(id, record.StateRelayed) }) {
 			return true
 		}
 		// A failed attempt waits for its backoff: move the clock on.
@@ -143,7 +144,7 @@ func deliverAll(t *testing.T, lr *localRelay, tr Transport, msgs, per int) (want
 		}
 		return false
 	})
-	if o, err := store.GetAs[*store.Outbox](s, bad); err != nil || !strings.Contains(o.LastError, relayproto.CodeEnvelopeMalformed) {
+	if o, err := store.GetAs[*record.Outbox](s, bad); err != nil || !strings.Contains(o.LastError, relayproto.CodeEnvelopeMalformed) {
 		t.Fatalf("the bad envelope was closed with %q (%v), want %s", o.LastError, err, relayproto.CodeEnvelopeMalformed)
 	}
 	return want, bad
@@ -271,7 +272,7 @@ func TestWaitMarkAndClearAreChunked(t *testing.T) {
 	h.runUntil(t0.Add(300 * time.Second))
 	h.settle()
 	for _, id := range ids {
-		if o := h.outbox(id); o.State != store.StateRelayed {
+		if o := h.outbox(id); o.State != record.StateRelayed {
 			t.Fatalf("after recovery: %+v", o)
 		}
 	}

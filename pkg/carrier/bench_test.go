@@ -209,8 +209,8 @@ func deliverOneRelay(b *testing.B, n int, wrap func(*HTTPTransport) Transport) {
 			if c.Stats().Attempts["accepted"] < uint64(len(ids)) {
 				return false
 			}
-			o, err := store.GetAs[*store.Outbox](s, ids[len(ids)-1])
-			return err == nil && o != nil && o.State == store.StateRelayed
+			o, err := store.GetAs[*record.Outbox](s, ids[len(ids)-1])
+			return err == nil && o != nil && o.State == record.StateRelayed
 		})
 		total += time.Since(t0)
 		b.StopTimer()

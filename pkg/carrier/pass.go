@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -114,7 +115,7 @@ func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, bat
 	var verdicts []int
 	err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 		taken, verdicts, rr.consumed = nil, make([]int, len(run)), 0
-		markers := map[string][]*store.Outbox{}
+		markers := map[string][]*record.Outbox{}
 		size := relayproto.BatchBodySize()
 		for k, i := range run {
 			e := &tp.envs[i]
@@ -127,7 +128,7 @@ func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, bat
 					break
 				}
 				size += 1 + len(o.Envelope)
-				o.Lease = &store.Lease{Holder: c.o.HolderID, Until: now + c.o.LeaseFor.Milliseconds()}
+				o.Lease = &record.Lease{Holder: c.o.HolderID, Until: now + c.o.LeaseFor.Milliseconds()}
 				if err := tx.Put(o); err != nil {
 					return err
 				}
@@ -152,7 +153,7 @@ func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, bat
 			c.st.leaseSkips.Add(1)
 		case closed:
 			rr.progress = true
-			c.st.close(store.ClosedByDeadline)
+			c.st.close(record.ClosedByDeadline)
 		}
 	}
 	if len(taken) == 0 {
@@ -242,9 +243,9 @@ func dueTime(ms int64) time.Time {
 // settled, not dispatchable, not due, or leased by another live holder), closed (its
 // deadline passed: closed here), or sent with the record to lease (not yet put).
 // markers caches the batch markers read in this transaction.
-func (c *Carrier) leaseTx(tx *store.Tx, e *store.OutboxSummary, now int64, markers map[string][]*store.Outbox) (int, *store.Outbox, error) {
-	o, err := store.TxGet[*store.Outbox](tx, e.EnvelopeID)
-	if err != nil || o == nil || o.State != store.StatePending {
+func (c *Carrier) leaseTx(tx *store.Tx, e *store.OutboxSummary, now int64, markers map[string][]*record.Outbox) (int, *record.Outbox, error) {
+	o, err := store.TxGet[*record.Outbox](tx, e.EnvelopeID)
+	if err != nil || o == nil || o.State != record.StatePending {
 		return skipped, nil, err
 	}
 	if l := o.Lease; l != nil && l.Until > now && l.Holder != c.o.HolderID {
@@ -261,7 +262,7 @@ func (c *Carrier) leaseTx(tx *store.Tx, e *store.OutboxSummary, now int64, marke
 		return skipped, nil, nil // its marker does not list it: not dispatchable
 	}
 	if o.DeliveryDeadline <= now {
-		return closed, nil, c.closeTx(tx, o, now, store.ClosedByDeadline, errcode.OutboxDeadlineExpired.String())
+		return closed, nil, c.closeTx(tx, o, now, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String())
 	}
 	if o.NextAttemptAt > now {
 		return skipped, nil, nil
@@ -287,11 +288,11 @@ func (c *Carrier) settleRun(ctx context.Context, tp *targetPlan, taken []leased,
 	err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 		nexts, deadlineClosed = make([]int64, len(taken)), 0
 		for k, l := range taken {
-			o, err := store.TxGet[*store.Outbox](tx, l.e.EnvelopeID)
+			o, err := store.TxGet[*record.Outbox](tx, l.e.EnvelopeID)
 			if err != nil {
 				return err
 			}
-			if o == nil || o.State != store.StatePending {
+			if o == nil || o.State != record.StatePending {
 				continue
 			}
 			if k >= len(results) || (stopping && results[k].Outcome != Accepted) {
@@ -319,14 +320,14 @@ func (c *Carrier) settleRun(ctx context.Context, tp *targetPlan, taken []leased,
 		return nil, err
 	}
 	for range deadlineClosed {
-		c.st.close(store.ClosedByDeadline)
+		c.st.close(record.ClosedByDeadline)
 	}
 	return nexts, nil
 }
 
 // settleTx records one attempt's outcome on o. It reports whether the deadline closed
 // o and when o is due again (0 if not pending any more).
-func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *store.Outbox, res Result, now int64, delay time.Duration) (bool, int64, error) {
+func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res Result, now int64, delay time.Duration) (bool, int64, error) {
 	if l := o.Lease; res.Outcome != Accepted && l != nil && l.Holder != c.o.HolderID && l.Until > now {
 		return false, 0, nil // another holder took it over after our lease ran out
 	}
@@ -335,16 +336,16 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *store.Outbox, res Re
 	o.Lease = nil
 	switch res.Outcome {
 	case Accepted:
-		o.State, o.LastError, o.UnreachableSince = store.StateRelayed, "", 0
+		o.State, o.LastError, o.UnreachableSince = record.StateRelayed, "", 0
 		if err := tx.Put(o); err != nil {
 			return false, 0, err
 		}
-		return false, 0, c.messageTx(tx, o, now, store.StatusRelayed, "", "")
+		return false, 0, c.messageTx(tx, o, now, record.StatusRelayed, "", "")
 	case Refused:
-		return false, 0, c.closeTx(tx, o, now, store.ClosedByRefused, clip("refused by the relay: "+why))
+		return false, 0, c.closeTx(tx, o, now, record.ClosedByRefused, clip("refused by the relay: "+why))
 	}
 	if o.DeliveryDeadline <= now {
-		return true, 0, c.closeTx(tx, o, now, store.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why))
+		return true, 0, c.closeTx(tx, o, now, record.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why))
 	}
 	if res.Outcome == Failed {
 		o.NextAttemptAt, o.LastError, o.UnreachableSince = now+delay.Milliseconds(), clip(why), 0
@@ -386,7 +387,7 @@ func (c *Carrier) markWaiting(ctx context.Context, tp *targetPlan, now int64, se
 			ids = append(ids, e.EnvelopeID)
 		}
 	}
-	return c.inChunks(ctx, ids, func(tx *store.Tx, x *store.Outbox) (bool, error) {
+	return c.inChunks(ctx, ids, func(tx *store.Tx, x *record.Outbox) (bool, error) {
 		if x.UnreachableSince != 0 {
 			return false, nil
 		}
@@ -406,7 +407,7 @@ func (c *Carrier) clearWait(ctx context.Context, tp *targetPlan) error {
 			ids = append(ids, tp.envs[i].EnvelopeID)
 		}
 	}
-	return c.inChunks(ctx, ids, func(tx *store.Tx, o *store.Outbox) (bool, error) {
+	return c.inChunks(ctx, ids, func(tx *store.Tx, o *record.Outbox) (bool, error) {
 		if o.UnreachableSince == 0 {
 			return false, nil
 		}
@@ -418,17 +419,17 @@ func (c *Carrier) clearWait(ctx context.Context, tp *targetPlan) error {
 
 // inChunks runs change on the pending outbox records of ids, in transactions of at
 // most expireChunk records each; a record change reports changed is written.
-func (c *Carrier) inChunks(ctx context.Context, ids []string, change func(tx *store.Tx, o *store.Outbox) (bool, error)) error {
+func (c *Carrier) inChunks(ctx context.Context, ids []string, change func(tx *store.Tx, o *record.Outbox) (bool, error)) error {
 	for len(ids) > 0 {
 		chunk := ids[:min(expireChunk, len(ids))]
 		ids = ids[len(chunk):]
 		err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 			for _, id := range chunk {
-				o, err := store.TxGet[*store.Outbox](tx, id)
+				o, err := store.TxGet[*record.Outbox](tx, id)
 				if err != nil {
 					return err
 				}
-				if o == nil || o.State != store.StatePending {
+				if o == nil || o.State != record.StatePending {
 					continue
 				}
 				changed, err := change(tx, o)

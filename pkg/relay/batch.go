@@ -12,6 +12,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -56,7 +57,7 @@ type batchItem struct {
 	dupOf int
 	// A new envelope's record, inbox directory, file name, sequence number and
 	// staged file.
-	rec    *store.Receipt
+	rec    *record.Receipt
 	rdir   string
 	name   string
 	seq    uint64
@@ -120,7 +121,7 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 			}
 			continue
 		}
-		rec, err := store.GetAs[*store.Receipt](r.st, store.ReceiptID(env.ID()))
+		rec, err := store.GetAs[*record.Receipt](r.st, record.ReceiptID(env.ID()))
 		if err != nil {
 			return nil, storeError(err)
 		}
@@ -253,7 +254,7 @@ func (r *Relay) commitBatch(ctx context.Context, wires [][]byte, items, fresh []
 	}
 	err := r.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
 		for _, it := range fresh {
-			cur, err := store.TxGet[*store.Receipt](tx, it.rec.RecordID())
+			cur, err := store.TxGet[*record.Receipt](tx, it.rec.RecordID())
 			if err != nil {
 				return err
 			}
@@ -271,7 +272,7 @@ func (r *Relay) commitBatch(ctx context.Context, wires [][]byte, items, fresh []
 		// after publication): it is then the envelope the record names.
 		removed := false
 		for _, it := range fresh {
-			if cur, gerr := store.GetAs[*store.Receipt](r.st, it.rec.RecordID()); gerr == nil && cur != nil && cur.EnvelopeDigest == it.env.Digest() {
+			if cur, gerr := store.GetAs[*record.Receipt](r.st, it.rec.RecordID()); gerr == nil && cur != nil && cur.EnvelopeDigest == it.env.Digest() {
 				r.mu.Lock()
 				r.insert(r.entryOf(it, len(wires[index[it]])))
 				r.mu.Unlock()
