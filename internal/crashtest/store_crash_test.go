@@ -512,6 +512,7 @@ func workloads() []workload {
 			ack(done)
 		}},
 		staleLockWorkload(),
+		batchedDeliveryWorkload(),
 		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
 				t.Fatal(err)
