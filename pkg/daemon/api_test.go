@@ -131,14 +131,14 @@ func TestStrictSendRequest(t *testing.T) {
 	}
 }
 
-// A send whose batch marker was renamed into place but whose directory fsync
-// failed is answered 503 OUTBOX_STORE_UNWRITABLE with outcome "unknown", the
+// A send whose commit (a one-envelope message's message record, DESIGN §7) was
+// renamed into place but whose directory fsync failed is answered 503 OUTBOX_STORE_UNWRITABLE with outcome "unknown", the
 // message id and a hint to retry with the same key; the retry with the same key
 // answers 201 with that message at once, and there is one message.
 func TestIdempotentSendAfterFailedCommitSync(t *testing.T) {
-	var fail atomic.Int32 // batches fsyncs still to fail
+	var fail atomic.Int32 // messages fsyncs still to fail
 	d, hc := apiDaemon(t, func(op fsx.Op) error {
-		if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindBatches) && fail.Add(-1) >= 0 {
+		if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindMessages) && fail.Add(-1) >= 0 {
 			return syscall.EIO
 		}
 		return nil
@@ -174,13 +174,13 @@ func TestIdempotentSendAfterFailedCommitSync(t *testing.T) {
 func TestIdempotentSendAfterFailedResponseStore(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		failures int32 // operations writes to fail once the batch marker is renamed
+		failures int32 // operations writes to fail once the message record (the commit) is renamed
 	}{{"lease released", 1}, {"lease kept", 1 << 20}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var committed atomic.Bool
 			var fail atomic.Int32
 			d, hc := apiDaemon(t, func(op fsx.Op) error {
-				if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, string(record.KindBatches)+"/") {
+				if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, string(record.KindMessages)+"/") {
 					committed.Store(true)
 				}
 				if committed.Load() && strings.HasPrefix(op.Path, string(record.KindOperations)+"/") && fail.Add(-1) >= 0 {
