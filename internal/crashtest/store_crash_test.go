@@ -521,7 +521,7 @@ func workloads() []workload {
 			if err != nil || len(rep.Errors) > 0 {
 				t.Fatal(err, rep.Errors)
 			}
-			if rep.BatchesFinished != 2 || rep.ClosedByDeadline == 0 || rep.OrphansRemoved != 1 || rep.ExpiredRemoved == 0 {
+			if rep.BatchesFinished != 3 || rep.ClosedByDeadline == 0 || rep.OrphansRemoved != 1 || rep.ExpiredRemoved == 0 {
 				t.Fatalf("maintenance did not run every step: %+v", rep)
 			}
 			for _, id := range ids {
@@ -624,7 +624,9 @@ func fixedReceipt(c *clock, state string) *record.Receipt {
 }
 
 // maintenanceSetup leaves work for every maintenance step: a batch past its deadline,
-// a settled batch, an orphan outbox record, a record past retention, an old temp.
+// a settled single (DESIGN §7), a settled one-envelope batch with a marker (as stores
+// written before singles hold), an orphan outbox record, a record past retention, an
+// old temp.
 func maintenanceSetup(t *testing.T, s *store.Store, c *clock) {
 	ctx := context.Background()
 	now := c.Now()
@@ -648,6 +650,19 @@ func maintenanceSetup(t *testing.T, s *store.Store, c *clock) {
 	r.EnvelopeID = uuid.NewString()
 	r.ReceivedAt, r.RetainUntil = now.UnixMilli(), now.Add(time.Hour).UnixMilli()
 	if err := put(ctx, s, o, orphan, r); err != nil {
+		t.Fatal(err)
+	}
+	legacy := *o
+	legacy.EnvelopeID, legacy.MessageID, legacy.BatchID = uuid.NewString(), uuid.NewString(), uuid.NewString()
+	lm := newMessage(now)
+	lm.MessageID, lm.EnvelopeDigest, lm.DeliveryDeadline = legacy.MessageID, legacy.EnvelopeDigest, legacy.DeliveryDeadline
+	lb := &record.Batch{BatchID: legacy.BatchID, MessageID: legacy.MessageID, EnvelopeIDs: []string{legacy.EnvelopeID},
+		PeerOwnerDID: legacy.PeerOwnerDID, RelayURL: legacy.RelayURL, DeliveryDeadline: legacy.DeliveryDeadline,
+		CreatedAt: now.UnixMilli(), RetainUntil: legacy.RetainUntil}
+	if err := put(ctx, s, &legacy, lm); err != nil {
+		t.Fatal(err)
+	}
+	if err := put(ctx, s, lb); err != nil {
 		t.Fatal(err)
 	}
 	temp := filepath.Join(s.Dir(), "outbox", "."+uuid.NewString()+".tmp")
