@@ -136,16 +136,19 @@ func TestStrictSendRequest(t *testing.T) {
 // message id and a hint to retry with the same key; the retry with the same key
 // answers 201 with that message at once, and there is one message.
 func TestIdempotentSendAfterFailedCommitSync(t *testing.T) {
-	var fail atomic.Int32 // messages fsyncs still to fail
+	// Every messages fsync fails while fail is set (the carrier's writes too: they
+	// are retried), so the send's commit fails whatever the carrier does meanwhile.
+	var fail atomic.Bool
 	d, hc := apiDaemon(t, func(op fsx.Op) error {
-		if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindMessages) && fail.Add(-1) >= 0 {
+		if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindMessages) && fail.Load() {
 			return syscall.EIO
 		}
 		return nil
 	})
 	body := sendBody(t, "hi")
-	fail.Store(1)
+	fail.Store(true)
 	a := post(t, hc, "k1", body)
+	fail.Store(false)
 	if a.status != http.StatusServiceUnavailable || a.body["code"] != "OUTBOX_STORE_UNWRITABLE" ||
 		a.body["outcome"] != "unknown" || a.body["messageId"] == nil || !strings.Contains(a.raw, "same Idempotency-Key") {
 		t.Fatalf("first attempt: %d %s", a.status, a.raw)
@@ -159,8 +162,9 @@ func TestIdempotentSendAfterFailedCommitSync(t *testing.T) {
 		t.Fatalf("%d messages, want 1", n)
 	}
 	// Without a key the answer still says the message may be accepted, and which.
-	fail.Store(1)
+	fail.Store(true)
 	c := post(t, hc, "", sendBody(t, "ho"))
+	fail.Store(false)
 	if c.status != http.StatusServiceUnavailable || c.body["outcome"] != "unknown" || c.body["messageId"] == nil {
 		t.Fatalf("keyless: %d %s", c.status, c.raw)
 	}

@@ -385,7 +385,10 @@ func (s *Store) AcceptedMessage(id string) (*record.Message, error) {
 // An already accepted message is returned by AcceptedMessage (its directories
 // fsynced again), so resuming also finishes an enqueue whose last directory fsync
 // failed. Members that do not form ordinals 0..n-1 of one batch answer
-// OUTBOX_STORE_INVALID.
+// OUTBOX_STORE_INVALID. Before it finishes the enqueue it fsyncs the directories of
+// the records already there (outbox, and messages if the record is there): the
+// interrupted attempt may have renamed them and then failed its directory fsync, and
+// the commit written now must rest on durable records.
 func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*record.Message, bool, error) {
 	if m, err := s.AcceptedMessage(messageID); err != nil || m != nil {
 		return m, m != nil, err
@@ -420,6 +423,15 @@ func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*record.Me
 			return nil, false, invalidAt("outbox/"+o.EnvelopeID, fmt.Errorf("interrupted enqueue of message %s cannot be resumed", messageID))
 		}
 		req.Envelopes = append(req.Envelopes, OutgoingEnvelope{EnvelopeID: o.EnvelopeID, Kind: o.EnvelopeKind, Envelope: o.Envelope})
+	}
+	dirs := map[string]bool{string(record.KindOutbox): true}
+	if m, err := GetAs[*record.Message](s, messageID); err != nil {
+		return nil, false, err
+	} else if m != nil {
+		dirs[string(record.KindMessages)] = true
+	}
+	if err := s.syncDirs(dirs); err != nil {
+		return nil, false, err
 	}
 	m, err := s.Enqueue(ctx, req)
 	if err != nil {

@@ -196,3 +196,47 @@ func TestOneEnvelopeMessageWithMarkerStillValid(t *testing.T) {
 		}
 	}
 }
+
+// An enqueue whose member was renamed but whose outbox fsync failed is resumed by a
+// retry: ResumeEnqueue fsyncs outbox/ again before it renames the message record that
+// commits the member, so the commit never rests on a member that may not be durable.
+func TestResumeSingleAfterFailedMemberSync(t *testing.T) {
+	ctx := context.Background()
+	var failing atomic.Bool
+	var faulty *fsx.Faulty
+	s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
+		faulty = fsx.NewFaulty(inner)
+		faulty.Inject = func(op fsx.Op) error {
+			if failing.Load() && op.Kind == fsx.OpSyncDir && op.Path == string(record.KindOutbox) {
+				return syscall.EIO
+			}
+			return nil
+		}
+		return faulty
+	}})
+	req := sendRequest(t, 1)
+	failing.Store(true)
+	if _, err := s.Enqueue(ctx, req); !errors.Is(err, errcode.OutboxStoreUnwritable) {
+		t.Fatalf("enqueue with a failing outbox fsync: %v", err)
+	}
+	if ids, err := s.List(record.KindMessages); err != nil || len(ids) != 0 {
+		t.Fatalf("the message record was renamed after the member's fsync failed: %v %v", ids, err)
+	}
+	failing.Store(false)
+	faulty.Reset()
+	if m, ok, err := s.ResumeEnqueue(ctx, req.MessageID); err != nil || !ok || m == nil {
+		t.Fatalf("resume: %v %v %v", m, ok, err)
+	}
+	synced := false
+	for _, op := range faulty.Log() {
+		switch {
+		case op.Kind == fsx.OpSyncDir && op.Path == string(record.KindOutbox) && op.Err == nil:
+			synced = true
+		case op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, string(record.KindMessages)+"/") && !synced:
+			t.Fatalf("the message record was renamed before outbox/ was fsynced again: %v", faulty.Log())
+		}
+	}
+	if !synced {
+		t.Fatalf("outbox/ was not fsynced: %v", faulty.Log())
+	}
+}
