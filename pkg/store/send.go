@@ -173,13 +173,8 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 		newBytes += int64(len(e.Envelope))
 	}
 	s.mu.Lock()
-	pending, total := 0, newBytes
-	for _, e := range s.indexOf(record.KindOutbox).outbox {
-		if e.State == record.StatePending {
-			pending++
-		}
-		total += e.Bytes
-	}
+	outbox := s.indexOf(record.KindOutbox)
+	pending, total := outbox.pending, newBytes+outbox.bytes
 	messages := len(s.indexOf(record.KindMessages).messages)
 	s.mu.Unlock()
 	switch {
