@@ -120,18 +120,15 @@ func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old
 	found := 0
 	for i, id := range ids {
 		fp, present := old.fps[id]
+		if present {
+			found++
+		}
 		switch {
 		case flying && id == inFlight:
-			if present {
-				found++
-			}
 		case !present || fp.Ino != inos[i]:
 			changed = append(changed, id)
 		case old.racy[id]:
-			found++
 			reread = append(reread, id)
-		default:
-			found++
 		}
 	}
 	_, flownIndexed := old.fps[inFlight]
