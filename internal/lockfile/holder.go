@@ -92,6 +92,7 @@ func parseHolder(data []byte) *Holder {
 
 type self struct {
 	pid      int
+	euid     int
 	boot     string
 	start    uint64
 	procOK   bool // /proc/self/stat was readable: /proc is mounted
@@ -99,7 +100,7 @@ type self struct {
 }
 
 var selfOnce = sync.OnceValue(func() self {
-	s := self{pid: os.Getpid()}
+	s := self{pid: os.Getpid(), euid: os.Geteuid()}
 	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
 		s.boot = string(bytes.TrimSpace(b))
 	}

@@ -97,7 +97,8 @@ func probe(fsys fsx.FS, write bool) (p probed, err error) {
 			return fail(errChanged)
 		}
 	}
-	buf := make([]byte, maxHolderSize+1)
+	// One pread of the size fstat reported (a larger file is not read past the bound).
+	buf := make([]byte, min(max(st.Size, 0), maxHolderSize+1))
 	n, err := f.ReadAt(buf, 0)
 	switch {
 	case err != nil && err != io.EOF:

@@ -115,7 +115,6 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
-	"os"
 	"syscall"
 	"time"
 
@@ -520,7 +519,7 @@ func checkLockInfo(path string, info fsx.Info) error {
 		return fmt.Errorf("%w: %s is a symbolic link", ErrInvalid, path)
 	case !info.IsRegular():
 		return fmt.Errorf("%w: %s is not a regular file (mode %s)", ErrInvalid, path, fs.FileMode(info.Mode&0o777)|typeBits(info.Mode))
-	case int(info.Uid) != os.Geteuid():
+	case int(info.Uid) != selfInfo().euid:
 		return fmt.Errorf("%w: %s is owned by uid %d", ErrInvalid, path, info.Uid)
 	}
 	return nil
