@@ -45,7 +45,7 @@ func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*Message, error) 
 	// the lock usually finds it current. Losing this race only costs that check a
 	// reconciliation; a cancelled ctx stops here.
 	if err := s.Prepare(ctx); err != nil && ctx.Err() != nil {
-		return nil, err
+		return nil, errcode.Ensure(err, errcode.OutboxStoreBusy, s.dir)
 	}
 	var out *Message
 	err := s.preparedTx(ctx, func(tx *Tx) error {
