@@ -160,10 +160,12 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
 // from the outbox and messages indexes: kept current by this process's publications,
 // and reconciled only if another process published to their kind since.
 func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
-	if err := s.prepareIndexHeld(ctx, KindOutbox); err != nil {
+	outbox, err := s.prepareIndexHeld(ctx, KindOutbox)
+	if err != nil {
 		return err
 	}
-	if err := s.prepareIndexHeld(ctx, KindMessages); err != nil {
+	msgs, err := s.prepareIndexHeld(ctx, KindMessages)
+	if err != nil {
 		return err
 	}
 	var newBytes int64
@@ -172,13 +174,13 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 	}
 	s.mu.Lock()
 	pending, total := 0, newBytes
-	for _, e := range s.indexOf(KindOutbox).outbox {
+	for _, e := range s.answer(KindOutbox, outbox).outbox {
 		if e.State == StatePending {
 			pending++
 		}
 		total += e.Bytes
 	}
-	messages := len(s.indexOf(KindMessages).messages)
+	messages := len(s.answer(KindMessages, msgs).messages)
 	s.mu.Unlock()
 	switch {
 	case pending+len(req.Envelopes) > s.limits.PendingEnvelopes:
@@ -254,12 +256,13 @@ func (s *Store) messageCommitted(ctx context.Context, id string) (bool, error) {
 
 // batchOf returns the batch id of message id's outbox members, or "".
 func (s *Store) batchOf(ctx context.Context, messageID string) (string, error) {
-	if err := s.prepareIndex(ctx, KindOutbox); err != nil {
+	ix, err := s.prepareIndex(ctx, KindOutbox)
+	if err != nil {
 		return "", err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, e := range s.indexOf(KindOutbox).outbox {
+	for _, e := range ix.outbox {
 		if e.MessageID == messageID {
 			return e.BatchID, nil
 		}
