@@ -385,9 +385,10 @@ func (s *Store) stage(ctx context.Context, ws []*write) error {
 	return nil
 }
 
-// abandoned is the error of a transaction whose ctx ended during step (before it was
-// published): OUTBOX_STORE_BUSY, as for a lock wait that ctx cut short, with ctx's error
-// as the cause (errors.Is(err, context.Canceled) holds for a cancelled ctx).
+// abandoned is the error of a transaction whose ctx ended during step: what it had
+// not published by then is not (a prepared transaction publishes nothing).
+// OUTBOX_STORE_BUSY, as for a lock wait that ctx cut short, with ctx's error as the
+// cause (errors.Is(err, context.Canceled) holds for a cancelled ctx).
 func (s *Store) abandoned(ctx context.Context, step string) error {
 	return errcode.New(errcode.OutboxStoreBusy, s.dir, fmt.Errorf("abandoned while %s: %w", step, ctx.Err()))
 }
