@@ -62,6 +62,7 @@ type expectation struct {
 type workload struct {
 	name  string
 	setup func(t *testing.T, s *store.Store, c *clock)
+	arm   func(f *fsx.Faulty) // if set, called with the recording FS before run (to inject)
 	run   func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string))
 }
 
@@ -136,6 +137,9 @@ func explore(t *testing.T, w workload, weaken func(*fsx.Faulty)) result {
 		}
 		return faulty
 	})
+	if w.arm != nil {
+		w.arm(faulty)
+	}
 	var exps []expectation
 	ack := func(r store.Record, more ...store.Record) {
 		for _, r := range append([]store.Record{r}, more...) {
@@ -509,6 +513,7 @@ func workloads() []workload {
 			ack(done)
 		}},
 		staleLockWorkload(),
+		cancelledEnqueueWorkload(),
 		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
 			if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
 				t.Fatal(err)
@@ -583,6 +588,45 @@ func fixedReceipt(c *clock, state string) *store.Receipt {
 	now := time.UnixMilli(1_800_000_000_000)
 	return &store.Receipt{EnvelopeID: "66666666-7777-4888-9999-aaaaaaaaaaaa", SenderDID: string(peer()),
 		EnvelopeDigest: store.Digest([]byte("e")), State: state, ReceivedAt: now.UnixMilli(), RetainUntil: now.Add(24 * time.Hour).UnixMilli()}
+}
+
+// cancelledEnqueueWorkload is an enqueue whose context is cancelled at the first
+// fsync of a staged record: it publishes nothing and removes the temps it staged, so
+// no crash state may hold any of its records.
+func cancelledEnqueueWorkload() workload {
+	var cancel atomic.Pointer[context.CancelFunc]
+	return workload{name: "cancelled-enqueue", arm: func(f *fsx.Faulty) {
+		f.Inject = func(op fsx.Op) error {
+			dir, base, _ := strings.Cut(op.Path, "/")
+			if op.Kind == fsx.OpSync && store.Kind(dir).Valid() && fsx.IsTempName(base) {
+				if c := cancel.Swap(nil); c != nil {
+					(*c)()
+				}
+			}
+			return nil
+		}
+	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+		ctx, stop := context.WithCancel(context.Background())
+		defer stop()
+		cancel.Store(&stop)
+		req := sendRequest(c.Now(), 3)
+		if _, err := s.Enqueue(ctx, req); !errors.Is(err, context.Canceled) || !errors.Is(err, errcode.OutboxStoreBusy) {
+			t.Fatalf("enqueue cancelled while staging: %v", err)
+		}
+		if cancel.Load() != nil {
+			t.Fatal("the enqueue staged nothing")
+		}
+		filepath.WalkDir(s.Dir(), func(p string, e os.DirEntry, err error) error {
+			if err == nil && fsx.IsTempName(e.Name()) {
+				t.Errorf("temp left behind: %s", p)
+			}
+			return nil
+		})
+		gone(store.KindMessages, req.MessageID)
+		for _, e := range req.Envelopes {
+			gone(store.KindOutbox, e.EnvelopeID)
+		}
+	}}
 }
 
 // maintenanceSetup leaves work for every maintenance step: a batch past its deadline,
