@@ -33,7 +33,7 @@ import (
 // Backlog sizes (docs/PERFORMANCE.md): the acceptance sizes in the full report, smaller
 // in the quick report and in the every-benchmark-once smoke run (each row says so).
 var (
-	deliverSize = sized{full: 10_000, quick: 500, smoke: 128}
+	deliverSize = sized{full: 10_000, quick: 200, smoke: 128}
 	cycleSize   = sized{full: 10_000, quick: 2_048, smoke: 128}
 )
 

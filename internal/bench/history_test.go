@@ -45,7 +45,7 @@ func smokeRun() bool {
 // Stored-history sizes of the senders rows.
 var (
 	history10k  = sized{full: 10_000, quick: 10_000, smoke: 10_000}
-	history100k = sized{full: 100_000, quick: 100_000, smoke: 10_000}
+	history100k = sized{full: 100_000, quick: 30_000, smoke: 10_000}
 )
 
 // historyFixture is a store holding n delivered messages, opened once per process.
