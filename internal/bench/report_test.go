@@ -25,7 +25,7 @@ import (
 // Environment:
 //
 //	SEALBRIDGE_BENCH_REPORT=1   run the report (otherwise the test is skipped)
-//	SEALBRIDGE_BENCH_QUICK=1    short benchtime, optional benchmarks left out: under a minute
+//	SEALBRIDGE_BENCH_QUICK=1    short benchtime, smaller backlogs, optional benchmarks left out: a few minutes
 //	SEALBRIDGE_BENCH_RUNS=N     rounds (default 5, at least 5 for the table)
 //	SEALBRIDGE_BENCH_TIME=d     benchtime of each benchmark (default 1s; quick 30ms)
 //	SEALBRIDGE_BENCH_OUT=file   also write the markdown table to file
