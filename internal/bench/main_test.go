@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -89,11 +91,11 @@ func owner() (*identity.Identity, identity.PublicKey, string) {
 
 // newMessage returns a valid queued message record with the given id: the record every
 // write benchmark stores (about 640 bytes once signed).
-func newMessage(peer, id string) *store.Message {
+func newMessage(peer, id string) *record.Message {
 	now := time.Now().UnixMilli()
-	return &store.Message{
-		MessageID: id, Status: store.StatusQueued, PeerOwnerDID: peer,
-		RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: store.Digest([]byte(id)),
+	return &record.Message{
+		MessageID: id, Status: record.StatusQueued, PeerOwnerDID: peer,
+		RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: envelope.Digest([]byte(id)),
 		DeliveryDeadline: now + time.Hour.Milliseconds(), CreatedAt: now, UpdatedAt: now,
 		RetainUntil: now + 8*24*time.Hour.Milliseconds(),
 	}
@@ -111,7 +113,7 @@ func encodeMessage(tb testing.TB, id string) []byte {
 
 func encodeMessageErr(id string) ([]byte, error) {
 	o, _, peer := owner()
-	return store.EncodeRecord(o.Signer(), o.DID(), newMessage(peer, id))
+	return record.Encode(o.Signer(), o.DID(), newMessage(peer, id))
 }
 
 // recordBytes returns one record's signed bytes (the floors write these).
@@ -159,7 +161,7 @@ func openStore(tb testing.TB, opts store.Options) *store.Store {
 func later() time.Time { return time.Now().Add(time.Minute) }
 
 // put durably writes r in its own transaction.
-func put(tb testing.TB, s *store.Store, r store.Record) {
+func put(tb testing.TB, s *store.Store, r record.Record) {
 	if err := s.Transaction(context.Background(), func(tx *store.Tx) error { return tx.Put(r) }); err != nil {
 		tb.Fatal(err)
 	}
@@ -188,7 +190,7 @@ func makeRecords(n int) (*records, error) {
 // writeRecords writes recs as message record files in storeDir/messages (0700/0600),
 // without fsync.
 func writeRecords(storeDir string, recs *records) error {
-	kindDir := filepath.Join(storeDir, string(store.KindMessages))
+	kindDir := filepath.Join(storeDir, string(record.KindMessages))
 	if err := os.MkdirAll(kindDir, 0o700); err != nil {
 		return err
 	}

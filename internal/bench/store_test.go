@@ -15,6 +15,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -61,7 +62,7 @@ func BenchmarkStorePrepared16(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for range b.N {
-		recs := make([]store.Record, groupSize)
+		recs := make([]record.Record, groupSize)
 		for i := range recs {
 			recs[i] = newMessage(peer, uuid.NewString())
 		}
@@ -83,9 +84,9 @@ func sendRequest(n int) store.SendRequest {
 	for i := range n {
 		id := uuid.NewString()
 		env, _ := json.Marshal(map[string]any{"envelopeId": id, "body": fmt.Sprintf("hello %d", i)})
-		kind := store.EnvelopeMessage
+		kind := record.EnvelopeMessage
 		if i > 0 {
-			kind = store.EnvelopeDeliveryStatus
+			kind = record.EnvelopeDeliveryStatus
 		}
 		req.Envelopes = append(req.Envelopes, store.OutgoingEnvelope{EnvelopeID: id, Kind: kind, Envelope: env})
 	}
@@ -209,7 +210,7 @@ func readStore(b *testing.B, opts store.Options) (*store.Store, string) {
 }
 
 func get(b *testing.B, s *store.Store, id string) {
-	r, err := s.Get(store.KindMessages, id)
+	r, err := s.Get(record.KindMessages, id)
 	if err != nil || r == nil {
 		b.Fatalf("Get: %v %v", r, err)
 	}
@@ -250,7 +251,7 @@ func listStore(b *testing.B) (*store.Store, *scanFixture) {
 }
 
 func list(b *testing.B, s *store.Store) {
-	ids, err := s.List(store.KindMessages)
+	ids, err := s.List(record.KindMessages)
 	if err != nil || len(ids) != scanRecords {
 		b.Fatalf("List: %d ids, %v", len(ids), err)
 	}
@@ -280,7 +281,7 @@ func BenchmarkStoreList10kAfterChange(b *testing.B) {
 		b.StopTimer()
 		id := f.recs.ids[i%len(f.recs.ids)]
 		err := w.Transaction(ctx, func(tx *store.Tx) error {
-			m, err := store.TxGet[*store.Message](tx, id)
+			m, err := store.TxGet[*record.Message](tx, id)
 			if err != nil || m == nil {
 				return fmt.Errorf("TxGet %s: %v %v", id, m, err)
 			}
@@ -362,7 +363,7 @@ func churnedStore(b *testing.B) *churnFixture {
 	if err := writeRecords(f.dir, recs); err != nil {
 		b.Fatal(err)
 	}
-	kindDir := filepath.Join(f.dir, string(store.KindMessages))
+	kindDir := filepath.Join(f.dir, string(record.KindMessages))
 	d, err := os.Open(kindDir)
 	if err != nil {
 		b.Fatal(err)
@@ -445,7 +446,7 @@ func BenchmarkStoreRemove1(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for _, id := range recs.ids {
-		if err := s.Transaction(ctx, func(tx *store.Tx) error { return tx.Delete(store.KindMessages, id) }); err != nil {
+		if err := s.Transaction(ctx, func(tx *store.Tx) error { return tx.Delete(record.KindMessages, id) }); err != nil {
 			b.Fatal(err)
 		}
 	}

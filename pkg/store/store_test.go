@@ -13,7 +13,7 @@ import (
 func TestEnqueueAndRead(t *testing.T) {
 	s := openStore(t, store.Options{})
 	req, m := enqueue(t, s, 2)
-	if m.Status != store.StatusQueued {
+	if m.Status != record.StatusQueued {
 		t.Fatalf("status %q", m.Status)
 	}
 	got, err := s.Message(req.MessageID)
