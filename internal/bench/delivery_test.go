@@ -20,6 +20,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -87,7 +88,7 @@ func startRelay(b *testing.B) (*relay.Relay, func()) {
 }
 
 // backlog is n pending envelopes to the relay at relayURL, as the store holds them
-// after Enqueue: messages of store.MaxBatchMembers envelopes (the first of kind
+// after Enqueue: messages of record.MaxBatchMembers envelopes (the first of kind
 // message), each an outbox record per envelope, a message record and a batch marker,
 // signed once per process; and n more envelopes of the same shape for the raw
 // accept rate.
@@ -99,7 +100,7 @@ type backlog struct {
 
 // recordFile is one signed record file of a fixture.
 type recordFile struct {
-	kind store.Kind
+	kind record.Kind
 	id   string
 	data []byte
 }
@@ -132,14 +133,14 @@ func buildBacklog(n int, url string) (*backlog, error) {
 	// Envelopes first (sealing and signing them is most of the work), on every core.
 	envs := make([][]byte, 2*n)
 	envIDs := make([]string, 2*n)
-	msgIDs := make([]string, (n+store.MaxBatchMembers-1)/store.MaxBatchMembers)
+	msgIDs := make([]string, (n+record.MaxBatchMembers-1)/record.MaxBatchMembers)
 	for i := range msgIDs {
 		msgIDs[i] = uuid.NewString()
 	}
 	err := onAllCores(2*n, func(i int) error {
 		msg := uuid.NewString()
 		if i < n {
-			msg = msgIDs[i/store.MaxBatchMembers]
+			msg = msgIDs[i/record.MaxBatchMembers]
 		}
 		e, data, err := envelope.NewMessage(o, identity.DID(peer), msg, body, deadline, now)
 		if err != nil {
@@ -154,29 +155,29 @@ func buildBacklog(n int, url string) (*backlog, error) {
 	bl := &backlog{n: n, raw: envs[n:]}
 	nowMs, deadlineMs := now.UnixMilli(), deadline.UnixMilli()
 	retain := deadlineMs + 7*24*time.Hour.Milliseconds()
-	var recs []store.Record
+	var recs []record.Record
 	for m, msgID := range msgIDs {
-		lo, hi := m*store.MaxBatchMembers, min((m+1)*store.MaxBatchMembers, n)
-		batch := &store.Batch{BatchID: uuid.NewString(), MessageID: msgID, PeerOwnerDID: peer, RelayURL: url,
+		lo, hi := m*record.MaxBatchMembers, min((m+1)*record.MaxBatchMembers, n)
+		batch := &record.Batch{BatchID: uuid.NewString(), MessageID: msgID, PeerOwnerDID: peer, RelayURL: url,
 			DeliveryDeadline: deadlineMs, CreatedAt: nowMs, RetainUntil: retain}
 		for i := lo; i < hi; i++ {
-			kind := store.EnvelopeMessage
+			kind := record.EnvelopeMessage
 			if i > lo {
-				kind = store.EnvelopeDeliveryStatus
+				kind = record.EnvelopeDeliveryStatus
 			}
-			recs = append(recs, &store.Outbox{EnvelopeID: envIDs[i], MessageID: msgID, BatchID: batch.BatchID,
-				EnvelopeKind: kind, State: store.StatePending, Ordinal: i - lo, RelayURL: url, PeerOwnerDID: peer,
+			recs = append(recs, &record.Outbox{EnvelopeID: envIDs[i], MessageID: msgID, BatchID: batch.BatchID,
+				EnvelopeKind: kind, State: record.StatePending, Ordinal: i - lo, RelayURL: url, PeerOwnerDID: peer,
 				DeliveryDeadline: deadlineMs, NextAttemptAt: nowMs, Envelope: envs[i],
-				EnvelopeDigest: store.Digest(envs[i]), RetainUntil: retain})
+				EnvelopeDigest: envelope.Digest(envs[i]), RetainUntil: retain})
 			batch.EnvelopeIDs = append(batch.EnvelopeIDs, envIDs[i])
 		}
-		recs = append(recs, &store.Message{MessageID: msgID, Status: store.StatusQueued, PeerOwnerDID: peer,
-			RelayURL: url, EnvelopeDigest: store.Digest(envs[lo]), DeliveryDeadline: deadlineMs,
+		recs = append(recs, &record.Message{MessageID: msgID, Status: record.StatusQueued, PeerOwnerDID: peer,
+			RelayURL: url, EnvelopeDigest: envelope.Digest(envs[lo]), DeliveryDeadline: deadlineMs,
 			CreatedAt: nowMs, UpdatedAt: nowMs, RetainUntil: retain}, batch)
 	}
 	bl.files = make([]recordFile, len(recs))
 	err = onAllCores(len(recs), func(i int) error {
-		data, err := store.EncodeRecord(o.Signer(), o.DID(), recs[i])
+		data, err := record.Encode(o.Signer(), o.DID(), recs[i])
 		bl.files[i] = recordFile{kind: recs[i].Kind(), id: recs[i].RecordID(), data: data}
 		return err
 	})
@@ -187,7 +188,7 @@ func buildBacklog(n int, url string) (*backlog, error) {
 // then makes them durable with one syncfs, so their write-back is not part of what
 // is measured next.
 func writeFiles(storeDir string, files []recordFile) error {
-	for _, k := range store.Kinds {
+	for _, k := range record.Kinds {
 		if slices.ContainsFunc(files, func(f recordFile) bool { return f.kind == k }) {
 			if err := os.MkdirAll(filepath.Join(storeDir, string(k)), 0o700); err != nil {
 				return err

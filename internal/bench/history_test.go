@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -83,9 +84,9 @@ func historyStore(b *testing.B, n int) *store.Store {
 	files := make([]recordFile, n)
 	err := onAllCores(n, func(i int) error {
 		m := newMessage(peer, uuid.NewString())
-		m.Status, m.Attempts = store.StatusRelayed, 1
-		data, err := store.EncodeRecord(o.Signer(), o.DID(), m)
-		files[i] = recordFile{kind: store.KindMessages, id: m.MessageID, data: data}
+		m.Status, m.Attempts = record.StatusRelayed, 1
+		data, err := record.Encode(o.Signer(), o.DID(), m)
+		files[i] = recordFile{kind: record.KindMessages, id: m.MessageID, data: data}
 		return err
 	})
 	if err == nil {

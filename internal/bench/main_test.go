@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -241,7 +242,7 @@ func scanStore(tb testing.TB) *scanFixture {
 		// Laid out as in a data root (delivery/<hex sha256(owner DID)>): fsck checks
 		// only a directory that looks like a store.
 		o, _, _ := owner()
-		f := &scanFixture{dir: filepath.Join(cacheRoot, "scan10k", filepath.FromSlash(store.StoreDirName(o.DID())))}
+		f := &scanFixture{dir: dataroot.StoreDir(filepath.Join(cacheRoot, "scan10k"), string(o.DID()))}
 		if err := os.MkdirAll(f.dir, 0o700); err != nil {
 			scanErr = err
 			return

@@ -151,7 +151,7 @@ func BenchmarkStoreSenders8Full100k(b *testing.B) {
 // benchSenders is eight concurrent senders enqueueing one-envelope messages on s.
 func benchSenders(b *testing.B, s *store.Store) {
 	ctx := context.Background()
-	ids, err := s.List(store.KindMessages)
+	ids, err := s.List(record.KindMessages)
 	if err != nil {
 		b.Fatal(err)
 	}

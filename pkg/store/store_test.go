@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -58,8 +60,8 @@ func TestLockHoldObserverSeesEveryHold(t *testing.T) {
 	var inside time.Duration
 	err := s.Transaction(context.Background(), func(tx *store.Tx) error {
 		t0 := time.Now()
-		err := tx.Put(&store.Message{MessageID: uuid.NewString(), Status: store.StatusQueued, PeerOwnerDID: string(peerDID(t)),
-			RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: store.Digest([]byte("x")), DeliveryDeadline: time.Now().Add(time.Hour).UnixMilli(),
+		err := tx.Put(&record.Message{MessageID: uuid.NewString(), Status: record.StatusQueued, PeerOwnerDID: string(peerDID(t)),
+			RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: envelope.Digest([]byte("x")), DeliveryDeadline: time.Now().Add(time.Hour).UnixMilli(),
 			CreatedAt: 1, UpdatedAt: 1, RetainUntil: time.Now().Add(time.Hour).UnixMilli()})
 		inside = time.Since(t0)
 		return err
