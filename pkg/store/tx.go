@@ -98,10 +98,15 @@ func (s *Store) lockStore(ctx context.Context) (unlock func() error, lock *lockf
 		return nil, nil, lockError(s.dir, err)
 	}
 	s.lockHolds.Add(1)
-	s.lockWait.Add(int64(time.Since(start)))
+	held := time.Now()
+	s.lockWait.Add(int64(held.Sub(start)))
 	return func() error {
-		defer release()
-		if err := lock.Unlock(); err != nil {
+		err := lock.Unlock()
+		release()
+		if s.lockHeld != nil {
+			s.lockHeld(time.Since(held))
+		}
+		if err != nil {
 			return lockError(s.dir, err)
 		}
 		return nil
