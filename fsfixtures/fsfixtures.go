@@ -9,7 +9,7 @@
 // so the owner DID is confirmed by the directory's name, exactly as for a real store.
 // Keys are fixed test keys (deterministic seeds) and record times are fixed, so record
 // file names and bytes are the same on every run. Valid records are written through
-// the store's own API (store.Open + Transaction, or store.EncodeRecord for the large
+// the store's own API (store.Open + Transaction, or record.Encode for the large
 // fixture) and then damaged by plain file operations.
 //
 // The expected fsck findings of each fixture live in testdata/<name>.golden.json (see
@@ -31,9 +31,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -131,38 +134,38 @@ func Build(t testing.TB, name string, opts ...Option) string {
 		b.temps(true)
 	case "truncated-record":
 		b.base()
-		b.truncate(store.KindMessages, ID("msg-a"))
+		b.truncate(record.KindMessages, ID("msg-a"))
 	case "flipped-byte":
 		b.base()
-		b.flipByte(store.KindOperations, ID("op-1"), `"requestDigest":"`)
+		b.flipByte(record.KindOperations, ID("op-1"), `"requestDigest":"`)
 	case "foreign-signer":
 		b.base()
 		b.foreignRecord()
 	case "wrong-id":
 		b.base()
-		b.copyRecord(store.KindMessages, ID("msg-b"), store.KindMessages, ID("wrong-id"))
+		b.copyRecord(record.KindMessages, ID("msg-b"), record.KindMessages, ID("wrong-id"))
 	case "wrong-kind":
 		b.base()
-		b.copyRecord(store.KindMessages, ID("msg-b"), store.KindReceipts, ID("msg-b"))
+		b.copyRecord(record.KindMessages, ID("msg-b"), record.KindReceipts, ID("msg-b"))
 	case "wrong-mode":
 		b.base()
-		b.chmod(store.RecordPath(store.KindMessages, ID("msg-a")), 0o644)
-		b.chmod(string(store.KindReceipts), 0o755)
+		b.chmod(record.Path(record.KindMessages, ID("msg-a")), 0o644)
+		b.chmod(string(record.KindReceipts), 0o755)
 	case "symlinked-record":
 		b.base()
 		b.symlinkedRecord()
 	case "symlinked-dir":
 		b.base()
-		b.symlinkedDir(store.KindObservations)
+		b.symlinkedDir(record.KindObservations)
 	case "orphan-outbox":
 		b.base()
 		b.orphans()
 	case "batch-missing-member":
 		b.base()
-		b.remove(store.RecordPath(store.KindOutbox, ID("msg-a/envelope/1")))
+		b.remove(record.Path(record.KindOutbox, ID("msg-a/envelope/1")))
 	case "oversize-record":
 		b.base()
-		b.write(store.RecordPath(store.KindMessages, ID("oversize")), []byte(strings.Repeat("x", 300<<10)+"\n"), 0o600)
+		b.write(record.Path(record.KindMessages, ID("oversize")), []byte(strings.Repeat("x", 300<<10)+"\n"), 0o600)
 	case "unknown-file":
 		b.base()
 		b.unknownFiles()
@@ -175,13 +178,13 @@ func Build(t testing.TB, name string, opts ...Option) string {
 	case "combined":
 		b.base()
 		b.temps(false)
-		b.truncate(store.KindMessages, ID("msg-a"))
+		b.truncate(record.KindMessages, ID("msg-a"))
 		b.foreignRecord()
 		b.orphans()
-		b.remove(store.RecordPath(store.KindOutbox, ID("msg-a/envelope/1")))
+		b.remove(record.Path(record.KindOutbox, ID("msg-a/envelope/1")))
 		b.write("notes.txt", []byte("planted\n"), 0o600)
 		b.unacknowledgedReceipt()
-		b.chmod(string(store.KindReceipts), 0o750)
+		b.chmod(string(record.KindReceipts), 0o750)
 		b.staleLock() // last: the store's own writes above would break it
 	default:
 		t.Fatalf("fsfixtures: unknown fixture %q", name)
@@ -214,7 +217,7 @@ func newBuilder(t testing.TB) *builder {
 		t.Fatalf("fsfixtures: open store: %v", err)
 	}
 	b := &builder{t: t, root: root, dir: s.Dir(), owner: owner, s: s}
-	if want := filepath.Join(root, filepath.FromSlash(store.StoreDirName(owner.DID()))); b.dir != want {
+	if want := dataroot.StoreDir(root, string(owner.DID())); b.dir != want {
 		t.Fatalf("fsfixtures: store dir %s, want %s", b.dir, want)
 	}
 	return b
@@ -234,26 +237,26 @@ func (b *builder) tx(fn func(tx *store.Tx) error) {
 
 // message returns the records of an outgoing message of n envelopes: members,
 // message record and batch marker.
-func message(label string, n int, deadline, retain time.Time) ([]*store.Outbox, *store.Message, *store.Batch) {
+func message(label string, n int, deadline, retain time.Time) ([]*record.Outbox, *record.Message, *record.Batch) {
 	mid, bid := ID(label), ID(label+"/batch")
 	peer := string(PeerDID())
-	var members []*store.Outbox
+	var members []*record.Outbox
 	for i := 0; i < n; i++ {
 		eid := ID(fmt.Sprintf("%s/envelope/%d", label, i))
 		env := []byte(fmt.Sprintf(`{"envelopeId":%q,"messageId":%q,"part":%d}`, eid, mid, i))
-		kind := store.EnvelopeMessage
+		kind := record.EnvelopeMessage
 		if i > 0 {
-			kind = store.EnvelopeDeliveryStatus
+			kind = record.EnvelopeDeliveryStatus
 		}
-		members = append(members, &store.Outbox{EnvelopeID: eid, MessageID: mid, BatchID: bid, EnvelopeKind: kind,
-			State: store.StatePending, Ordinal: i, RelayURL: relayURL, PeerOwnerDID: peer,
-			DeliveryDeadline: ms(deadline), NextAttemptAt: ms(T0), Envelope: env, EnvelopeDigest: store.Digest(env),
+		members = append(members, &record.Outbox{EnvelopeID: eid, MessageID: mid, BatchID: bid, EnvelopeKind: kind,
+			State: record.StatePending, Ordinal: i, RelayURL: relayURL, PeerOwnerDID: peer,
+			DeliveryDeadline: ms(deadline), NextAttemptAt: ms(T0), Envelope: env, EnvelopeDigest: envelope.Digest(env),
 			RetainUntil: ms(retain)})
 	}
-	msg := &store.Message{MessageID: mid, Status: store.StatusQueued, PeerOwnerDID: peer, RelayURL: relayURL,
+	msg := &record.Message{MessageID: mid, Status: record.StatusQueued, PeerOwnerDID: peer, RelayURL: relayURL,
 		EnvelopeDigest: members[0].EnvelopeDigest, DeliveryDeadline: ms(deadline), CreatedAt: ms(T0),
 		UpdatedAt: ms(T0), RetainUntil: ms(retain)}
-	batch := &store.Batch{BatchID: bid, MessageID: mid, PeerOwnerDID: peer, RelayURL: relayURL,
+	batch := &record.Batch{BatchID: bid, MessageID: mid, PeerOwnerDID: peer, RelayURL: relayURL,
 		DeliveryDeadline: ms(deadline), CreatedAt: ms(T0), RetainUntil: ms(retain)}
 	for _, m := range members {
 		batch.EnvelopeIDs = append(batch.EnvelopeIDs, m.EnvelopeID)
@@ -265,7 +268,7 @@ func message(label string, n int, deadline, retain time.Time) ([]*store.Outbox, 
 func (b *builder) send(label string, n int, deadline, retain time.Time) {
 	members, msg, batch := message(label, n, deadline, retain)
 	b.tx(func(tx *store.Tx) error {
-		recs := []store.Record{msg}
+		recs := []record.Record{msg}
 		for _, m := range members {
 			recs = append(recs, m)
 		}
@@ -278,14 +281,14 @@ func (b *builder) send(label string, n int, deadline, retain time.Time) {
 
 // inboundRecords returns a receipt in state and the observation of the same
 // envelope (same sender and digest).
-func inboundRecords(label, state string, retain time.Time) (*store.Receipt, *store.Observation) {
+func inboundRecords(label, state string, retain time.Time) (*record.Receipt, *record.Observation) {
 	eid, mid := ID(label+"/envelope"), ID(label+"/message")
 	env := []byte(fmt.Sprintf(`{"envelopeId":%q,"messageId":%q}`, eid, mid))
-	d := store.Digest(env)
+	d := envelope.Digest(env)
 	peer := string(PeerDID())
-	r := &store.Receipt{EnvelopeID: eid, SenderDID: peer, EnvelopeDigest: d, State: state,
+	r := &record.Receipt{EnvelopeID: eid, SenderDID: peer, EnvelopeDigest: d, State: state,
 		ReceivedAt: ms(T0), RetainUntil: ms(retain)}
-	o := &store.Observation{MessageID: mid, SenderDID: peer, EnvelopeDigest: d, CreatedAt: ms(T0),
+	o := &record.Observation{MessageID: mid, SenderDID: peer, EnvelopeDigest: d, CreatedAt: ms(T0),
 		DeliveryDeadline: ms(Far), Facts: []json.RawMessage{json.RawMessage(`{"fact":"received"}`)},
 		Published: []string{ID(label + "/published")}, RetainUntil: ms(retain)}
 	return r, o
@@ -299,13 +302,13 @@ func (b *builder) base() {
 	retain := Far.Add(week)
 	b.send("msg-a", 2, Far, retain)
 	b.send("msg-b", 1, Far, retain)
-	r1, o1 := inboundRecords("in-1", store.ReceiptProcessed, retain)
-	r2, _ := inboundRecords("in-2", store.ReceiptPersisted, retain)
-	req := store.Digest([]byte("request-1"))
-	op := &store.Operation{OperationID: ID("op-1"), RequestDigest: req, State: store.OperationDone,
+	r1, o1 := inboundRecords("in-1", record.ReceiptProcessed, retain)
+	r2, _ := inboundRecords("in-2", record.ReceiptPersisted, retain)
+	req := envelope.Digest([]byte("request-1"))
+	op := &record.Operation{OperationID: ID("op-1"), RequestDigest: req, State: record.OperationDone,
 		CreatedAt: ms(T0), LeaseUntil: ms(T0.Add(2 * time.Minute)),
 		Response: json.RawMessage(fmt.Sprintf(`{"messageId":%q}`, ID("msg-a"))), RetainUntil: ms(T0.Add(100 * 365 * 24 * time.Hour))}
-	bind := &store.Binding{KeyHash: store.IdempotencyID("fixture-key-1"), OperationID: op.OperationID,
+	bind := &record.Binding{KeyHash: record.IdempotencyID("fixture-key-1"), OperationID: op.OperationID,
 		RequestDigest: req, CreatedAt: ms(T0), RetainUntil: op.RetainUntil}
 	b.tx(func(tx *store.Tx) error { return tx.PutAll(r1, o1, r2, op) })
 	b.tx(func(tx *store.Tx) error { return tx.Put(bind) })
@@ -360,9 +363,9 @@ func (b *builder) age(rel string, d time.Duration) {
 }
 
 // encode signs r with the owner key, as the store does.
-func (b *builder) encode(signer *identity.Identity, r store.Record) []byte {
+func (b *builder) encode(signer *identity.Identity, r record.Record) []byte {
 	b.t.Helper()
-	data, err := store.EncodeRecord(signer.Signer(), signer.DID(), r)
+	data, err := record.Encode(signer.Signer(), signer.DID(), r)
 	if err != nil {
 		b.t.Fatalf("fsfixtures: encode: %v", err)
 	}
@@ -406,29 +409,29 @@ func (b *builder) liveLock() {
 // temps plants staged writes left by crashes: two older than store.TempMaxAge, and,
 // if young, one just written (perhaps in progress).
 func (b *builder) temps(young bool) {
-	rec := b.read(store.RecordPath(store.KindOutbox, ID("msg-a/envelope/0")))
-	old1 := string(store.KindOutbox) + "/." + ID("temp-1") + ".tmp"
+	rec := b.read(record.Path(record.KindOutbox, ID("msg-a/envelope/0")))
+	old1 := string(record.KindOutbox) + "/." + ID("temp-1") + ".tmp"
 	b.write(old1, rec[:len(rec)/2], 0o600)
 	b.age(old1, 2*time.Hour)
-	old2 := string(store.KindMessages) + "/." + ID("temp-2") + ".tmp"
+	old2 := string(record.KindMessages) + "/." + ID("temp-2") + ".tmp"
 	b.write(old2, nil, 0o600)
 	b.age(old2, 3*time.Hour)
 	if young {
-		b.write(string(store.KindReceipts)+"/."+ID("temp-3")+".tmp", rec, 0o600)
+		b.write(string(record.KindReceipts)+"/."+ID("temp-3")+".tmp", rec, 0o600)
 	}
 }
 
 // truncate cuts a record file to half its length.
-func (b *builder) truncate(k store.Kind, id string) {
-	rel := store.RecordPath(k, id)
+func (b *builder) truncate(k record.Kind, id string) {
+	rel := record.Path(k, id)
 	data := b.read(rel)
 	b.write(rel, data[:len(data)/2], 0o600)
 }
 
 // flipByte flips the lowest bit of the byte ten bytes after marker in a record.
-func (b *builder) flipByte(k store.Kind, id, marker string) {
+func (b *builder) flipByte(k record.Kind, id, marker string) {
 	b.t.Helper()
-	rel := store.RecordPath(k, id)
+	rel := record.Path(k, id)
 	data := b.read(rel)
 	i := strings.Index(string(data), marker)
 	if i < 0 {
@@ -441,12 +444,12 @@ func (b *builder) flipByte(k store.Kind, id, marker string) {
 // foreignRecord plants a well-formed message record signed by another key.
 func (b *builder) foreignRecord() {
 	_, msg, _ := message("msg-foreign", 1, Far, Far.Add(week))
-	b.write(store.RecordPath(store.KindMessages, msg.MessageID), b.encode(Foreign(), msg), 0o600)
+	b.write(record.Path(record.KindMessages, msg.MessageID), b.encode(Foreign(), msg), 0o600)
 }
 
 // copyRecord copies a valid record file to another kind or id.
-func (b *builder) copyRecord(fromKind store.Kind, fromID string, toKind store.Kind, toID string) {
-	b.write(store.RecordPath(toKind, toID), b.read(store.RecordPath(fromKind, fromID)), 0o600)
+func (b *builder) copyRecord(fromKind record.Kind, fromID string, toKind record.Kind, toID string) {
+	b.write(record.Path(toKind, toID), b.read(record.Path(fromKind, fromID)), 0o600)
 }
 
 // symlinkedRecord plants a record name that is a symbolic link to a valid record
@@ -457,17 +460,17 @@ func (b *builder) symlinkedRecord() {
 	if err := os.MkdirAll(filepath.Dir(outside), 0o700); err != nil {
 		b.t.Fatal(err)
 	}
-	if err := os.WriteFile(outside, b.read(store.RecordPath(store.KindMessages, ID("msg-b"))), 0o600); err != nil {
+	if err := os.WriteFile(outside, b.read(record.Path(record.KindMessages, ID("msg-b"))), 0o600); err != nil {
 		b.t.Fatal(err)
 	}
-	if err := os.Symlink(outside, b.path(store.RecordPath(store.KindMessages, ID("symlinked")))); err != nil {
+	if err := os.Symlink(outside, b.path(record.Path(record.KindMessages, ID("symlinked")))); err != nil {
 		b.t.Fatal(err)
 	}
 }
 
 // symlinkedDir moves a kind directory out of the store and leaves a symbolic link to
 // it in its place.
-func (b *builder) symlinkedDir(k store.Kind) {
+func (b *builder) symlinkedDir(k record.Kind) {
 	b.t.Helper()
 	elsewhere := filepath.Join(b.root, "elsewhere")
 	if err := os.MkdirAll(elsewhere, 0o700); err != nil {
@@ -497,7 +500,7 @@ func (b *builder) unknownFiles() {
 	b.t.Helper()
 	b.write("notes.txt", []byte("planted\n"), 0o600)
 	b.write("outbox/README", []byte("planted\n"), 0o600)
-	b.write(store.RecordPath(store.KindMessages, ID("msg-a"))+".bak", b.read(store.RecordPath(store.KindMessages, ID("msg-a"))), 0o600)
+	b.write(record.Path(record.KindMessages, ID("msg-a"))+".bak", b.read(record.Path(record.KindMessages, ID("msg-a"))), 0o600)
 	b.write("cache/index", []byte("planted\n"), 0o600)
 	if err := os.Chmod(b.path("cache"), 0o700); err != nil {
 		b.t.Fatal(err)
@@ -508,7 +511,7 @@ func (b *builder) unknownFiles() {
 // receipt. Maintenance removes them; fsck only notes them.
 func (b *builder) expired() {
 	b.send("msg-old", 1, T0.Add(time.Hour), T0.Add(24*time.Hour))
-	r, _ := inboundRecords("in-old", store.ReceiptTerminal, T0.Add(24*time.Hour))
+	r, _ := inboundRecords("in-old", record.ReceiptTerminal, T0.Add(24*time.Hour))
 	b.tx(func(tx *store.Tx) error { return tx.Put(r) })
 }
 
@@ -517,31 +520,31 @@ func (b *builder) expired() {
 // relay (or when it crashed in between). The store refuses to lower a receipt, so it
 // is planted directly over the processed one.
 func (b *builder) unacknowledgedReceipt() {
-	r, _ := inboundRecords("in-1", store.ReceiptPersisted, Far.Add(week))
-	b.write(store.RecordPath(store.KindReceipts, r.RecordID()), b.encode(b.owner, r), 0o600)
+	r, _ := inboundRecords("in-1", record.ReceiptPersisted, Far.Add(week))
+	b.write(record.Path(record.KindReceipts, r.RecordID()), b.encode(b.owner, r), 0o600)
 }
 
 // large writes n valid records: committed messages of one envelope (member, message,
-// marker), then receipts for the remainder. They are encoded with store.EncodeRecord
+// marker), then receipts for the remainder. They are encoded with record.Encode
 // on every core and written without fsync (a test fixture needs no durability).
 func (b *builder) large(n int) {
 	b.t.Helper()
 	retain := Far.Add(week)
 	type file struct {
 		rel string
-		rec store.Record
+		rec record.Record
 	}
 	var files []file
 	for i := 0; len(files) < n; i++ {
 		if n-len(files) >= 3 {
 			members, msg, batch := message(fmt.Sprintf("large/%d", i), 1, Far, retain)
-			files = append(files, file{store.RecordPath(store.KindOutbox, members[0].EnvelopeID), members[0]},
-				file{store.RecordPath(store.KindMessages, msg.MessageID), msg},
-				file{store.RecordPath(store.KindBatches, batch.BatchID), batch})
+			files = append(files, file{record.Path(record.KindOutbox, members[0].EnvelopeID), members[0]},
+				file{record.Path(record.KindMessages, msg.MessageID), msg},
+				file{record.Path(record.KindBatches, batch.BatchID), batch})
 			continue
 		}
-		r, _ := inboundRecords(fmt.Sprintf("large/%d", i), store.ReceiptPersisted, retain)
-		files = append(files, file{store.RecordPath(store.KindReceipts, r.RecordID()), r})
+		r, _ := inboundRecords(fmt.Sprintf("large/%d", i), record.ReceiptPersisted, retain)
+		files = append(files, file{record.Path(record.KindReceipts, r.RecordID()), r})
 	}
 	fsys := fsx.NewOS(b.dir)
 	if _, err := fsx.MkdirPrivate(fsx.NewOS(b.root), "delivery"); err != nil {
@@ -550,7 +553,7 @@ func (b *builder) large(n int) {
 	if _, err := fsx.MkdirPrivate(fsx.NewOS(filepath.Dir(b.dir)), filepath.Base(b.dir)); err != nil {
 		b.t.Fatal(err)
 	}
-	for _, k := range []store.Kind{store.KindOutbox, store.KindMessages, store.KindBatches, store.KindReceipts} {
+	for _, k := range []record.Kind{record.KindOutbox, record.KindMessages, record.KindBatches, record.KindReceipts} {
 		if _, err := fsx.MkdirPrivate(fsys, string(k)); err != nil {
 			b.t.Fatal(err)
 		}
@@ -563,7 +566,7 @@ func (b *builder) large(n int) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(files); i += workers {
-				data, err := store.EncodeRecord(b.owner.Signer(), b.owner.DID(), files[i].rec)
+				data, err := record.Encode(b.owner.Signer(), b.owner.DID(), files[i].rec)
 				if err == nil {
 					err = os.WriteFile(b.path(files[i].rel), data, 0o600)
 				}

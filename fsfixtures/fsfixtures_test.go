@@ -10,6 +10,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/fsfixtures"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -108,8 +109,8 @@ func TestValidFixtureIsReadableByTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
-	for _, k := range store.Kinds {
-		err := s.Scan(context.Background(), k, func(store.Record) error { n++; return nil })
+	for _, k := range record.Kinds {
+		err := s.Scan(context.Background(), k, func(record.Record) error { n++; return nil })
 		if err != nil {
 			t.Fatalf("%s: %v", k, err)
 		}
@@ -125,7 +126,7 @@ func TestValidFixtureIsReadableByTheStore(t *testing.T) {
 func TestValidLargeHasTheRequestedSize(t *testing.T) {
 	dir := fsfixtures.Build(t, "valid-large", fsfixtures.Records(301))
 	n := 0
-	for _, k := range store.Kinds {
+	for _, k := range record.Kinds {
 		ents, _ := os.ReadDir(filepath.Join(dir, string(k)))
 		n += len(ents)
 	}

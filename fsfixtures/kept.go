@@ -9,11 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // ValidRecords returns the bytes of every record file of the store at dir that the
-// store accepts by content (store.ParseRecord with the fixtures' owner), by relative
+// store accepts by content (record.Parse with the fixtures' owner), by relative
 // path. It judges independently of fsck, for tests of fsck.
 func ValidRecords(t testing.TB, dir string) map[string][]byte {
 	t.Helper()
@@ -23,7 +24,7 @@ func ValidRecords(t testing.TB, dir string) map[string][]byte {
 		t.Fatal(err)
 	}
 	out := map[string][]byte{}
-	for _, k := range store.Kinds {
+	for _, k := range record.Kinds {
 		ents, err := os.ReadDir(filepath.Join(dir, string(k)))
 		if err != nil {
 			continue // absent, or not a directory we follow
@@ -33,15 +34,15 @@ func ValidRecords(t testing.TB, dir string) map[string][]byte {
 		}
 		for _, e := range ents {
 			id, ok := strings.CutSuffix(e.Name(), ".json")
-			if !ok || !e.Type().IsRegular() || !store.ValidID(k, id) {
+			if !ok || !e.Type().IsRegular() || !record.ValidID(k, id) {
 				continue
 			}
 			data, err := os.ReadFile(filepath.Join(dir, string(k), e.Name()))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := store.ParseRecord(k, id, data, owner, key); err == nil {
-				out[store.RecordPath(k, id)] = data
+			if _, err := record.Parse(k, id, data, owner, key); err == nil {
+				out[record.Path(k, id)] = data
 			}
 		}
 	}

@@ -15,7 +15,7 @@ import (
 	"testing"
 
 	"github.com/sealbridge/sealbridge/fsfixtures"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // bin is the sealbridge-fsck binary built once for this package's tests.
@@ -171,12 +171,12 @@ func TestSIGINTDuringCheck(t *testing.T) {
 func TestSIGINTDuringRepair(t *testing.T) {
 	dir := fsfixtures.Build(t, "valid-large", fsfixtures.Records(900))
 	// Remove every batch marker: 300 orphan members to move, one by one.
-	ents, err := os.ReadDir(filepath.Join(dir, string(store.KindBatches)))
+	ents, err := os.ReadDir(filepath.Join(dir, string(record.KindBatches)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		if err := os.Remove(filepath.Join(dir, string(store.KindBatches), e.Name())); err != nil {
+		if err := os.Remove(filepath.Join(dir, string(record.KindBatches), e.Name())); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"io"
 	"os"
 	"os/signal"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/buildinfo"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/sealbridge/sealbridge/internal/cli"
@@ -26,7 +27,6 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 const usage = `usage: sealbridge-fsck [--json] [--repair] [--progress] [--identity NAME|DID] STORE-DIR
@@ -203,7 +203,7 @@ func parseArgs(args []string, stderr io.Writer) (config, error) {
 		}
 		return c, nil
 	}
-	root, err := store.DataRoot(c.home)
+	root, err := dataroot.Resolve(c.home)
 	if err != nil {
 		return c, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -235,7 +235,7 @@ func resolveOwner(cfg *config) error {
 		cfg.identity = id.DID()
 	}
 	if cfg.viaHome {
-		cfg.dir = filepath.Join(cfg.root, filepath.FromSlash(store.StoreDirName(cfg.identity)))
+		cfg.dir = dataroot.StoreDir(cfg.root, string(cfg.identity))
 	}
 	return nil
 }

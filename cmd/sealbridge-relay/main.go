@@ -15,7 +15,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"io"
 	"log/slog"
 	"net"
@@ -26,12 +25,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/buildinfo"
+
 	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 func main() {
@@ -106,7 +106,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	root, err := store.DataRoot(home)
+	root, err := dataroot.Resolve(home)
 	if err != nil {
 		return errcode.WithHint(err, "give --home DIR")
 	}

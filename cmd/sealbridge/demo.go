@@ -17,8 +17,8 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relay"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // Bounds of the demo.
@@ -225,7 +225,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 		did  identity.DID
 	}{{alice.name, dm.root, alice.did}, {bob.name, dm.root, bob.did}, {"relay", relayHome, rid.DID()}}
 	for _, s := range stores {
-		p, err := dm.fsck(ctx, s.name, filepath.Join(s.home, filepath.FromSlash(store.StoreDirName(s.did))), s.did)
+		p, err := dm.fsck(ctx, s.name, dataroot.StoreDir(s.home, string(s.did)), s.did)
 		if err != nil {
 			return err
 		}
@@ -476,7 +476,7 @@ func (dm *demo) fsck(ctx context.Context, name, dir string, owner identity.DID) 
 
 // received counts the observations in nd's store (read after its daemon stopped).
 func (dm *demo) received(nd *node) (int, error) {
-	ids, err := nd.d.Store().List(store.KindObservations)
+	ids, err := nd.d.Store().List(record.KindObservations)
 	if err != nil {
 		return 0, fmt.Errorf("%s's received messages: %w", nd.name, err)
 	}

@@ -9,10 +9,10 @@ import (
 	"os"
 
 	"github.com/sealbridge/sealbridge/internal/cli"
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/identity"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // who is the identity a command acts as: a data root and a name in it.
@@ -31,7 +31,7 @@ func identityFlags(fs *flag.FlagSet) *who {
 
 // resolve resolves the data root (--home, $SEALBRIDGE_HOME, …).
 func (w *who) resolve() error {
-	root, err := store.DataRoot(w.home)
+	root, err := dataroot.Resolve(w.home)
 	if err != nil {
 		return withHint(err, "give --home DIR")
 	}

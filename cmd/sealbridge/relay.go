@@ -15,7 +15,6 @@ import (
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // relayKeyFile is the reference relay's key under its data root (the same name
@@ -36,7 +35,7 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	root, err := store.DataRoot(home)
+	root, err := dataroot.Resolve(home)
 	if err != nil {
 		return withHint(err, "give --home DIR")
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -31,7 +32,7 @@ func startFaultyDaemon(t *testing.T, home, name string, fail *atomic.Bool) *daem
 	return runDaemon(t, daemon.Options{Home: home, Identity: name, Store: store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
 		f := fsx.NewFaulty(inner)
 		f.Inject = func(op fsx.Op) error {
-			if op.Kind == fsx.OpSyncDir && op.Path == string(store.KindBatches) && fail.Load() {
+			if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindBatches) && fail.Load() {
 				return syscall.EIO
 			}
 			return nil
@@ -51,7 +52,7 @@ func noSleep(t *testing.T) *[]time.Duration {
 
 func storedMessages(t *testing.T, d *daemon.Daemon) []string {
 	t.Helper()
-	ids, err := d.Store().List(store.KindMessages)
+	ids, err := d.Store().List(record.KindMessages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestSendRetriesAnUnknownOutcome(t *testing.T) {
 		t.Fatalf("%d retries, want 1 (waits %v)", len(*waits), *waits)
 	}
 	// One operation: every attempt used one key.
-	if ops, err := d.Store().List(store.KindOperations); err != nil || len(ops) != 1 || ops[0] != ids[0] {
+	if ops, err := d.Store().List(record.KindOperations); err != nil || len(ops) != 1 || ops[0] != ids[0] {
 		t.Fatalf("operations %v %v, want the message's", ops, err)
 	}
 }

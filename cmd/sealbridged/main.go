@@ -15,18 +15,19 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"io"
 	iofs "io/fs"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/sealbridge/sealbridge/internal/buildinfo"
+	"github.com/sealbridge/sealbridge/internal/dataroot"
+
 	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 func main() {
@@ -117,7 +118,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		InboxRelay: *inboxRelay, PollEvery: *pollEvery})
 	if err != nil {
 		if errors.Is(err, iofs.ErrNotExist) && errcode.HintOf(err) == "" {
-			if root, rerr := store.DataRoot(home); rerr == nil {
+			if root, rerr := dataroot.Resolve(home); rerr == nil {
 				err = errcode.WithHint(err, "create it with: sealbridge init --home "+cli.ShellQuote(root)+" --identity "+cli.ShellQuote(name))
 			}
 		}

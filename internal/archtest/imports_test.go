@@ -26,17 +26,18 @@ var allowed = map[string][]string{
 	// system calls of its own.
 	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58"},
 	"pkg/envelope": {"pkg/identity", "internal/uuid"},
+	"pkg/record":   {"pkg/envelope", "pkg/identity", "pkg/errcode", "internal/uuid"},
 	// relayproto: the relay protocol, both of its sides: relay serves it, carrier and daemon speak it.
 	"pkg/relayproto": {"pkg/envelope", "pkg/identity"},
-	"pkg/store": {"internal/fsx", "internal/lockfile", "internal/lru", "internal/dataroot", "pkg/identity",
+	"pkg/store": {"pkg/record", "internal/fsx", "internal/lockfile", "internal/lru", "internal/dataroot", "pkg/identity",
 		"pkg/envelope", "pkg/errcode", "internal/uuid"},
-	"pkg/fsck":    {"pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
-	"pkg/carrier": {"pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "internal/uuid", "golang.org/x/sys"},
-	"pkg/relay":   {"pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "internal/fsx", "internal/uuid"},
+	"pkg/fsck":    {"pkg/record", "pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
+	"pkg/carrier": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "internal/uuid", "golang.org/x/sys"},
+	"pkg/relay":   {"pkg/record", "pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "internal/fsx", "internal/uuid"},
 	"pkg/client":  {"pkg/errcode", "internal/dataroot"},
-	"pkg/daemon": {"pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "pkg/relayproto",
+	"pkg/daemon": {"pkg/record", "pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "pkg/relayproto",
 		"internal/dataroot", "internal/uuid", "github.com/prometheus/client_golang"},
-	"fsfixtures": {"pkg/store", "pkg/identity", "pkg/envelope", "internal/fsx", "internal/uuid"},
+	"fsfixtures": {"pkg/store", "pkg/record", "internal/dataroot", "pkg/identity", "pkg/envelope", "internal/fsx", "internal/uuid"},
 }
 
 func TestImportEdges(t *testing.T) {

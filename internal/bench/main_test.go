@@ -15,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -89,11 +92,11 @@ func owner() (*identity.Identity, identity.PublicKey, string) {
 
 // newMessage returns a valid queued message record with the given id: the record every
 // write benchmark stores (about 640 bytes once signed).
-func newMessage(peer, id string) *store.Message {
+func newMessage(peer, id string) *record.Message {
 	now := time.Now().UnixMilli()
-	return &store.Message{
-		MessageID: id, Status: store.StatusQueued, PeerOwnerDID: peer,
-		RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: store.Digest([]byte(id)),
+	return &record.Message{
+		MessageID: id, Status: record.StatusQueued, PeerOwnerDID: peer,
+		RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: envelope.Digest([]byte(id)),
 		DeliveryDeadline: now + time.Hour.Milliseconds(), CreatedAt: now, UpdatedAt: now,
 		RetainUntil: now + 8*24*time.Hour.Milliseconds(),
 	}
@@ -111,7 +114,7 @@ func encodeMessage(tb testing.TB, id string) []byte {
 
 func encodeMessageErr(id string) ([]byte, error) {
 	o, _, peer := owner()
-	return store.EncodeRecord(o.Signer(), o.DID(), newMessage(peer, id))
+	return record.Encode(o.Signer(), o.DID(), newMessage(peer, id))
 }
 
 // recordBytes returns one record's signed bytes (the floors write these).
@@ -159,7 +162,7 @@ func openStore(tb testing.TB, opts store.Options) *store.Store {
 func later() time.Time { return time.Now().Add(time.Minute) }
 
 // put durably writes r in its own transaction.
-func put(tb testing.TB, s *store.Store, r store.Record) {
+func put(tb testing.TB, s *store.Store, r record.Record) {
 	if err := s.Transaction(context.Background(), func(tx *store.Tx) error { return tx.Put(r) }); err != nil {
 		tb.Fatal(err)
 	}
@@ -188,7 +191,7 @@ func makeRecords(n int) (*records, error) {
 // writeRecords writes recs as message record files in storeDir/messages (0700/0600),
 // without fsync.
 func writeRecords(storeDir string, recs *records) error {
-	kindDir := filepath.Join(storeDir, string(store.KindMessages))
+	kindDir := filepath.Join(storeDir, string(record.KindMessages))
 	if err := os.MkdirAll(kindDir, 0o700); err != nil {
 		return err
 	}
@@ -236,8 +239,11 @@ var (
 // scanStore returns the shared 10,000-record store, building it on first use.
 func scanStore(tb testing.TB) *scanFixture {
 	scanOnce.Do(func() {
-		f := &scanFixture{dir: filepath.Join(cacheRoot, "scan10k")}
-		if err := os.Mkdir(f.dir, 0o700); err != nil {
+		// Laid out as in a data root (delivery/<hex sha256(owner DID)>): fsck checks
+		// only a directory that looks like a store.
+		o, _, _ := owner()
+		f := &scanFixture{dir: dataroot.StoreDir(filepath.Join(cacheRoot, "scan10k"), string(o.DID()))}
+		if err := os.MkdirAll(f.dir, 0o700); err != nil {
 			scanErr = err
 			return
 		}

@@ -11,7 +11,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
 	"github.com/sealbridge/sealbridge/internal/uuid"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // The parts of the durable write path, each alone, so the gap between
@@ -59,13 +59,13 @@ func BenchmarkPartFsxWrite(b *testing.B) {
 	reportRate(b, float64(b.N), "records/s")
 }
 
-// BenchmarkPartEncode is store.EncodeRecord of a fresh message record: validate,
+// BenchmarkPartEncode is record.Encode of a fresh message record: validate,
 // encode, strict decode back, sign (identity.SignDomain verifies what it signed).
 func BenchmarkPartEncode(b *testing.B) {
 	o, _, peer := owner()
 	b.ResetTimer()
 	for range b.N {
-		if _, err := store.EncodeRecord(o.Signer(), o.DID(), newMessage(peer, uuid.NewString())); err != nil {
+		if _, err := record.Encode(o.Signer(), o.DID(), newMessage(peer, uuid.NewString())); err != nil {
 			b.Fatal(err)
 		}
 	}

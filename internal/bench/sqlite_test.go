@@ -13,13 +13,13 @@ import (
 	_ "modernc.org/sqlite" // database/sql driver "sqlite" (pure Go)
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // The alternative our users have: put the outbox in SQLite (WAL, synchronous=FULL),
 // or in bbolt. Every row is the same signed record bytes the store writes, signed in
-// the timed loop (store.EncodeRecord: validate, encode, sign), so the work is the
-// same; reads parse and verify what they read with store.ParseRecord, as ours do.
+// the timed loop (record.Encode: validate, encode, sign), so the work is the
+// same; reads parse and verify what they read with record.Parse, as ours do.
 
 // sqliteDSN opens path in WAL mode with synchronous=FULL (an fsync of the WAL at every
 // commit: durable like ours), a busy timeout, and BEGIN IMMEDIATE transactions.
@@ -186,7 +186,7 @@ func sqliteScan(tb testing.TB) (*sql.DB, *scanFixture) {
 // parse checks a record read from a database exactly as the store checks a file.
 func parse(id string, data []byte) error {
 	o, key, _ := owner()
-	_, err := store.ParseRecord(store.KindMessages, id, data, o.DID(), key)
+	_, err := record.Parse(record.KindMessages, id, data, o.DID(), key)
 	return err
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/crashtest"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -30,7 +31,7 @@ func faultOps() []faultOp {
 	return []faultOp{
 		{"single-write", func(s *store.Store, c *clock) error { return put(ctx, s, newMessage(c.Now())) }},
 		{"removal", func(s *store.Store, c *clock) error {
-			return s.Transaction(ctx, func(tx *store.Tx) error { return tx.Delete(store.KindMessages, fixedMessage(c).MessageID) })
+			return s.Transaction(ctx, func(tx *store.Tx) error { return tx.Delete(record.KindMessages, fixedMessage(c).MessageID) })
 		}},
 		{"enqueue", func(s *store.Store, c *clock) error { _, err := s.Enqueue(ctx, sendRequest(c.Now(), 2)); return err }},
 		{"prepared-3", func(s *store.Store, c *clock) error {
@@ -39,7 +40,7 @@ func faultOps() []faultOp {
 			})
 		}},
 		{"receipt-change", func(s *store.Store, c *clock) error {
-			return s.PreparedTransaction(ctx, func(tx *store.Tx) error { return tx.Put(fixedReceipt(c, store.ReceiptProcessed)) })
+			return s.PreparedTransaction(ctx, func(tx *store.Tx) error { return tx.Put(fixedReceipt(c, record.ReceiptProcessed)) })
 		}},
 		{"idempotency", func(s *store.Store, c *clock) error {
 			start, err := s.BeginOperation(ctx, "k", []byte(`{}`))
@@ -63,7 +64,7 @@ func faultOps() []faultOp {
 // receipt to raise, and the maintenance fixture.
 func faultSetup(t *testing.T, dir string, c *clock) {
 	s := openAt(t, dir, c, nil)
-	if err := put(context.Background(), s, fixedMessage(c), fixedReceipt(c, store.ReceiptPersisted)); err != nil {
+	if err := put(context.Background(), s, fixedMessage(c), fixedReceipt(c, record.ReceiptPersisted)); err != nil {
 		t.Fatal(err)
 	}
 	maintenanceSetup(t, s, c)
@@ -71,9 +72,9 @@ func faultSetup(t *testing.T, dir string, c *clock) {
 }
 
 // readAll returns every record of the store that reads, by path.
-func readAll(t *testing.T, s *store.Store) map[string]store.Record {
-	out := map[string]store.Record{}
-	for _, k := range store.Kinds {
+func readAll(t *testing.T, s *store.Store) map[string]record.Record {
+	out := map[string]record.Record{}
+	for _, k := range record.Kinds {
 		ids, err := s.List(k)
 		if err != nil {
 			t.Fatalf("list %s: %v", k, err)
@@ -83,7 +84,7 @@ func readAll(t *testing.T, s *store.Store) map[string]store.Record {
 			if err != nil {
 				t.Fatalf("%s/%s unreadable after a fault: %v", k, id, err)
 			}
-			out[store.RecordPath(k, id)] = r
+			out[record.Path(k, id)] = r
 		}
 	}
 	return out

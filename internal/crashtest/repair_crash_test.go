@@ -13,6 +13,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/crashtest"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -154,7 +155,7 @@ func staleLockWorkload() workload {
 		}
 		old := time.Unix(86400, 0)
 		os.Chtimes(filepath.Join(s.Dir(), ".lock"), old, old)
-	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 		m := newMessage(c.Now())
 		if err := put(context.Background(), s, m); err != nil {
 			t.Fatal(err)

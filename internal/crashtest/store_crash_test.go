@@ -17,11 +17,14 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/crashtest"
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -52,9 +55,9 @@ func (c *clock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
 type expectation struct {
 	at   int
 	path string
-	kind store.Kind
+	kind record.Kind
 	id   string
-	rec  store.Record
+	rec  record.Record
 }
 
 // workload runs the operation under test on s (over the recording file system) and
@@ -77,7 +80,7 @@ type result struct {
 // 0700, as the store requires of it.
 func privateDir(t testing.TB) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), filepath.FromSlash(store.StoreDirName(owner(t).DID())))
+	dir := dataroot.StoreDir(t.TempDir(), string(owner(t).DID()))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -92,9 +95,9 @@ func openAt(t testing.TB, dir string, c *clock, wrap func(fsx.FS) fsx.FS) *store
 	return s
 }
 
-func newMessage(now time.Time) *store.Message {
-	return &store.Message{MessageID: uuid.NewString(), Status: store.StatusQueued, PeerOwnerDID: string(peer()),
-		RelayURL: "http://127.0.0.1:9/", EnvelopeDigest: store.Digest([]byte("m")), DeliveryDeadline: now.Add(time.Hour).UnixMilli(),
+func newMessage(now time.Time) *record.Message {
+	return &record.Message{MessageID: uuid.NewString(), Status: record.StatusQueued, PeerOwnerDID: string(peer()),
+		RelayURL: "http://127.0.0.1:9/", EnvelopeDigest: envelope.Digest([]byte("m")), DeliveryDeadline: now.Add(time.Hour).UnixMilli(),
 		CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli(), RetainUntil: now.Add(2 * time.Hour).UnixMilli()}
 }
 
@@ -104,9 +107,9 @@ func sendRequest(now time.Time, n int) store.SendRequest {
 	for i := 0; i < n; i++ {
 		id := uuid.NewString()
 		env, _ := json.Marshal(map[string]any{"envelopeId": id, "n": i})
-		kind := store.EnvelopeMessage
+		kind := record.EnvelopeMessage
 		if i > 0 {
-			kind = store.EnvelopeDeliveryStatus
+			kind = record.EnvelopeDeliveryStatus
 		}
 		req.Envelopes = append(req.Envelopes, store.OutgoingEnvelope{EnvelopeID: id, Kind: kind, Envelope: env})
 	}
@@ -141,13 +144,13 @@ func explore(t *testing.T, w workload, weaken func(*fsx.Faulty)) result {
 		w.arm(faulty)
 	}
 	var exps []expectation
-	ack := func(r store.Record, more ...store.Record) {
-		for _, r := range append([]store.Record{r}, more...) {
-			exps = append(exps, expectation{at: faulty.Count(), path: store.RecordPath(r.Kind(), r.RecordID()), kind: r.Kind(), id: r.RecordID(), rec: r})
+	ack := func(r record.Record, more ...record.Record) {
+		for _, r := range append([]record.Record{r}, more...) {
+			exps = append(exps, expectation{at: faulty.Count(), path: record.Path(r.Kind(), r.RecordID()), kind: r.Kind(), id: r.RecordID(), rec: r})
 		}
 	}
-	gone := func(k store.Kind, id string) {
-		exps = append(exps, expectation{at: faulty.Count(), path: store.RecordPath(k, id), kind: k, id: id})
+	gone := func(k record.Kind, id string) {
+		exps = append(exps, expectation{at: faulty.Count(), path: record.Path(k, id), kind: k, id: id})
 	}
 	w.run(t, s, c, ack, gone)
 	log := faulty.Log()
@@ -164,7 +167,7 @@ func explore(t *testing.T, w workload, weaken func(*fsx.Faulty)) result {
 	for i, st := range states {
 		// Where the store lives in a data root: fsck checks only a directory laid
 		// out so.
-		sdir := filepath.Join(t.TempDir(), filepath.FromSlash(store.StoreDirName(owner(t).DID())))
+		sdir := dataroot.StoreDir(t.TempDir(), string(owner(t).DID()))
 		if err := os.MkdirAll(sdir, 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -194,15 +197,15 @@ func ageTree(t *testing.T, dir string) {
 
 // attemptedVersions parses every record the log wrote (and the initial tree holds),
 // by path: the only records a crash state may show as valid.
-func attemptedVersions(t *testing.T, initial *crashtest.Tree, log []fsx.Op) map[string][]store.Record {
-	out := map[string][]store.Record{}
+func attemptedVersions(t *testing.T, initial *crashtest.Tree, log []fsx.Op) map[string][]record.Record {
+	out := map[string][]record.Record{}
 	id := owner(t)
 	parse := func(path string, data []byte) {
 		kind, base, ok := strings.Cut(path, "/")
 		if !ok {
 			return
 		}
-		k := store.Kind(kind)
+		k := record.Kind(kind)
 		if !k.Valid() {
 			return
 		}
@@ -214,9 +217,9 @@ func attemptedVersions(t *testing.T, initial *crashtest.Tree, log []fsx.Op) map[
 			return
 		}
 		_ = base
-		r, err := store.ParseRecord(k, h.ID, data, id.DID(), id.Public())
+		r, err := record.Parse(k, h.ID, data, id.DID(), id.Public())
 		if err == nil {
-			p := store.RecordPath(k, h.ID)
+			p := record.Path(k, h.ID)
 			out[p] = append(out[p], r)
 		}
 	}
@@ -232,7 +235,7 @@ func attemptedVersions(t *testing.T, initial *crashtest.Tree, log []fsx.Op) map[
 }
 
 // checkState opens the store in dir and checks the invariants of DESIGN §16.
-func checkState(t *testing.T, dir string, c *clock, st crashtest.State, exps []expectation, versions map[string][]store.Record) []string {
+func checkState(t *testing.T, dir string, c *clock, st crashtest.State, exps []expectation, versions map[string][]record.Record) []string {
 	var bad []string
 	// 6. .generation, if present, starts with a whole header: it is only ever made
 	// by a durable replace, so no crash tears it.
@@ -263,7 +266,7 @@ func checkState(t *testing.T, dir string, c *clock, st crashtest.State, exps []e
 		bad = append(bad, fmt.Sprintf("acknowledged %s lost: got %s", p, summary(got)))
 	}
 	// 2. Nothing invalid is returned as valid: every record that reads is one we wrote.
-	for _, k := range store.Kinds {
+	for _, k := range record.Kinds {
 		ids, err := s.List(k)
 		if err != nil {
 			bad = append(bad, fmt.Sprintf("list %s: %v", k, err))
@@ -277,20 +280,20 @@ func checkState(t *testing.T, dir string, c *clock, st crashtest.State, exps []e
 				}
 				continue
 			}
-			if got != nil && !isVersion(got, versions[store.RecordPath(k, id)]) {
+			if got != nil && !isVersion(got, versions[record.Path(k, id)]) {
 				bad = append(bad, fmt.Sprintf("%s/%s read as a record never written: %s", k, id, summary(got)))
 			}
 		}
 	}
 	// 3. A batch is all or nothing: every marker's members are present and consistent,
 	// and a queued message is visible only with its marker.
-	batches, _ := s.List(store.KindBatches)
+	batches, _ := s.List(record.KindBatches)
 	for _, b := range batches {
 		if _, err := s.Committed(b); err != nil {
 			bad = append(bad, fmt.Sprintf("batch %s: %v", b, err))
 		}
 	}
-	msgs, _ := s.List(store.KindMessages)
+	msgs, _ := s.List(record.KindMessages)
 	for _, id := range msgs {
 		m, err := s.Message(id)
 		if err != nil {
@@ -321,7 +324,7 @@ func checkState(t *testing.T, dir string, c *clock, st crashtest.State, exps []e
 }
 
 // checkFsck runs fsck, repair, and fsck again on a crash state.
-func checkFsck(t *testing.T, dir string, c *clock, st crashtest.State, exps []expectation, versions map[string][]store.Record) []string {
+func checkFsck(t *testing.T, dir string, c *clock, st crashtest.State, exps []expectation, versions map[string][]record.Record) []string {
 	var bad []string
 	ctx := context.Background()
 	opts := fsck.Options{Owner: owner(t).DID()}
@@ -371,7 +374,7 @@ func checkFsck(t *testing.T, dir string, c *clock, st crashtest.State, exps []ex
 
 // laterChange reports whether got is the result of a change to e's record made after
 // e was acknowledged (a write or removal whose call had not returned at the crash).
-func laterChange(exps []expectation, e expectation, got store.Record, versions map[string][]store.Record) bool {
+func laterChange(exps []expectation, e expectation, got record.Record, versions map[string][]record.Record) bool {
 	if got == nil {
 		// absent: allowed only if a removal was attempted after the acknowledgement
 		for _, x := range exps {
@@ -396,7 +399,7 @@ func laterChange(exps []expectation, e expectation, got store.Record, versions m
 	return false
 }
 
-func isVersion(r store.Record, vs []store.Record) bool {
+func isVersion(r record.Record, vs []record.Record) bool {
 	for _, v := range vs {
 		if reflect.DeepEqual(v, r) {
 			return true
@@ -405,7 +408,7 @@ func isVersion(r store.Record, vs []store.Record) bool {
 	return false
 }
 
-func summary(r store.Record) string {
+func summary(r record.Record) string {
 	if r == nil {
 		return "<absent>"
 	}
@@ -416,7 +419,7 @@ func summary(r store.Record) string {
 	return string(b)
 }
 
-func put(ctx context.Context, s *store.Store, recs ...store.Record) error {
+func put(ctx context.Context, s *store.Store, recs ...record.Record) error {
 	return s.Transaction(ctx, func(tx *store.Tx) error { return tx.PutAll(recs...) })
 }
 
@@ -424,7 +427,7 @@ func put(ctx context.Context, s *store.Store, recs ...store.Record) error {
 func workloads() []workload {
 	ctx := context.Background()
 	return []workload{
-		{name: "single-write", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+		{name: "single-write", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			m := newMessage(c.Now())
 			if err := put(ctx, s, m); err != nil {
 				t.Fatal(err)
@@ -435,14 +438,14 @@ func workloads() []workload {
 			if err := put(ctx, s, fixedMessage(c)); err != nil {
 				t.Fatal(err)
 			}
-		}, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+		}, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			id := fixedMessage(c).MessageID
-			if err := s.Transaction(ctx, func(tx *store.Tx) error { return tx.Delete(store.KindMessages, id) }); err != nil {
+			if err := s.Transaction(ctx, func(tx *store.Tx) error { return tx.Delete(record.KindMessages, id) }); err != nil {
 				t.Fatal(err)
 			}
-			gone(store.KindMessages, id)
+			gone(record.KindMessages, id)
 		}},
-		{name: "enqueue-3-envelopes", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+		{name: "enqueue-3-envelopes", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			req := sendRequest(c.Now(), 3)
 			m, err := s.Enqueue(ctx, req)
 			if err != nil {
@@ -456,11 +459,11 @@ func workloads() []workload {
 			for _, o := range members {
 				ack(o)
 			}
-			b, _ := store.GetAs[*store.Batch](s, members[0].BatchID)
+			b, _ := store.GetAs[*record.Batch](s, members[0].BatchID)
 			ack(b)
 		}},
-		{name: "prepared-4-records", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
-			var recs []store.Record
+		{name: "prepared-4-records", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+			var recs []record.Record
 			for range 4 {
 				recs = append(recs, newMessage(c.Now()))
 			}
@@ -470,19 +473,19 @@ func workloads() []workload {
 			ack(recs[0], recs[1:]...)
 		}},
 		{name: "receipt-state-change", setup: func(t *testing.T, s *store.Store, c *clock) {
-			if err := put(ctx, s, fixedReceipt(c, store.ReceiptPersisted)); err != nil {
+			if err := put(ctx, s, fixedReceipt(c, record.ReceiptPersisted)); err != nil {
 				t.Fatal(err)
 			}
-		}, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
-			r := fixedReceipt(c, store.ReceiptProcessed)
+		}, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+			r := fixedReceipt(c, record.ReceiptProcessed)
 			if err := s.PreparedTransaction(ctx, func(tx *store.Tx) error { return tx.Put(r) }); err != nil {
 				t.Fatal(err)
 			}
 			ack(r)
 		}},
-		{name: "maintenance", setup: maintenanceSetup, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
-			ids, _ := s.List(store.KindOutbox)
-			batches, _ := s.List(store.KindBatches)
+		{name: "maintenance", setup: maintenanceSetup, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+			ids, _ := s.List(record.KindOutbox)
+			batches, _ := s.List(record.KindBatches)
 			c.ns.Add(int64(2 * time.Hour)) // past the deadlines and the retention of one record
 			rep, err := s.Maintain(ctx)
 			if err != nil || len(rep.Errors) > 0 {
@@ -492,24 +495,24 @@ func workloads() []workload {
 				t.Fatalf("maintenance did not run every step: %+v", rep)
 			}
 			for _, id := range ids {
-				gone(store.KindOutbox, id)
+				gone(record.KindOutbox, id)
 			}
 			for _, id := range batches {
-				gone(store.KindBatches, id)
+				gone(record.KindBatches, id)
 			}
 		}},
-		{name: "idempotency-bind-and-response", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+		{name: "idempotency-bind-and-response", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			start, err := s.BeginOperation(ctx, "key", []byte(`{"q":1}`))
 			if err != nil {
 				t.Fatal(err)
 			}
 			ack(start.Operation)
-			b, _ := store.GetAs[*store.Binding](s, store.IdempotencyID("key"))
+			b, _ := store.GetAs[*record.Binding](s, record.IdempotencyID("key"))
 			ack(b)
 			if err := s.CompleteOperation(ctx, start.Operation.OperationID, json.RawMessage(`{"ok":true}`)); err != nil {
 				t.Fatal(err)
 			}
-			done, _ := store.GetAs[*store.Operation](s, start.Operation.OperationID)
+			done, _ := store.GetAs[*record.Operation](s, start.Operation.OperationID)
 			ack(done)
 		}},
 		staleLockWorkload(),
@@ -519,7 +522,7 @@ func workloads() []workload {
 				t.Fatal(err)
 			}
 		}},
-		{name: "generation-compaction", setup: compactionSetup, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+		{name: "generation-compaction", setup: compactionSetup, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			// The first publication finds .generation at its bound and replaces it
 			// (temp, fsync, rename, directory fsync) before its own rename; the
 			// enqueue after it appends to the new file.
@@ -544,7 +547,7 @@ func workloads() []workload {
 			for _, o := range members {
 				ack(o)
 			}
-			b, _ := store.GetAs[*store.Batch](s, members[0].BatchID)
+			b, _ := store.GetAs[*record.Batch](s, members[0].BatchID)
 			ack(b)
 		}},
 	}
@@ -578,16 +581,16 @@ func compactionSetup(t *testing.T, s *store.Store, c *clock) {
 	}
 }
 
-func fixedMessage(c *clock) *store.Message {
+func fixedMessage(c *clock) *record.Message {
 	m := newMessage(time.UnixMilli(1_800_000_000_000))
 	m.MessageID = "11111111-2222-4333-8444-555555555555"
 	return m
 }
 
-func fixedReceipt(c *clock, state string) *store.Receipt {
+func fixedReceipt(c *clock, state string) *record.Receipt {
 	now := time.UnixMilli(1_800_000_000_000)
-	return &store.Receipt{EnvelopeID: "66666666-7777-4888-9999-aaaaaaaaaaaa", SenderDID: string(peer()),
-		EnvelopeDigest: store.Digest([]byte("e")), State: state, ReceivedAt: now.UnixMilli(), RetainUntil: now.Add(24 * time.Hour).UnixMilli()}
+	return &record.Receipt{EnvelopeID: "66666666-7777-4888-9999-aaaaaaaaaaaa", SenderDID: string(peer()),
+		EnvelopeDigest: envelope.Digest([]byte("e")), State: state, ReceivedAt: now.UnixMilli(), RetainUntil: now.Add(24 * time.Hour).UnixMilli()}
 }
 
 // cancelledEnqueueWorkload is an enqueue whose context is cancelled at the first
@@ -643,14 +646,14 @@ func maintenanceSetup(t *testing.T, s *store.Store, c *clock) {
 	if _, err := s.Enqueue(ctx, settled); err != nil {
 		t.Fatal(err)
 	}
-	o, _ := store.GetAs[*store.Outbox](s, settled.Envelopes[0].EnvelopeID)
-	o.State = store.StateRelayed
+	o, _ := store.GetAs[*record.Outbox](s, settled.Envelopes[0].EnvelopeID)
+	o.State = record.StateRelayed
 	env := json.RawMessage(`{"orphan":1}`)
-	orphan := &store.Outbox{EnvelopeID: uuid.NewString(), MessageID: uuid.NewString(), BatchID: uuid.NewString(),
-		EnvelopeKind: store.EnvelopeMessage, State: store.StatePending, RelayURL: "http://127.0.0.1:9/", PeerOwnerDID: string(peer()),
+	orphan := &record.Outbox{EnvelopeID: uuid.NewString(), MessageID: uuid.NewString(), BatchID: uuid.NewString(),
+		EnvelopeKind: record.EnvelopeMessage, State: record.StatePending, RelayURL: "http://127.0.0.1:9/", PeerOwnerDID: string(peer()),
 		DeliveryDeadline: now.Add(48 * time.Hour).UnixMilli(), NextAttemptAt: now.UnixMilli(), Envelope: env,
-		EnvelopeDigest: store.Digest(env), RetainUntil: now.Add(72 * time.Hour).UnixMilli()}
-	r := fixedReceipt(c, store.ReceiptTerminal)
+		EnvelopeDigest: envelope.Digest(env), RetainUntil: now.Add(72 * time.Hour).UnixMilli()}
+	r := fixedReceipt(c, record.ReceiptTerminal)
 	r.EnvelopeID = uuid.NewString()
 	r.ReceivedAt, r.RetainUntil = now.UnixMilli(), now.Add(time.Hour).UnixMilli()
 	if err := put(ctx, s, o, orphan, r); err != nil {

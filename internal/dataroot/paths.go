@@ -15,6 +15,7 @@ package dataroot
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 )
@@ -56,4 +57,31 @@ func SocketPaths(root, did string) []string {
 		paths = append(paths, filepath.Join(rt, RuntimeSubdir, name))
 	}
 	return append(paths, filepath.Join(root, RunDir, name))
+}
+
+// Resolve returns the absolute data root: home if set, else $SEALBRIDGE_HOME, else
+// $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge. It reads the
+// environment and nothing on disk.
+func Resolve(home string) (string, error) {
+	switch {
+	case home != "":
+	case os.Getenv("SEALBRIDGE_HOME") != "":
+		home = os.Getenv("SEALBRIDGE_HOME")
+	case os.Getenv("XDG_STATE_HOME") != "":
+		home = filepath.Join(os.Getenv("XDG_STATE_HOME"), "sealbridge")
+	default:
+		h, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("no data root: set --home or SEALBRIDGE_HOME: %w", err)
+		}
+		home = filepath.Join(h, ".local", "state", "sealbridge")
+	}
+	return filepath.Abs(home)
+}
+
+// StoreDir returns the store directory of did under the data root root:
+// <root>/delivery/<hex sha256(did)>.
+func StoreDir(root, did string) string {
+	sum := sha256.Sum256([]byte(did))
+	return filepath.Join(root, DeliveryDir, hex.EncodeToString(sum[:]))
 }

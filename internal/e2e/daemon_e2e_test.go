@@ -16,12 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // The four commands, built once per test binary into binDir (removed by TestMain).
@@ -153,7 +153,7 @@ func TestDaemonCrashIdempotentResend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, _ := store.DataRoot(home)
+	root, _ := dataroot.Resolve(home)
 	c := client.New(client.SocketPath(root, string(me.DID())))
 	req := func(i int) client.SendRequest {
 		return client.SendRequest{To: string(peer.DID()), RelayURL: relayURL, Body: fmt.Appendf(nil, "message %d", i)}

@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/identity"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // rulesBinaries are the four commands, built once into a temp directory.
@@ -142,8 +143,8 @@ func newRulesHomes(t *testing.T) *rulesHomes {
 		t.Fatal(err)
 	}
 	h.did = string(id.DID())
-	h.storeDir = filepath.Join(h.home, filepath.FromSlash(store.StoreDirName(id.DID())))
-	mkdirPrivate(t, filepath.Join(h.storeDir, string(store.KindOutbox)), filepath.Join(h.home, "run"))
+	h.storeDir = dataroot.StoreDir(h.home, string(id.DID()))
+	mkdirPrivate(t, filepath.Join(h.storeDir, string(record.KindOutbox)), filepath.Join(h.home, "run"))
 
 	rid, err := identity.Generate()
 	if err != nil {
@@ -153,8 +154,8 @@ func newRulesHomes(t *testing.T) *rulesHomes {
 	if err := identity.WriteKeyFile(filepath.Join(h.relayHome, "relay-identity.pem"), rid); err != nil {
 		t.Fatal(err)
 	}
-	h.relayStore = filepath.Join(h.relayHome, filepath.FromSlash(store.StoreDirName(rid.DID())))
-	mkdirPrivate(t, filepath.Join(h.relayStore, string(store.KindReceipts)),
+	h.relayStore = dataroot.StoreDir(h.relayHome, string(rid.DID()))
+	mkdirPrivate(t, filepath.Join(h.relayStore, string(record.KindReceipts)),
 		filepath.Join(h.relayHome, "relay", filepath.Base(h.relayStore)))
 	return h
 }
@@ -215,10 +216,10 @@ func TestEveryBinaryRefusesABrokenDataRootRule(t *testing.T) {
 		return func(h *rulesHomes) string { return filepath.Join(h.relayHome, rel) }
 	}
 	storeDir := func(h *rulesHomes) string { return h.storeDir }
-	kindDir := func(h *rulesHomes) string { return filepath.Join(h.storeDir, string(store.KindOutbox)) }
+	kindDir := func(h *rulesHomes) string { return filepath.Join(h.storeDir, string(record.KindOutbox)) }
 	relayStore := func(h *rulesHomes) string { return h.relayStore }
 	relayInbox := func(h *rulesHomes) string { return filepath.Join(h.relayHome, "relay", filepath.Base(h.relayStore)) }
-	relayKind := func(h *rulesHomes) string { return filepath.Join(h.relayStore, string(store.KindReceipts)) }
+	relayKind := func(h *rulesHomes) string { return filepath.Join(h.relayStore, string(record.KindReceipts)) }
 	rules := []rule{
 		{name: "data root symlink", path: home, break_: toSymlink, fsckCode: "data-root-unsafe"},
 		{name: "data root 0777", path: home, break_: toMode(0o777), fsckCode: "data-root-unsafe"},

@@ -12,11 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // inboundNode is one daemon identity of the inbound test: its home, DID, store
@@ -37,13 +38,13 @@ func newInboundNode(t *testing.T, name, relayURL string) *inboundNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := store.DataRoot(home)
+	root, err := dataroot.Resolve(home)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &inboundNode{
 		name: name, home: home, did: id.DID(),
-		storeDir: filepath.Join(root, filepath.FromSlash(store.StoreDirName(id.DID()))),
+		storeDir: dataroot.StoreDir(root, string(id.DID())),
 		c:        client.New(client.SocketPath(root, string(id.DID()))),
 		args: []string{"--home", home, "--log-level", "warn", "--send-timeout", "2s", "--lease-for", "3s",
 			"--inbox-relay", relayURL, "--poll-every", "50ms"},
@@ -86,7 +87,7 @@ func (n *inboundNode) start(t *testing.T, bin string) *daemonProc {
 // observations counts the node's observation records on disk.
 func (n *inboundNode) observations(t *testing.T) int {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(n.storeDir, string(store.KindObservations), "*.json"))
+	m, err := filepath.Glob(filepath.Join(n.storeDir, string(record.KindObservations), "*.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -132,7 +133,7 @@ func enqueue(t *testing.T, st *store.Store, to identity.DID, relayURL string) st
 	}
 	_, err = st.Enqueue(context.Background(), store.SendRequest{
 		MessageID: en.MessageID(), PeerOwnerDID: to, RelayURL: relayURL, DeliveryDeadline: en.DeliveryDeadline(),
-		Envelopes: []store.OutgoingEnvelope{{EnvelopeID: en.ID(), Kind: store.EnvelopeMessage, Envelope: data}},
+		Envelopes: []store.OutgoingEnvelope{{EnvelopeID: en.ID(), Kind: record.EnvelopeMessage, Envelope: data}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +165,7 @@ func relayedCount(t *testing.T, st *store.Store) (relayed, total int) {
 		t.Fatal(err)
 	}
 	for _, s := range sums {
-		if s.State == store.StateRelayed {
+		if s.State == record.StateRelayed {
 			relayed++
 		}
 	}

@@ -7,6 +7,7 @@ package uuid
 import (
 	"crypto/rand"
 	"crypto/sha1"
+	"crypto/sha256"
 	"encoding/hex"
 )
 
@@ -34,6 +35,19 @@ func FromURL(url string) string {
 	var b [16]byte
 	copy(b[:], h.Sum(nil))
 	b[6] = b[6]&0x0f | 0x50 // version 5
+	b[8] = b[8]&0x3f | 0x80
+	return format(b)
+}
+
+// FromDomain returns the name-based (version 8, RFC 9562) UUID made from
+// SHA-256(domain 0x00 name): the derived ids of records (a receipt's id from its
+// envelope id, a confirmation's message id), so that a retry after a crash finds the
+// same file and a sender's chosen id never names a file by itself.
+func FromDomain(domain, name string) string {
+	sum := sha256.Sum256([]byte(domain + "\x00" + name))
+	var b [16]byte
+	copy(b[:], sum[:16])
+	b[6] = b[6]&0x0f | 0x80 // version 8
 	b[8] = b[8]&0x3f | 0x80
 	return format(b)
 }

@@ -60,3 +60,24 @@ func TestValidNearMisses(t *testing.T) {
 		}
 	}
 }
+
+// TestFromDomain: the derived id is a valid version-8 UUID, fixed for a domain and
+// name, and changes with either (the domain separates receipt ids from confirmation
+// ids of the same envelope).
+func TestFromDomain(t *testing.T) {
+	a := FromDomain("sealbridge/receipt-id/v1", "0b6f2d8e-1c34-4a7b-9e21-3f5d6c7b8a90")
+	if !Valid(a) || a[14] != '8' || !strings.ContainsRune("89ab", rune(a[19])) {
+		t.Fatalf("FromDomain = %q: not a version-8 RFC 9562 UUID", a)
+	}
+	if a != FromDomain("sealbridge/receipt-id/v1", "0b6f2d8e-1c34-4a7b-9e21-3f5d6c7b8a90") {
+		t.Fatal("FromDomain is not deterministic")
+	}
+	if a == FromDomain("sealbridge/confirmation-id/v1", "0b6f2d8e-1c34-4a7b-9e21-3f5d6c7b8a90") ||
+		a == FromDomain("sealbridge/receipt-id/v1", "1c7a3e9f-2d45-4b8c-8f32-4a6e7d8c9ba1") {
+		t.Fatal("FromDomain ignores its domain or its name")
+	}
+	// The domain and the name are separated: moving a byte across the boundary changes the id.
+	if FromDomain("ab", "c") == FromDomain("a", "bc") {
+		t.Fatal("FromDomain does not separate domain and name")
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -90,10 +91,10 @@ func TestBackoffSequence(t *testing.T) {
 		}
 	}
 	o := h.outbox(req.Envelopes[0].EnvelopeID)
-	if o.State != store.StatePending || o.Attempts != h.tr.count() || o.Lease != nil || !strings.Contains(o.LastError, "503") {
+	if o.State != record.StatePending || o.Attempts != h.tr.count() || o.Lease != nil || !strings.Contains(o.LastError, "503") {
 		t.Fatalf("outbox after failures: %+v", o)
 	}
-	if m := h.message(req.MessageID); m.Attempts != o.Attempts || m.Status != store.StatusQueued {
+	if m := h.message(req.MessageID); m.Attempts != o.Attempts || m.Status != record.StatusQueued {
 		t.Fatalf("message %+v", m)
 	}
 	if st := h.c.Stats(); st.Attempts["failed"] != uint64(h.tr.count()) {
@@ -140,10 +141,10 @@ func TestRetryAfterHonoured(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("gaps %v, want %v", got, want)
 	}
-	if o := h.outbox(req.Envelopes[0].EnvelopeID); o.State != store.StateRelayed || o.Attempts != 4 {
+	if o := h.outbox(req.Envelopes[0].EnvelopeID); o.State != record.StateRelayed || o.Attempts != 4 {
 		t.Fatalf("outbox %+v", o)
 	}
-	if m := h.message(req.MessageID); m.Status != store.StatusRelayed {
+	if m := h.message(req.MessageID); m.Status != record.StatusRelayed {
 		t.Fatalf("message %+v", m)
 	}
 }
@@ -238,9 +239,9 @@ func TestSlowTargetDoesNotDelayOthers(t *testing.T) {
 	h.start()
 	waitFor(t, "every other target delivered", func() bool { return h.c.quiet(0, 1) && h.tr.count() == 1+15*6 })
 	for _, r := range reqs {
-		want := store.StateRelayed
+		want := record.StateRelayed
 		if r.RelayURL == stuck {
-			want = store.StatePending
+			want = record.StatePending
 		}
 		for _, e := range r.Envelopes {
 			if o := h.outbox(e.EnvelopeID); o.State != want {
@@ -297,7 +298,7 @@ func TestUnreachableProbe(t *testing.T) {
 			if e.EnvelopeID == probed {
 				wantAttempts = 13
 			}
-			if o.Attempts != wantAttempts || o.UnreachableSince != t0.UnixMilli() || o.State != store.StatePending {
+			if o.Attempts != wantAttempts || o.UnreachableSince != t0.UnixMilli() || o.State != record.StatePending {
 				t.Fatalf("envelope %s: attempts %d since %d, want %d since %d", e.EnvelopeID, o.Attempts, o.UnreachableSince, wantAttempts, t0.UnixMilli())
 			}
 		}
@@ -309,7 +310,7 @@ func TestUnreachableProbe(t *testing.T) {
 	}
 	for _, r := range []store.SendRequest{r1, r2, r3} {
 		for _, e := range r.Envelopes {
-			if o := h.outbox(e.EnvelopeID); o.State != store.StateRelayed || o.UnreachableSince != 0 {
+			if o := h.outbox(e.EnvelopeID); o.State != record.StateRelayed || o.UnreachableSince != 0 {
 				t.Fatalf("after recovery: %+v", o)
 			}
 		}
@@ -335,8 +336,8 @@ func TestOfflineExpiry(t *testing.T) {
 	h.stop()
 	for _, r := range []store.SendRequest{r1, r2} {
 		for _, e := range r.Envelopes {
-			err := h.s.Update(context.Background(), store.KindOutbox, e.EnvelopeID, func(cur store.Record) (store.Record, error) {
-				o := cur.(*store.Outbox)
+			err := h.s.Update(context.Background(), record.KindOutbox, e.EnvelopeID, func(cur record.Record) (record.Record, error) {
+				o := cur.(*record.Outbox)
 				o.UnreachableSince, o.NextAttemptAt = since, t0.UnixMilli()
 				return o, nil
 			})
@@ -359,17 +360,17 @@ func TestOfflineExpiry(t *testing.T) {
 		t.Fatalf("probes at %v", probes)
 	}
 	for _, r := range []store.SendRequest{r1, r2} {
-		if m := h.message(r.MessageID); m.Status != store.StatusClosed || m.ClosedBy != store.ClosedByExpired || !strings.Contains(m.LastError, "30 days") {
+		if m := h.message(r.MessageID); m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByExpired || !strings.Contains(m.LastError, "30 days") {
 			t.Fatalf("message %+v", m)
 		}
 		for _, e := range r.Envelopes {
 			o := h.outbox(e.EnvelopeID)
-			if o.State != store.StateClosed || !strings.Contains(o.LastError, "unreachable for 30 days") || !strings.Contains(o.LastError, relayA) {
+			if o.State != record.StateClosed || !strings.Contains(o.LastError, "unreachable for 30 days") || !strings.Contains(o.LastError, relayA) {
 				t.Fatalf("outbox %+v", o)
 			}
 		}
 	}
-	if o := h.outbox(other.Envelopes[0].EnvelopeID); o.State != store.StatePending {
+	if o := h.outbox(other.Envelopes[0].EnvelopeID); o.State != record.StatePending {
 		t.Fatalf("another target's envelope expired: %+v", o)
 	}
 	if st := h.c.Stats(); st.Closed["expired"] != 3 {
@@ -390,10 +391,10 @@ func TestRefusedCloses(t *testing.T) {
 		t.Fatalf("%d sends", h.tr.count())
 	}
 	o := h.outbox(req.Envelopes[0].EnvelopeID)
-	if o.State != store.StateClosed || !strings.Contains(o.LastError, "400") || o.Lease != nil {
+	if o.State != record.StateClosed || !strings.Contains(o.LastError, "400") || o.Lease != nil {
 		t.Fatalf("outbox %+v", o)
 	}
-	if m := h.message(req.MessageID); m.Status != store.StatusClosed || m.ClosedBy != store.ClosedByRefused || !strings.Contains(m.LastError, "400") {
+	if m := h.message(req.MessageID); m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByRefused || !strings.Contains(m.LastError, "400") {
 		t.Fatalf("message %+v", m)
 	}
 	h.settle()
@@ -421,11 +422,11 @@ func TestDeadlineCloses(t *testing.T) {
 		t.Fatalf("%d sends: %v", len(sends), sends)
 	}
 	o := h.outbox(req.Envelopes[0].EnvelopeID)
-	if o.State != store.StateClosed || !strings.Contains(o.LastError, errcode.OutboxDeadlineExpired.String()) {
+	if o.State != record.StateClosed || !strings.Contains(o.LastError, errcode.OutboxDeadlineExpired.String()) {
 		t.Fatalf("outbox %+v", o)
 	}
 	m := h.message(req.MessageID)
-	if m.Status != store.StatusClosed || m.ClosedBy != store.ClosedByDeadline || m.LastError != errcode.OutboxDeadlineExpired.String() {
+	if m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByDeadline || m.LastError != errcode.OutboxDeadlineExpired.String() {
 		t.Fatalf("message %+v", m)
 	}
 	if at := m.UpdatedAt; at != t0.Add(20*time.Second).UnixMilli() {
@@ -495,7 +496,7 @@ func TestStoreFailureDelaysTarget(t *testing.T) {
 	if n := h.tr.count(); n != 2 {
 		t.Fatalf("%d sends after the store recovered, want 2 (one re-send)", n)
 	}
-	if o := h.outbox(req.Envelopes[0].EnvelopeID); o.State != store.StateRelayed {
+	if o := h.outbox(req.Envelopes[0].EnvelopeID); o.State != record.StateRelayed {
 		t.Fatalf("outbox %+v", o)
 	}
 }
@@ -506,9 +507,9 @@ func TestStaleLeaseResent(t *testing.T) {
 	req := h.enqueue(relayA, 1, time.Hour)
 	t0 := h.clock.Now()
 	id := req.Envelopes[0].EnvelopeID
-	err := h.s.Update(context.Background(), store.KindOutbox, id, func(cur store.Record) (store.Record, error) {
-		o := cur.(*store.Outbox)
-		o.Lease = &store.Lease{Holder: "carrier:4242:dead", Until: t0.Add(100 * time.Second).UnixMilli()}
+	err := h.s.Update(context.Background(), record.KindOutbox, id, func(cur record.Record) (record.Record, error) {
+		o := cur.(*record.Outbox)
+		o.Lease = &record.Lease{Holder: "carrier:4242:dead", Until: t0.Add(100 * time.Second).UnixMilli()}
 		return o, nil
 	})
 	if err != nil {
@@ -526,7 +527,7 @@ func TestStaleLeaseResent(t *testing.T) {
 	if s := h.tr.log()[0]; s.at != t0.Add(100*time.Second) {
 		t.Fatalf("re-sent at %v", s.at.Sub(t0))
 	}
-	if o := h.outbox(id); o.State != store.StateRelayed || o.Lease != nil {
+	if o := h.outbox(id); o.State != record.StateRelayed || o.Lease != nil {
 		t.Fatalf("outbox %+v", o)
 	}
 }
@@ -573,8 +574,8 @@ func TestTimer(t *testing.T) {
 		t.Fatalf("sends %d, armed %v", h.tr.count(), h.armed().Sub(t0))
 	}
 	// A far date is clamped to the sweep interval.
-	err := h.s.Update(context.Background(), store.KindOutbox, req.Envelopes[0].EnvelopeID, func(cur store.Record) (store.Record, error) {
-		o := cur.(*store.Outbox)
+	err := h.s.Update(context.Background(), record.KindOutbox, req.Envelopes[0].EnvelopeID, func(cur record.Record) (record.Record, error) {
+		o := cur.(*record.Outbox)
 		o.NextAttemptAt = t0.Add(10 * time.Hour).UnixMilli()
 		return o, nil
 	})

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -52,7 +53,7 @@ func TestEventsReportAttempts(t *testing.T) {
 		!f.NextAttempt.Equal(t0.Add(defaultBackoffMin)) {
 		t.Fatalf("failed attempt event: %+v (t0 %s)", f, t0)
 	}
-	if a.Outcome != Accepted || !a.NextAttempt.IsZero() || o.State != store.StateRelayed {
+	if a.Outcome != Accepted || !a.NextAttempt.IsZero() || o.State != record.StateRelayed {
 		t.Fatalf("accepted attempt event: %+v, envelope %+v", a, o)
 	}
 	if !storeOK[""] || !storeOK[relayA] {

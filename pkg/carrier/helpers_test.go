@@ -16,6 +16,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -211,9 +212,9 @@ func request(relayURL string, n int, deadline time.Time) store.SendRequest {
 	for i := range n {
 		id := uuid.NewString()
 		env, _ := json.Marshal(map[string]any{"envelopeId": id, "body": fmt.Sprintf("part %d", i)})
-		kind := store.EnvelopeMessage
+		kind := record.EnvelopeMessage
 		if i > 0 {
-			kind = store.EnvelopeDeliveryStatus
+			kind = record.EnvelopeDeliveryStatus
 		}
 		req.Envelopes = append(req.Envelopes, store.OutgoingEnvelope{EnvelopeID: id, Kind: kind, Envelope: env})
 	}
@@ -347,18 +348,18 @@ func (h *harness) runUntil(end time.Time) {
 	}
 }
 
-func (h *harness) outbox(id string) *store.Outbox {
+func (h *harness) outbox(id string) *record.Outbox {
 	h.t.Helper()
-	o, err := store.GetAs[*store.Outbox](h.s, id)
+	o, err := store.GetAs[*record.Outbox](h.s, id)
 	if err != nil || o == nil {
 		h.t.Fatalf("outbox %s: %v %v", id, o, err)
 	}
 	return o
 }
 
-func (h *harness) message(id string) *store.Message {
+func (h *harness) message(id string) *record.Message {
 	h.t.Helper()
-	m, err := store.GetAs[*store.Message](h.s, id)
+	m, err := store.GetAs[*record.Message](h.s, id)
 	if err != nil || m == nil {
 		h.t.Fatalf("message %s: %v %v", id, m, err)
 	}

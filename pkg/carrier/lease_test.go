@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -160,11 +161,11 @@ func TestTwoCarriersNeverSendAnEnvelopeTwiceAtOnce(t *testing.T) {
 				return true
 			}
 			for _, id := range ids {
-				o, err := store.GetAs[*store.Outbox](stores[1], id)
+				o, err := store.GetAs[*record.Outbox](stores[1], id)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if o == nil || o.State != store.StateRelayed {
+				if o == nil || o.State != record.StateRelayed {
 					return false
 				}
 			}

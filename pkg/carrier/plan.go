@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -26,7 +27,7 @@ func (c *Carrier) plan(ctx context.Context, now time.Time) ([]*targetPlan, error
 	if err != nil {
 		return nil, err
 	}
-	batches, err := c.s.List(store.KindBatches)
+	batches, err := c.s.List(record.KindBatches)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +48,7 @@ func buildPlan(sums []store.OutboxSummary, batches []string, now int64, holder s
 	var order []*targetPlan
 	for i := range sums {
 		e := &sums[i]
-		if e.State != store.StatePending {
+		if e.State != record.StatePending {
 			continue
 		}
 		if _, ok := slices.BinarySearch(batches, e.BatchID); !ok {

@@ -7,13 +7,14 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 	"golang.org/x/sys/unix"
 )
 
 // watchedKinds are the directories whose changes can make an envelope dispatchable or
 // change its due time: outbox records and batch markers.
-var watchedKinds = []store.Kind{store.KindOutbox, store.KindBatches}
+var watchedKinds = []record.Kind{record.KindOutbox, record.KindBatches}
 
 // watch notices writes by other processes and kicks the loop: inotify on the kind
 // directories, or polling of their listing stamps when inotify is unavailable.

@@ -17,6 +17,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -104,7 +105,7 @@ func (d *Daemon) serveMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cm := toClient(m)
-	if m.Status == store.StatusQueued {
+	if m.Status == record.StatusQueued {
 		envs, err := d.st.Pending(r.Context(), id)
 		if err != nil {
 			d.writeStoreError(w, err)
@@ -117,7 +118,7 @@ func (d *Daemon) serveMessage(w http.ResponseWriter, r *http.Request) {
 
 // withDelivery adds what a queued message's pending envelopes (in ordinal order)
 // record about its delivery: the last attempt's error and the next attempt's time.
-func withDelivery(cm *client.Message, envs []*store.Outbox) {
+func withDelivery(cm *client.Message, envs []*record.Outbox) {
 	var next int64
 	for _, o := range envs {
 		if cm.LastError == "" {
@@ -149,7 +150,7 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 		limit = min(n, maxPageSize)
 	}
 	switch status {
-	case "", store.StatusQueued, store.StatusRelayed, store.StatusDelivered, store.StatusClosed:
+	case "", record.StatusQueued, record.StatusRelayed, record.StatusDelivered, record.StatusClosed:
 	default:
 		writeError(w, http.StatusBadRequest, codeBadRequest, "unknown status "+strconv.Quote(status))
 		return
@@ -163,7 +164,7 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		d.apiProblem(err)
-		ids, lerr := d.st.List(store.KindMessages)
+		ids, lerr := d.st.List(record.KindMessages)
 		if lerr != nil {
 			d.writeStoreError(w, lerr)
 			return
@@ -175,7 +176,7 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 	}
 	// The pending envelopes of queued messages, read once for the page.
 	var pending map[string][]store.OutboxSummary
-	pendingOf := func(id string) ([]*store.Outbox, error) {
+	pendingOf := func(id string) ([]*record.Outbox, error) {
 		if pending == nil {
 			all, err := d.st.OutboxSummaries(ctx)
 			if err != nil {
@@ -183,18 +184,18 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 			}
 			pending = map[string][]store.OutboxSummary{}
 			for _, e := range all {
-				if e.State == store.StatePending {
+				if e.State == record.StatePending {
 					pending[e.MessageID] = append(pending[e.MessageID], e)
 				}
 			}
 		}
-		var out []*store.Outbox
+		var out []*record.Outbox
 		for _, e := range pending[id] {
-			o, err := store.GetAs[*store.Outbox](d.st, e.EnvelopeID)
+			o, err := store.GetAs[*record.Outbox](d.st, e.EnvelopeID)
 			if err != nil {
 				return nil, err
 			}
-			if o != nil && o.State == store.StatePending {
+			if o != nil && o.State == record.StatePending {
 				out = append(out, o)
 			}
 		}
@@ -212,10 +213,10 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 		cm := client.Message{MessageID: s.MessageID, Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
 			RelayURL: s.RelayURL, Attempts: s.Attempts, CreatedAt: msTime(s.CreatedAt), UpdatedAt: msTime(s.UpdatedAt),
 			Deadline: msTime(s.DeliveryDeadline)}
-		if degraded || s.Status == store.StatusQueued {
+		if degraded || s.Status == record.StatusQueued {
 			m, err := d.st.Message(s.MessageID)
-			var envs []*store.Outbox
-			if err == nil && m != nil && m.Status == store.StatusQueued {
+			var envs []*record.Outbox
+			if err == nil && m != nil && m.Status == record.StatusQueued {
 				envs, err = pendingOf(m.MessageID)
 			}
 			if err != nil {
@@ -359,9 +360,9 @@ func decodeBody(data []byte, v any) error { return envelope.DecodeStrict(data, v
 // acceptedOperation finds the operation bound to key for the request canonical and
 // returns its id and its message if that is accepted (made durable again by
 // store.AcceptedMessage); ("", nil, nil) when there is none.
-func (d *Daemon) acceptedOperation(key string, canonical []byte) (string, *store.Message, error) {
-	b, err := store.GetAs[*store.Binding](d.st, store.IdempotencyID(key))
-	if err != nil || b == nil || b.RequestDigest != store.Digest(canonical) {
+func (d *Daemon) acceptedOperation(key string, canonical []byte) (string, *record.Message, error) {
+	b, err := store.GetAs[*record.Binding](d.st, record.IdempotencyID(key))
+	if err != nil || b == nil || b.RequestDigest != envelope.Digest(canonical) {
 		return "", nil, nil // BeginOperation's answer stands
 	}
 	m, err := d.st.AcceptedMessage(b.OperationID)
@@ -371,7 +372,7 @@ func (d *Daemon) acceptedOperation(key string, canonical []byte) (string, *store
 // send makes sure message msgID exists: already stored, an interrupted enqueue
 // finished, or built and enqueued now. It returns the answer's status and body.
 func (d *Daemon) send(ctx context.Context, msgID string, req client.SendRequest, deadline time.Time, resume bool) (int, []byte, error) {
-	var m *store.Message
+	var m *record.Message
 	resumed := false
 	if resume {
 		var err error
@@ -389,7 +390,7 @@ func (d *Daemon) send(ctx context.Context, msgID string, req client.SendRequest,
 		t0 := time.Now()
 		m, err = d.st.Enqueue(ctx, store.SendRequest{MessageID: msgID, PeerOwnerDID: to, RelayURL: req.RelayURL,
 			DeliveryDeadline: deadline, Envelopes: []store.OutgoingEnvelope{
-				{EnvelopeID: env.ID(), Kind: store.EnvelopeMessage, Envelope: wire}}})
+				{EnvelopeID: env.ID(), Kind: record.EnvelopeMessage, Envelope: wire}}})
 		d.m.enqueue.Observe(time.Since(t0).Seconds())
 		if err != nil {
 			return 0, nil, err
@@ -421,7 +422,7 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 	return "", ""
 }
 
-func toClient(m *store.Message) client.Message {
+func toClient(m *record.Message) client.Message {
 	return client.Message{MessageID: m.MessageID, Status: m.Status, ClosedBy: m.ClosedBy, LastError: m.LastError,
 		To: m.PeerOwnerDID, RelayURL: m.RelayURL, Attempts: m.Attempts, CreatedAt: msTime(m.CreatedAt),
 		UpdatedAt: msTime(m.UpdatedAt), Deadline: msTime(m.DeliveryDeadline)}

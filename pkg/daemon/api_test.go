@@ -15,6 +15,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -91,7 +92,7 @@ func sendBody(t *testing.T, body string) string {
 
 func countMessages(t *testing.T, d *Daemon) int {
 	t.Helper()
-	ids, err := d.Store().List(store.KindMessages)
+	ids, err := d.Store().List(record.KindMessages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +138,7 @@ func TestStrictSendRequest(t *testing.T) {
 func TestIdempotentSendAfterFailedCommitSync(t *testing.T) {
 	var fail atomic.Int32 // batches fsyncs still to fail
 	d, hc := apiDaemon(t, func(op fsx.Op) error {
-		if op.Kind == fsx.OpSyncDir && op.Path == string(store.KindBatches) && fail.Add(-1) >= 0 {
+		if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindBatches) && fail.Add(-1) >= 0 {
 			return syscall.EIO
 		}
 		return nil
@@ -179,10 +180,10 @@ func TestIdempotentSendAfterFailedResponseStore(t *testing.T) {
 			var committed atomic.Bool
 			var fail atomic.Int32
 			d, hc := apiDaemon(t, func(op fsx.Op) error {
-				if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, string(store.KindBatches)+"/") {
+				if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, string(record.KindBatches)+"/") {
 					committed.Store(true)
 				}
-				if committed.Load() && strings.HasPrefix(op.Path, string(store.KindOperations)+"/") && fail.Add(-1) >= 0 {
+				if committed.Load() && strings.HasPrefix(op.Path, string(record.KindOperations)+"/") && fail.Add(-1) >= 0 {
 					return syscall.EIO
 				}
 				return nil
@@ -203,8 +204,8 @@ func TestIdempotentSendAfterFailedResponseStore(t *testing.T) {
 			if tc.failures == 1 {
 				// The lease was ended, so the retry took the operation over and
 				// stored its response.
-				op, err := store.GetAs[*store.Operation](d.Store(), a.body["messageId"].(string))
-				if err != nil || op == nil || op.State != store.OperationDone {
+				op, err := store.GetAs[*record.Operation](d.Store(), a.body["messageId"].(string))
+				if err != nil || op == nil || op.State != record.OperationDone {
 					t.Fatalf("operation after the retry: %+v %v", op, err)
 				}
 			}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -256,7 +257,7 @@ func (d *Daemon) detectChanges(ctx context.Context) {
 // detector is the change detector's state between polls.
 type detector struct {
 	d        *Daemon
-	stamps   map[store.Kind]seenStamp
+	stamps   map[record.Kind]seenStamp
 	baseline bool
 }
 
@@ -267,10 +268,10 @@ type seenStamp struct {
 	racy  bool
 }
 
-var detectorKinds = []store.Kind{store.KindMessages, store.KindOutbox, store.KindReceipts, store.KindObservations}
+var detectorKinds = []record.Kind{record.KindMessages, record.KindOutbox, record.KindReceipts, record.KindObservations}
 
 func (d *Daemon) newDetector() *detector {
-	return &detector{d: d, stamps: map[store.Kind]seenStamp{}, baseline: true}
+	return &detector{d: d, stamps: map[record.Kind]seenStamp{}, baseline: true}
 }
 
 // poll checks every kind once: a kind is scanned when its listing stamp moved since
@@ -312,12 +313,12 @@ func (dt *detector) poll(ctx context.Context) {
 }
 
 // scanKind reports k's records whose state differs from the feed's.
-func (d *Daemon) scanKind(ctx context.Context, k store.Kind, silent bool) error {
+func (d *Daemon) scanKind(ctx context.Context, k record.Kind, silent bool) error {
 	f := d.changes
 	topic := string(k)
 	seen := map[string]bool{}
 	switch k {
-	case store.KindMessages:
+	case record.KindMessages:
 		sums, err := d.st.MessageSummaries(ctx)
 		if err != nil {
 			return err
@@ -326,7 +327,7 @@ func (d *Daemon) scanKind(ctx context.Context, k store.Kind, silent bool) error 
 			seen[s.MessageID] = true
 			f.observe(topic, s.MessageID, s.Status, s.Status+"|"+s.ClosedBy+"|"+strconv.FormatInt(s.UpdatedAt, 10), silent)
 		}
-	case store.KindOutbox:
+	case record.KindOutbox:
 		sums, err := d.st.OutboxSummaries(ctx)
 		if err != nil {
 			return err
@@ -335,7 +336,7 @@ func (d *Daemon) scanKind(ctx context.Context, k store.Kind, silent bool) error 
 			seen[s.EnvelopeID] = true
 			f.observe(topic, s.EnvelopeID, s.State, s.State+"|"+strconv.Itoa(s.Attempts), silent)
 		}
-	case store.KindReceipts, store.KindObservations:
+	case record.KindReceipts, record.KindObservations:
 		ids, err := d.st.List(k)
 		if err != nil {
 			return err
@@ -364,11 +365,11 @@ func (d *Daemon) scanKind(ctx context.Context, k store.Kind, silent bool) error 
 
 // recordState is the state a receipt or observation is reported with, and its
 // fingerprint for the diff.
-func recordState(r store.Record) (state, sig string) {
+func recordState(r record.Record) (state, sig string) {
 	switch r := r.(type) {
-	case *store.Receipt:
+	case *record.Receipt:
 		return r.State, r.State + "|" + r.OutcomeCode
-	case *store.Observation:
+	case *record.Observation:
 		return "observed", fmt.Sprintf("observed|%d|%d", len(r.Facts), len(r.Published))
 	}
 	return "", ""

@@ -11,7 +11,9 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -25,7 +27,7 @@ type oneSecondFS struct {
 }
 
 func (f oneSecondFS) Lstat(name string) (fsx.Info, error) {
-	if strings.HasPrefix(name, string(store.KindReceipts)+"/") {
+	if strings.HasPrefix(name, string(record.KindReceipts)+"/") {
 		f.receiptLstats.Add(1)
 	}
 	info, err := f.Coarse.Lstat(name)
@@ -49,16 +51,16 @@ func TestChangeDetectorSameSecondChangeNotMissed(t *testing.T) {
 	var ids []string
 	for range 2 {
 		envID := uuid.NewString()
-		id := store.ReceiptID(envID)
+		id := record.ReceiptID(envID)
 		now := time.Now().UnixMilli()
-		r := &store.Receipt{EnvelopeID: envID, SenderDID: string(sender.DID()), EnvelopeDigest: store.Digest([]byte(envID)),
-			State: store.ReceiptPersisted, ReceivedAt: now, RetainUntil: now + time.Hour.Milliseconds()}
-		if err := d.st.Update(ctx, store.KindReceipts, id, func(store.Record) (store.Record, error) { return r, nil }); err != nil {
+		r := &record.Receipt{EnvelopeID: envID, SenderDID: string(sender.DID()), EnvelopeDigest: envelope.Digest([]byte(envID)),
+			State: record.ReceiptPersisted, ReceivedAt: now, RetainUntil: now + time.Hour.Milliseconds()}
+		if err := d.st.Update(ctx, record.KindReceipts, id, func(record.Record) (record.Record, error) { return r, nil }); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)
 	}
-	kindDir := filepath.Join(d.st.Dir(), string(store.KindReceipts))
+	kindDir := filepath.Join(d.st.Dir(), string(record.KindReceipts))
 	sameSecond := time.Unix(1_700_000_000, 0)
 	setSameSecond := func() {
 		t.Helper()
@@ -84,7 +86,7 @@ func TestChangeDetectorSameSecondChangeNotMissed(t *testing.T) {
 
 	dt := d.newDetector()
 	dt.poll(ctx) // the baseline, half a second after the directory's timestamp
-	stamp, err := st.ListingStamp(store.KindReceipts)
+	stamp, err := st.ListingStamp(record.KindReceipts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +94,7 @@ func TestChangeDetectorSameSecondChangeNotMissed(t *testing.T) {
 		t.Fatal(err)
 	}
 	setSameSecond()
-	if after, err := st.ListingStamp(store.KindReceipts); err != nil || after != stamp {
+	if after, err := st.ListingStamp(record.KindReceipts); err != nil || after != stamp {
 		t.Fatalf("the stamp moved (%+v → %+v, %v): the test does not test a hidden change", stamp, after, err)
 	}
 
@@ -101,7 +103,7 @@ func TestChangeDetectorSameSecondChangeNotMissed(t *testing.T) {
 	d.changes.mu.Lock()
 	p := d.changes.readLocked(0, nil, maxChangePage)
 	d.changes.mu.Unlock()
-	if len(p.changes) != 1 || p.changes[0].Topic != string(store.KindReceipts) || p.changes[0].ID != ids[1] || p.changes[0].State != stateRemoved {
+	if len(p.changes) != 1 || p.changes[0].Topic != string(record.KindReceipts) || p.changes[0].ID != ids[1] || p.changes[0].State != stateRemoved {
 		t.Fatalf("after a same-second removal, the feed holds %+v; want receipts/%s removed", p.changes, ids[1])
 	}
 

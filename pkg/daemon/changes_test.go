@@ -11,6 +11,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -214,7 +215,7 @@ func TestChangesTopicsFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, err = c.Changes(context.Background(), p.Cursor, []string{client.TopicMessages}, 60*time.Second)
-	if err != nil || len(p.Changes) == 0 || p.Changes[0].ID != m.MessageID || p.Changes[0].State != store.StatusQueued {
+	if err != nil || len(p.Changes) == 0 || p.Changes[0].ID != m.MessageID || p.Changes[0].State != record.StatusQueued {
 		t.Fatalf("send: %+v %v", p, err)
 	}
 }
@@ -286,7 +287,7 @@ func TestChangesDetectsOtherWriters(t *testing.T) {
 	}
 	if _, err := other.Enqueue(context.Background(), store.SendRequest{MessageID: msgID, PeerOwnerDID: peer.DID(),
 		RelayURL: "http://127.0.0.1:9", DeliveryDeadline: deadline,
-		Envelopes: []store.OutgoingEnvelope{{EnvelopeID: env.ID(), Kind: store.EnvelopeMessage, Envelope: wire}}}); err != nil {
+		Envelopes: []store.OutgoingEnvelope{{EnvelopeID: env.ID(), Kind: record.EnvelopeMessage, Envelope: wire}}}); err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}

@@ -30,12 +30,12 @@ import (
 // Defaults.
 const (
 	DefaultDrainTimeout  = 10 * time.Second
-	DefaultMaintainEvery = 10 * time.Minute
+	defaultMaintainEvery = 10 * time.Minute
 )
 
 // Options configure a Daemon.
 type Options struct {
-	// Home is the data root (resolved like store.DataRoot); Identity the identity
+	// Home is the data root (resolved like dataroot.Resolve); Identity the identity
 	// name (default "default").
 	Home, Identity string
 	Logger         *slog.Logger
@@ -108,12 +108,12 @@ func New(opts Options) (*Daemon, error) {
 		opts.DrainTimeout = DefaultDrainTimeout
 	}
 	if opts.MaintainEvery <= 0 {
-		opts.MaintainEvery = DefaultMaintainEvery
+		opts.MaintainEvery = defaultMaintainEvery
 	}
 	if opts.Identity == "" {
 		opts.Identity = DefaultIdentity
 	}
-	root, err := store.DataRoot(opts.Home)
+	root, err := dataroot.Resolve(opts.Home)
 	if err != nil {
 		return nil, err
 	}
@@ -268,9 +268,6 @@ func (d *Daemon) DID() identity.DID { return d.id.DID() }
 
 // Store returns the daemon's store.
 func (d *Daemon) Store() *store.Store { return d.st }
-
-// Carrier returns the daemon's carrier.
-func (d *Daemon) Carrier() *carrier.Carrier { return d.car }
 
 // Run binds the socket, signals readiness, runs the carrier and maintenance, serves
 // the API until ctx is done, then drains in-flight attempts (bounded by DrainTimeout)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // treeOf lists every name under root with its type and mode, never following a
@@ -82,7 +81,7 @@ func TestNewRefusesABrokenDataRootRuleBeforeWritingAnything(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dir := filepath.Join(home, filepath.FromSlash(store.StoreDirName(id.DID())))
+			dir := dataroot.StoreDir(home, string(id.DID()))
 			for _, p := range []string{filepath.Join(dir, "outbox"), filepath.Join(dir, "receipts"), filepath.Join(home, "run")} {
 				if err := os.MkdirAll(p, 0o700); err != nil {
 					t.Fatal(err)

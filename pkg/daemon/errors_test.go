@@ -10,10 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // The errors a user reads for a missing identity and a bad key file name the path
@@ -59,7 +60,7 @@ func TestStoreErrorCodeOnce(t *testing.T) {
 	}
 	t.Cleanup(func() { d.Close() })
 	msgID := uuid.NewString()
-	kindDir := filepath.Join(home, filepath.FromSlash(store.StoreDirName(id.DID())), string(store.KindMessages))
+	kindDir := filepath.Join(dataroot.StoreDir(home, string(id.DID())), string(record.KindMessages))
 	if err := os.MkdirAll(kindDir, 0o700); err != nil {
 		t.Fatal(err)
 	}

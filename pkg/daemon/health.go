@@ -16,7 +16,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // apiSource prefixes the key of a problem the API met: "api <path>".
@@ -110,14 +110,14 @@ func (d *Daemon) recheckAPIProblems(roundOK bool) {
 			continue
 		}
 		k, name, _ := strings.Cut(path, "/")
-		kind := store.Kind(k)
+		kind := record.Kind(k)
 		var err error
 		switch id := strings.TrimSuffix(name, ".json"); {
 		case !kind.Valid():
 			if !roundOK {
 				continue
 			}
-		case name != "" && store.ValidID(kind, id):
+		case name != "" && record.ValidID(kind, id):
 			_, err = d.st.Get(kind, id)
 		default:
 			_, err = d.st.List(kind)

@@ -21,7 +21,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/identity"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // logBuf collects log output safely across goroutines.
@@ -172,7 +172,7 @@ func TestPlantedRecordNotReadyAndQuiet(t *testing.T) {
 			// publications, so a running daemon's index would not see it before
 			// the next start.
 			d0.Close()
-			planted := filepath.Join(d0.Store().Dir(), string(store.KindMessages), tc.file)
+			planted := filepath.Join(d0.Store().Dir(), string(record.KindMessages), tc.file)
 			if err := os.WriteFile(planted, tc.data, 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -215,7 +215,7 @@ func TestPlantedRecordNotReadyAndQuiet(t *testing.T) {
 				for _, m := range l.Messages {
 					bad := m.MessageID == strings.TrimSuffix(tc.file, ".json")
 					if bad != (m.Error != nil) || (bad && (m.Status != "" || m.Error.Code != "OUTBOX_STORE_INVALID")) ||
-						(!bad && (m.MessageID != id || m.Status != store.StatusQueued)) {
+						(!bad && (m.MessageID != id || m.Status != record.StatusQueued)) {
 						t.Fatalf("list entry %+v (error %+v)", m, m.Error)
 					}
 				}
@@ -405,7 +405,7 @@ func TestQueuedMessageShowsLastErrorAndNextAttempt(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		return got.Status == store.StatusRelayed, got.Status
+		return got.Status == record.StatusRelayed, got.Status
 	})
 	// The next message stays queued.
 	tr.setStuck()
@@ -421,10 +421,10 @@ func TestQueuedMessageShowsLastErrorAndNextAttempt(t *testing.T) {
 		}
 		return got.Attempts >= 1 && got.LastError != "", fmt.Sprintf("%+v", got)
 	})
-	if got.Status != store.StatusQueued || !strings.Contains(got.LastError, "RELAY_BUSY") || got.NextAttemptAt.IsZero() {
+	if got.Status != record.StatusQueued || !strings.Contains(got.LastError, "RELAY_BUSY") || got.NextAttemptAt.IsZero() {
 		t.Fatalf("queued message: %+v", got)
 	}
-	l, err := c.Messages(ctx, store.StatusQueued, 0, "")
+	l, err := c.Messages(ctx, record.StatusQueued, 0, "")
 	if err != nil || len(l.Messages) != 1 {
 		t.Fatalf("list: %+v %v", l, err)
 	}
@@ -432,7 +432,7 @@ func TestQueuedMessageShowsLastErrorAndNextAttempt(t *testing.T) {
 		e.NextAttemptAt.IsZero() || e.Attempts < 1 {
 		t.Fatalf("list entry: %+v", e)
 	}
-	if l, err := c.Messages(ctx, store.StatusRelayed, 0, ""); err != nil || len(l.Messages) != 1 || l.Messages[0].Attempts != 4 {
+	if l, err := c.Messages(ctx, record.StatusRelayed, 0, ""); err != nil || len(l.Messages) != 1 || l.Messages[0].Attempts != 4 {
 		t.Fatalf("relayed list entry (attempts from the index): %+v %v", l, err)
 	}
 	// The daemon's clock stands still: one warning for the three failures of the

@@ -8,7 +8,6 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/identity"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // DefaultIdentity is the identity name used when none is given.
@@ -33,7 +32,7 @@ func keyPath(home, name string) (string, error) {
 	if err := dataroot.CheckIdentityName(name); err != nil {
 		return "", &OptionError{Option: "--identity", Err: err}
 	}
-	root, err := store.DataRoot(home)
+	root, err := dataroot.Resolve(home)
 	if err != nil {
 		return "", err
 	}
@@ -44,7 +43,7 @@ func keyPath(home, name string) (string, error) {
 }
 
 // InitIdentity creates a new identity name under the data root home (resolved like
-// store.DataRoot; directories are created with mode 0700). It fails if the identity
+// dataroot.Resolve; directories are created with mode 0700). It fails if the identity
 // exists, or if the data root breaks the data-root rules (a *dataroot.Violation,
 // with its fix as hint).
 func InitIdentity(home, name string) (*identity.Identity, error) {

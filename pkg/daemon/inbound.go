@@ -2,9 +2,7 @@ package daemon
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,19 +12,21 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // Inbound defaults.
 const (
-	DefaultPollEvery = time.Second
-	// InboxBackoffMin and InboxBackoffMax bound the wait after a failed fetch: it
+	defaultPollEvery = time.Second
+	// inboxBackoffMin and inboxBackoffMax bound the wait after a failed fetch: it
 	// doubles from the first to the second while the relay stays unreachable.
-	InboxBackoffMin = 2 * time.Second
-	InboxBackoffMax = 300 * time.Second
+	inboxBackoffMin = 2 * time.Second
+	inboxBackoffMax = 300 * time.Second
 	// inboundRetain is how long receipts and observations outlive the envelope's
 	// deadline (the relay resends until deadline + 24 h).
 	inboundRetain = 7 * 24 * time.Hour
@@ -75,16 +75,11 @@ type follower struct {
 // confirmationID is the (store) message id of the delivery-status we send for the
 // inbound envelope envelopeID: derived, so a retry after a crash finds it.
 func confirmationID(envelopeID string) string {
-	sum := sha256.Sum256([]byte("sealbridge/confirmation-id/v1\x00" + envelopeID))
-	b := sum[:16]
-	b[6] = b[6]&0x0f | 0x80
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b)
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+	return uuid.FromDomain("sealbridge/confirmation-id/v1", envelopeID)
 }
 
-// KickInbox wakes the inbox follower early (no-op without one).
-func (d *Daemon) KickInbox() {
+// kickInbox wakes the inbox follower early (no-op without one).
+func (d *Daemon) kickInbox() {
 	if f := d.inbound(); f != nil {
 		select {
 		case f.kick <- struct{}{}:
@@ -129,16 +124,16 @@ func checkOptions(o Options) error {
 }
 
 // inboxBackoff is the wait after the fails-th consecutive failed fetch:
-// InboxBackoffMin doubling to InboxBackoffMax, times a jitter factor in [0.8, 1.2)
+// inboxBackoffMin doubling to inboxBackoffMax, times a jitter factor in [0.8, 1.2)
 // (jitter in [0, 1)), kept within those bounds.
 func inboxBackoff(fails int, jitter float64) time.Duration {
-	base := InboxBackoffMin
-	for i := 1; i < fails && base < InboxBackoffMax; i++ {
+	base := inboxBackoffMin
+	for i := 1; i < fails && base < inboxBackoffMax; i++ {
 		base *= 2
 	}
-	base = min(base, InboxBackoffMax)
+	base = min(base, inboxBackoffMax)
 	d := time.Duration(float64(base) * (0.8 + 0.4*jitter))
-	return min(max(d, InboxBackoffMin), InboxBackoffMax)
+	return min(max(d, inboxBackoffMin), inboxBackoffMax)
 }
 
 // follow runs the inbox follower until ctx is done (nothing without InboxRelay).
@@ -150,7 +145,7 @@ func (d *Daemon) follow(ctx context.Context) {
 	}
 	every := d.opts.PollEvery
 	if every <= 0 {
-		every = DefaultPollEvery
+		every = defaultPollEvery
 	}
 	f := &follower{d: d, url: d.opts.InboxRelay, kick: make(chan struct{}, 1), pending: map[string]*pendingReceipt{},
 		rc: &relayproto.Client{BaseURL: d.opts.InboxRelay, HTTP: &http.Client{Timeout: 30 * time.Second}}}
@@ -217,9 +212,9 @@ func (d *Daemon) sleep(ctx context.Context, dur time.Duration, kick <-chan struc
 // finishing them) into the pending set.
 func (f *follower) recover(ctx context.Context) error {
 	st := f.d.st
-	byEnv := map[string]*store.Observation{}
-	if err := st.Scan(ctx, store.KindObservations, func(r store.Record) error {
-		o := r.(*store.Observation)
+	byEnv := map[string]*record.Observation{}
+	if err := st.Scan(ctx, record.KindObservations, func(r record.Record) error {
+		o := r.(*record.Observation)
 		for _, raw := range o.Facts {
 			var fc fact
 			if json.Unmarshal(raw, &fc) == nil && fc.EnvelopeID != "" {
@@ -232,9 +227,9 @@ func (f *follower) recover(ctx context.Context) error {
 	}
 	pend := map[string]*pendingReceipt{}
 	var confs []string
-	if err := st.Scan(ctx, store.KindReceipts, func(r store.Record) error {
-		rc := r.(*store.Receipt)
-		if rc.State == store.ReceiptTerminal {
+	if err := st.Scan(ctx, record.KindReceipts, func(r record.Record) error {
+		rc := r.(*record.Receipt)
+		if rc.State == record.ReceiptTerminal {
 			return nil
 		}
 		p := &pendingReceipt{envelopeID: rc.EnvelopeID, state: rc.State, digest: rc.EnvelopeDigest,
@@ -248,7 +243,7 @@ func (f *follower) recover(ctx context.Context) error {
 			f.d.log.Warn("inbox: receipt without its observation", "envelope", rc.EnvelopeID)
 			return nil
 		}
-		pend[store.ReceiptID(rc.EnvelopeID)] = p
+		pend[record.ReceiptID(rc.EnvelopeID)] = p
 		return nil
 	}); err != nil {
 		return err
@@ -260,7 +255,7 @@ func (f *follower) recover(ctx context.Context) error {
 		}
 		envOf := map[string]string{}
 		for _, s := range sums {
-			if s.EnvelopeKind == store.EnvelopeDeliveryStatus {
+			if s.EnvelopeKind == record.EnvelopeDeliveryStatus {
 				envOf[s.MessageID] = s.EnvelopeID
 			}
 		}
@@ -341,8 +336,8 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 		d.log.Warn("inbox: refused an envelope", "envelope", ie.EnvelopeID, "err", err)
 		return nil, true, nil
 	}
-	rid := store.ReceiptID(env.ID())
-	prev, err := store.GetAs[*store.Receipt](d.st, rid)
+	rid := record.ReceiptID(env.ID())
+	prev, err := store.GetAs[*record.Receipt](d.st, rid)
 	if err != nil {
 		return nil, false, err
 	}
@@ -351,9 +346,9 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 	}
 	now := time.Now().UnixMilli()
 	retain := env.DeliveryDeadlineMillis() + inboundRetain.Milliseconds()
-	rc := &store.Receipt{EnvelopeID: env.ID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
-		State: store.ReceiptPersisted, ReceivedAt: now, RetainUntil: retain}
-	p := &pendingReceipt{envelopeID: env.ID(), state: store.ReceiptPersisted, digest: env.Digest(), sender: env.Sender()}
+	rc := &record.Receipt{EnvelopeID: env.ID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
+		State: record.ReceiptPersisted, ReceivedAt: now, RetainUntil: retain}
+	p := &pendingReceipt{envelopeID: env.ID(), state: record.ReceiptPersisted, digest: env.Digest(), sender: env.Sender()}
 	switch env.Kind() {
 	case envelope.KindMessage:
 		body, err := envelope.Open(d.id, env)
@@ -362,20 +357,20 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 			return nil, true, nil
 		}
 		fc, _ := json.Marshal(fact{EnvelopeID: env.ID(), ReceivedAt: now, Body: base64.StdEncoding.EncodeToString(body)})
-		obs := &store.Observation{MessageID: env.MessageID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
+		obs := &record.Observation{MessageID: env.MessageID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
 			CreatedAt: env.CreatedAtMillis(), DeliveryDeadline: env.DeliveryDeadlineMillis(),
 			Facts: []json.RawMessage{fc}, Published: []string{}, RetainUntil: retain}
 		p.messageID = env.MessageID()
 		conflictObs := false
 		err = d.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
 			conflictObs = false
-			if r, err := store.TxGet[*store.Receipt](tx, rid); err != nil || r != nil {
+			if r, err := store.TxGet[*record.Receipt](tx, rid); err != nil || r != nil {
 				if err == nil {
 					err = errors.New("receipt written concurrently")
 				}
 				return err
 			}
-			o, err := store.TxGet[*store.Observation](tx, obs.MessageID)
+			o, err := store.TxGet[*record.Observation](tx, obs.MessageID)
 			if err != nil {
 				return err
 			}
@@ -400,21 +395,21 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 		applied := false
 		err = d.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
 			applied = false
-			if r, err := store.TxGet[*store.Receipt](tx, rid); err != nil || r != nil {
+			if r, err := store.TxGet[*record.Receipt](tx, rid); err != nil || r != nil {
 				if err == nil {
 					err = errors.New("receipt written concurrently")
 				}
 				return err
 			}
-			m, err := store.TxGet[*store.Message](tx, c.MessageID)
+			m, err := store.TxGet[*record.Message](tx, c.MessageID)
 			if err != nil {
 				return err
 			}
 			rc.OutcomeCode = outcomeRefused
 			if m != nil && env.ConfirmsDelivery(d.id.DID(), identity.DID(m.PeerOwnerDID), m.MessageID, m.EnvelopeDigest) == nil {
 				rc.OutcomeCode, applied = outcomeApplied, true
-				if m.Status == store.StatusQueued || m.Status == store.StatusRelayed {
-					m.Status, m.UpdatedAt = store.StatusDelivered, now
+				if m.Status == record.StatusQueued || m.Status == record.StatusRelayed {
+					m.Status, m.UpdatedAt = record.StatusDelivered, now
 					if err := tx.Put(m); err != nil {
 						return err
 					}
@@ -446,7 +441,7 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 }
 
 // duplicate answers an envelope we already hold a receipt for.
-func (f *follower) duplicate(env *envelope.Envelope, prev *store.Receipt) (*pendingReceipt, bool, error) {
+func (f *follower) duplicate(env *envelope.Envelope, prev *record.Receipt) (*pendingReceipt, bool, error) {
 	if prev.EnvelopeDigest != env.Digest() {
 		f.d.log.Warn("inbox: refused a conflicting envelope (same id, other digest)", "envelope", env.ID(),
 			"sender", env.Sender(), "stored", prev.EnvelopeDigest, "received", env.Digest())
@@ -454,7 +449,7 @@ func (f *follower) duplicate(env *envelope.Envelope, prev *store.Receipt) (*pend
 	}
 	f.d.log.Debug("inbox: duplicate envelope", "envelope", env.ID())
 	f.mu.Lock()
-	p := f.pending[store.ReceiptID(env.ID())]
+	p := f.pending[record.ReceiptID(env.ID())]
 	f.mu.Unlock()
 	return p, true, nil
 }
@@ -463,18 +458,18 @@ func (f *follower) duplicate(env *envelope.Envelope, prev *store.Receipt) (*pend
 // acknowledged at the relay.
 func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 	d := f.d
-	rid := store.ReceiptID(p.envelopeID)
-	if p.state == store.ReceiptPersisted {
+	rid := record.ReceiptID(p.envelopeID)
+	if p.state == record.ReceiptPersisted {
 		if !acked {
 			if _, err := f.rc.Ack(ctx, f.d.id, []string{p.envelopeID}); err != nil {
 				f.stuck(p, "inbox: acknowledging", err, "envelope", p.envelopeID)
 				return
 			}
 		}
-		next := store.ReceiptProcessed
+		next := record.ReceiptProcessed
 		outcome := ""
 		if p.status {
-			next = store.ReceiptTerminal
+			next = record.ReceiptTerminal
 		}
 		if err := f.raise(ctx, rid, next, outcome); err != nil {
 			f.stuck(p, "inbox: raising a receipt", err, "envelope", p.envelopeID)
@@ -482,7 +477,7 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 		}
 		p.state = next
 	}
-	if p.state == store.ReceiptProcessed && !p.status {
+	if p.state == record.ReceiptProcessed && !p.status {
 		if p.confEnv == "" {
 			if err := f.confirm(ctx, p); err != nil {
 				d.m.storeError(err)
@@ -490,7 +485,7 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 				return
 			}
 		}
-		o, err := store.GetAs[*store.Outbox](d.st, p.confEnv)
+		o, err := store.GetAs[*record.Outbox](d.st, p.confEnv)
 		if err != nil {
 			f.stuck(p, "inbox: reading the delivery status", err, "envelope", p.confEnv)
 			return
@@ -500,21 +495,21 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 		case o == nil:
 			// Removed by maintenance after it finished: it was settled.
 			outcome = outcomeConfirmed
-		case o.State == store.StateRelayed:
+		case o.State == record.StateRelayed:
 			outcome = outcomeConfirmed
-		case o.State == store.StateClosed:
+		case o.State == record.StateClosed:
 			outcome = outcomeConfClose
 		}
 		if outcome == "" {
 			return
 		}
-		if err := f.raise(ctx, rid, store.ReceiptTerminal, outcome); err != nil {
+		if err := f.raise(ctx, rid, record.ReceiptTerminal, outcome); err != nil {
 			f.stuck(p, "inbox: raising a receipt", err, "envelope", p.envelopeID)
 			return
 		}
-		p.state = store.ReceiptTerminal
+		p.state = record.ReceiptTerminal
 	}
-	if p.state == store.ReceiptTerminal {
+	if p.state == record.ReceiptTerminal {
 		f.mu.Lock()
 		delete(f.pending, rid)
 		f.mu.Unlock()
@@ -530,12 +525,12 @@ func (f *follower) stuck(p *pendingReceipt, msg string, err error, attrs ...any)
 
 // raise moves receipt rid up to state (never down), setting outcome if given.
 func (f *follower) raise(ctx context.Context, rid, state, outcome string) error {
-	return f.d.st.Update(ctx, store.KindReceipts, rid, func(cur store.Record) (store.Record, error) {
-		r, _ := cur.(*store.Receipt)
+	return f.d.st.Update(ctx, record.KindReceipts, rid, func(cur record.Record) (record.Record, error) {
+		r, _ := cur.(*record.Receipt)
 		if r == nil {
 			return nil, fmt.Errorf("receipt %s is missing", rid)
 		}
-		rank := map[string]int{store.ReceiptPersisted: 0, store.ReceiptProcessed: 1, store.ReceiptTerminal: 2}
+		rank := map[string]int{record.ReceiptPersisted: 0, record.ReceiptProcessed: 1, record.ReceiptTerminal: 2}
 		if rank[r.State] >= rank[state] {
 			return nil, nil
 		}
@@ -566,7 +561,7 @@ func (f *follower) confirm(ctx context.Context, p *pendingReceipt) error {
 		}
 		if _, err := d.st.Enqueue(ctx, store.SendRequest{MessageID: cid, PeerOwnerDID: p.sender, RelayURL: f.url,
 			DeliveryDeadline: deadline, Envelopes: []store.OutgoingEnvelope{
-				{EnvelopeID: env.ID(), Kind: store.EnvelopeDeliveryStatus, Envelope: wire}}}); err != nil {
+				{EnvelopeID: env.ID(), Kind: record.EnvelopeDeliveryStatus, Envelope: wire}}}); err != nil {
 			return err
 		}
 	}

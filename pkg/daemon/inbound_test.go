@@ -12,6 +12,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -66,7 +67,7 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() (bo
 	}
 }
 
-func countKind(t *testing.T, d *Daemon, k store.Kind) int {
+func countKind(t *testing.T, d *Daemon, k record.Kind) int {
 	t.Helper()
 	ids, err := d.Store().List(k)
 	if err != nil {
@@ -93,20 +94,20 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 		ids[m.MessageID] = body
 	}
 	eventually(t, 60*time.Second, "all delivered", func() (bool, string) {
-		l, err := ca.Messages(ctx, store.StatusDelivered, 1000, "")
+		l, err := ca.Messages(ctx, record.StatusDelivered, 1000, "")
 		if err != nil {
 			return false, err.Error()
 		}
 		return len(l.Messages) == n, fmt.Sprintf("%d delivered", len(l.Messages))
 	})
-	if got := countKind(t, b, store.KindObservations); got != n {
+	if got := countKind(t, b, record.KindObservations); got != n {
 		t.Fatalf("bob holds %d observations, want %d", got, n)
 	}
 	// Bob's receipts become terminal once his confirmations are relayed.
 	eventually(t, 60*time.Second, "bob's receipts terminal", func() (bool, string) {
 		terminal := 0
-		_ = b.Store().Scan(ctx, store.KindReceipts, func(r store.Record) error {
-			if r.(*store.Receipt).State == store.ReceiptTerminal {
+		_ = b.Store().Scan(ctx, record.KindReceipts, func(r record.Record) error {
+			if r.(*record.Receipt).State == record.ReceiptTerminal {
 				terminal++
 			}
 			return nil
@@ -116,8 +117,8 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 	// Alice's receipts (of the delivery statuses) are terminal too.
 	eventually(t, 60*time.Second, "alice's receipts terminal", func() (bool, string) {
 		terminal := 0
-		_ = a.Store().Scan(ctx, store.KindReceipts, func(r store.Record) error {
-			if rc := r.(*store.Receipt); rc.State == store.ReceiptTerminal && rc.OutcomeCode == outcomeApplied {
+		_ = a.Store().Scan(ctx, record.KindReceipts, func(r record.Record) error {
+			if rc := r.(*record.Receipt); rc.State == record.ReceiptTerminal && rc.OutcomeCode == outcomeApplied {
 				terminal++
 			}
 			return nil
@@ -155,10 +156,10 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dup *store.Outbox
+	var dup *record.Outbox
 	for _, s := range sums {
-		if s.EnvelopeKind == store.EnvelopeMessage {
-			if dup, err = store.GetAs[*store.Outbox](a.Store(), s.EnvelopeID); err != nil {
+		if s.EnvelopeKind == record.EnvelopeMessage {
+			if dup, err = store.GetAs[*record.Outbox](a.Store(), s.EnvelopeID); err != nil {
 				t.Fatal(err)
 			}
 			break
@@ -171,7 +172,7 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 	if _, _, err := rc.Post(ctx, dup.Envelope); err != nil {
 		t.Fatalf("posting the envelope again: %v", err)
 	}
-	receipts := countKind(t, b, store.KindReceipts)
+	receipts := countKind(t, b, record.KindReceipts)
 	f := b.inbound()
 	if f == nil {
 		t.Fatal("bob has no follower")
@@ -180,11 +181,11 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 	if err != nil || !ack || p != nil {
 		t.Fatalf("duplicate: pending %v, ack %v, err %v", p, ack, err)
 	}
-	b.KickInbox()
-	if got := countKind(t, b, store.KindObservations); got != n {
+	b.kickInbox()
+	if got := countKind(t, b, record.KindObservations); got != n {
 		t.Fatalf("after the duplicate bob holds %d observations, want %d", got, n)
 	}
-	if got := countKind(t, b, store.KindReceipts); got != receipts {
+	if got := countKind(t, b, record.KindReceipts); got != receipts {
 		t.Fatalf("after the duplicate bob holds %d receipts, want %d", got, receipts)
 	}
 }
@@ -209,7 +210,7 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		return got.Status == store.StatusRelayed, got.Status
+		return got.Status == record.StatusRelayed, got.Status
 	})
 	rec, err := a.Store().Message(m.MessageID)
 	if err != nil {
@@ -228,7 +229,7 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 		t.Fatal(err)
 	}
 	wrong, wire2, err := envelope.NewDeliveryStatus(dave, a.DID(),
-		envelope.Confirmation{MessageID: m.MessageID, EnvelopeDigest: store.Digest([]byte("other"))}, now.Add(time.Hour), now)
+		envelope.Confirmation{MessageID: m.MessageID, EnvelopeDigest: envelope.Digest([]byte("other"))}, now.Add(time.Hour), now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,18 +239,18 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a.KickInbox()
+	a.kickInbox()
 	for _, env := range []*envelope.Envelope{forged, wrong} {
 		eventually(t, 60*time.Second, "forged status processed", func() (bool, string) {
-			r, err := store.GetAs[*store.Receipt](a.Store(), store.ReceiptID(env.ID()))
+			r, err := store.GetAs[*record.Receipt](a.Store(), record.ReceiptID(env.ID()))
 			if err != nil || r == nil {
 				return false, fmt.Sprint(err)
 			}
-			return r.State == store.ReceiptTerminal && r.OutcomeCode == outcomeRefused, r.State + " " + r.OutcomeCode
+			return r.State == record.ReceiptTerminal && r.OutcomeCode == outcomeRefused, r.State + " " + r.OutcomeCode
 		})
 	}
 	got, err := ca.Message(ctx, m.MessageID)
-	if err != nil || got.Status != store.StatusRelayed {
+	if err != nil || got.Status != record.StatusRelayed {
 		t.Fatalf("after forged statuses: %+v %v, want relayed", got, err)
 	}
 	// The genuine one from dave is applied.
@@ -261,13 +262,13 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 	if _, _, err := rc.Post(ctx, wire3); err != nil {
 		t.Fatal(err)
 	}
-	a.KickInbox()
+	a.kickInbox()
 	eventually(t, 60*time.Second, "delivered", func() (bool, string) {
 		got, err := ca.Message(ctx, m.MessageID)
 		if err != nil {
 			return false, err.Error()
 		}
-		return got.Status == store.StatusDelivered, got.Status
+		return got.Status == record.StatusDelivered, got.Status
 	})
 }
 

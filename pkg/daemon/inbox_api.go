@@ -10,7 +10,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // serveInbox answers GET /v1/inbox?limit=&after=: received messages (observations)
@@ -33,8 +33,8 @@ func (d *Daemon) serveInbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var all []client.InboxMessage
-	err := d.st.Scan(r.Context(), store.KindObservations, func(rec store.Record) error {
-		o := rec.(*store.Observation)
+	err := d.st.Scan(r.Context(), record.KindObservations, func(rec record.Record) error {
+		o := rec.(*record.Observation)
 		m := client.InboxMessage{MessageID: o.MessageID, From: o.SenderDID, ReceivedAt: msTime(o.CreatedAt)}
 		if len(o.Facts) > 0 {
 			var fc fact

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // metrics is the daemon's Prometheus registry. Queue gauges and carrier counters
@@ -123,18 +123,18 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 	if failed == 1 {
 		return
 	}
-	byState := map[string]int{store.StatePending: 0, store.StateRelayed: 0, store.StateClosed: 0}
+	byState := map[string]int{record.StatePending: 0, record.StateRelayed: 0, record.StateClosed: 0}
 	pendingMsg := map[string]bool{}
 	for _, e := range outbox {
 		byState[e.State]++
-		if e.State == store.StatePending {
+		if e.State == record.StatePending {
 			pendingMsg[e.MessageID] = true
 		}
 	}
 	for k, v := range byState {
 		ch <- prometheus.MustNewConstMetric(descOutbox, prometheus.GaugeValue, float64(v), k)
 	}
-	byStatus := map[string]int{store.StatusQueued: 0, store.StatusRelayed: 0, store.StatusDelivered: 0, store.StatusClosed: 0}
+	byStatus := map[string]int{record.StatusQueued: 0, record.StatusRelayed: 0, record.StatusDelivered: 0, record.StatusClosed: 0}
 	oldest := int64(0)
 	for _, m := range msgs {
 		byStatus[m.Status]++

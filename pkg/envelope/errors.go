@@ -4,7 +4,9 @@ import "errors"
 
 // Errors of this package. Each is returned wrapped with context (a field name,
 // a byte offset, a size, an envelope id or a DID — never body plaintext, never
-// key material, no quoted input but a DID); test with errors.Is.
+// key material, no quoted input but a DID); test with errors.Is. They are exported
+// for any implementation that uses this package as the wire specification, even
+// those the rest of this module never names.
 var (
 	// ErrTooLarge: the envelope is larger than MaxSize. Parse says so before
 	// decoding anything; NewMessage says so when the body would not fit.

@@ -23,13 +23,14 @@ import (
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // Check examines the store directory dir and reports what it finds. It changes
 // nothing on disk: it only lists, lstats and reads (with O_NOFOLLOW, beneath dir), and
 // tries and at once releases the lock's flock (lockfile.Inspect). Every record is
-// verified with store.ParseRecord — the store's own rules — on opts.Workers goroutines.
+// verified with record.Parse — the store's own rules — on opts.Workers goroutines.
 //
 // Check may run while writers use the store; its report is then a snapshot that may
 // include changes in progress. Errors: ErrNotStore, ErrDataRoot, ErrNotStoreLayout
@@ -61,7 +62,7 @@ type checker struct {
 
 // job is one "<kind>/<id>.json" name to verify.
 type job struct {
-	kind store.Kind
+	kind record.Kind
 	id   string
 	path string
 }
@@ -69,7 +70,7 @@ type job struct {
 // result is what verifying one job found.
 type result struct {
 	vanished bool
-	rec      store.Record // the record, if the store accepts its content
+	rec      record.Record // the record, if the store accepts its content
 	fp       fsx.Fingerprint
 	finding  *Finding // the record is unusable (invalid, oversize, symlink, …)
 	meta     *Finding // a valid record with a wrong mode, owner or link count
@@ -206,7 +207,7 @@ func (c *checker) checkRoot() error {
 // above the store directory, when the store sits in one: <root>/delivery/<hex>.
 func (c *checker) checkDataRoot() error {
 	parent := filepath.Dir(c.dir)
-	if filepath.Base(parent) != dataroot.DeliveryDir || !store.ValidID(store.KindIdempotency, filepath.Base(c.dir)) {
+	if filepath.Base(parent) != dataroot.DeliveryDir || !record.ValidID(record.KindIdempotency, filepath.Base(c.dir)) {
 		return nil
 	}
 	vs, err := dataroot.RootViolations(filepath.Dir(parent))
@@ -324,8 +325,8 @@ func (c *checker) walk(ctx context.Context) error {
 			// checkLock
 		case name == store.GenerationFile:
 			c.checkGeneration()
-		case store.Kind(name).Valid():
-			if err := c.checkKind(store.Kind(name)); err != nil {
+		case record.Kind(name).Valid():
+			if err := c.checkKind(record.Kind(name)); err != nil {
 				return err
 			}
 		case name == store.LostAndFound:
@@ -403,7 +404,7 @@ func (c *checker) checkGeneration() {
 
 // fileMetadata is the finding of a file we keep (a valid record, or the generation
 // file) that fsx.CheckPrivateFile refused.
-func (c *checker) fileMetadata(p, what string, info fsx.Info, kind store.Kind) Finding {
+func (c *checker) fileMetadata(p, what string, info fsx.Info, kind record.Kind) Finding {
 	code, why := metadataProblem(info, 0o600)
 	d := dep{path: p, fp: info.Fingerprint()}
 	if code == CodeBadMode {
@@ -487,7 +488,7 @@ func (c *checker) checkTemp(p string) {
 }
 
 // checkKind checks a kind directory and lists its names.
-func (c *checker) checkKind(k store.Kind) error {
+func (c *checker) checkKind(k record.Kind) error {
 	p := string(k)
 	info, err := c.fs.Lstat(p)
 	if err != nil {
@@ -520,7 +521,7 @@ func (c *checker) checkKind(k store.Kind) error {
 			continue
 		}
 		id, ok := strings.CutSuffix(e.Name, ".json")
-		if !ok || !store.ValidID(k, id) {
+		if !ok || !record.ValidID(k, id) {
 			c.unknown(name, true)
 			continue
 		}
@@ -540,8 +541,8 @@ func (c *checker) checkKind(k store.Kind) error {
 
 // recordPhase is the repair phase of a move of a record file of kind k: markers go
 // before members.
-func recordPhase(k store.Kind) int {
-	if k == store.KindBatches {
+func recordPhase(k record.Kind) int {
+	if k == record.KindBatches {
 		return phaseMarkers
 	}
 	return phaseRecords
@@ -551,7 +552,7 @@ func recordPhase(k store.Kind) int {
 // named like a store (checkLayout): its name is the SHA-256 of its owner's DID.
 func (c *checker) establishOwner() error {
 	base := filepath.Base(c.dir)
-	namedFor := func(did identity.DID) bool { return path.Base(store.StoreDirName(did)) == base }
+	namedFor := func(did identity.DID) bool { return filepath.Base(dataroot.StoreDir("", string(did))) == base }
 	if c.opts.Owner != "" {
 		key, err := identity.ParseDID(string(c.opts.Owner))
 		if err != nil {
@@ -590,7 +591,7 @@ func (c *checker) setOwner(did identity.DID, key identity.PublicKey, src OwnerSo
 }
 
 // peekSigner returns the signer a record file claims, or "". It only proposes a
-// candidate owner; store.ParseRecord decides every record's validity.
+// candidate owner; record.Parse decides every record's validity.
 func (c *checker) peekSigner(j job) identity.DID {
 	data, _, err := fsx.ReadFile(c.fs, j.path, c.opts.Limits.MaxBytes(j.kind))
 	if err != nil {
@@ -683,7 +684,7 @@ func (c *checker) verify(j job) result {
 		return result{fp: fp, finding: &f}
 	}
 	fp := info.Fingerprint()
-	rec, perr := store.ParseRecord(j.kind, j.id, data, c.owner, c.ownerKey)
+	rec, perr := record.Parse(j.kind, j.id, data, c.owner, c.ownerKey)
 	if perr != nil {
 		f := problem(CodeRecordInvalid, j.path, "the store refuses this record: "+sanitize(perr.Error()), actionMove,
 			moveFix(phase, true, dep{path: j.path, fp: fp}))
@@ -698,33 +699,33 @@ func (c *checker) verify(j job) result {
 }
 
 // slim drops the bulky fields no cross-record check needs.
-func slim(r store.Record) store.Record {
+func slim(r record.Record) record.Record {
 	switch v := r.(type) {
-	case *store.Outbox:
+	case *record.Outbox:
 		v.Envelope = nil
-	case *store.Observation:
+	case *record.Observation:
 		v.Facts, v.Published = nil, nil
-	case *store.Operation:
+	case *record.Operation:
 		v.Response = nil
 	}
 	return r
 }
 
-func retainUntil(r store.Record) int64 {
+func retainUntil(r record.Record) int64 {
 	switch v := r.(type) {
-	case *store.Outbox:
+	case *record.Outbox:
 		return v.RetainUntil
-	case *store.Batch:
+	case *record.Batch:
 		return v.RetainUntil
-	case *store.Message:
+	case *record.Message:
 		return v.RetainUntil
-	case *store.Receipt:
+	case *record.Receipt:
 		return v.RetainUntil
-	case *store.Observation:
+	case *record.Observation:
 		return v.RetainUntil
-	case *store.Operation:
+	case *record.Operation:
 		return v.RetainUntil
-	case *store.Binding:
+	case *record.Binding:
 		return v.RetainUntil
 	}
 	return 0
@@ -733,16 +734,16 @@ func retainUntil(r store.Record) int64 {
 // relate collects the verification results and checks what involves more than one
 // record: batches, orphans, messages, receipts and observations, expiry.
 func (c *checker) relate(results []result) {
-	outbox := map[string]*store.Outbox{}
-	markers := map[string]*store.Batch{}
-	messages := map[string]*store.Message{}
+	outbox := map[string]*record.Outbox{}
+	markers := map[string]*record.Batch{}
+	messages := map[string]*record.Message{}
 	type receipt struct {
 		path string
-		r    *store.Receipt
+		r    *record.Receipt
 	}
 	var receipts []receipt
 	observed := map[string]string{} // sender 0x00 digest → observation path
-	expired := map[store.Kind]int{}
+	expired := map[record.Kind]int{}
 	nowMs := c.now.UnixMilli()
 	fps := map[string]fsx.Fingerprint{}
 
@@ -765,33 +766,33 @@ func (c *checker) relate(results []result) {
 			expired[j.kind]++
 		}
 		switch r := res.rec.(type) {
-		case *store.Outbox:
+		case *record.Outbox:
 			outbox[j.id] = r
-		case *store.Batch:
+		case *record.Batch:
 			markers[j.id] = r
-		case *store.Message:
+		case *record.Message:
 			messages[j.id] = r
-		case *store.Receipt:
+		case *record.Receipt:
 			receipts = append(receipts, receipt{j.path, r})
-		case *store.Observation:
+		case *record.Observation:
 			observed[r.SenderDID+"\x00"+r.EnvelopeDigest] = j.path
 		}
 	}
 
-	// Batches: every member present, valid and consistent (store.CheckBatch).
+	// Batches: every member present, valid and consistent (record.CheckBatch).
 	broken := map[string]bool{}
 	committed := map[string]bool{} // message ids with an intact batch
 	for _, id := range sortedKeys(markers) {
 		b := markers[id]
-		p := store.RecordPath(store.KindBatches, id)
-		members := make([]*store.Outbox, len(b.EnvelopeIDs))
+		p := record.Path(record.KindBatches, id)
+		members := make([]*record.Outbox, len(b.EnvelopeIDs))
 		var missing []string
 		for i, eid := range b.EnvelopeIDs {
 			members[i] = outbox[eid]
 			if members[i] != nil {
 				continue
 			}
-			mp := store.RecordPath(store.KindOutbox, eid)
+			mp := record.Path(record.KindOutbox, eid)
 			state := "missing"
 			if _, ok := c.present[mp]; ok {
 				state = "invalid"
@@ -809,13 +810,13 @@ func (c *checker) relate(results []result) {
 			c.add(problem(CodeBatchMissingMember, p, why+"; the batch can never be delivered whole", action, fx))
 			broken[id] = true
 		default:
-			if err := store.CheckBatch(b, members); err != nil {
+			if err := record.CheckBatch(b, members); err != nil {
 				c.add(problem(CodeBatchInconsistent, p, "the store refuses this batch: "+sanitize(err.Error()), action, fx))
 				broken[id] = true
 				continue
 			}
 			committed[b.MessageID] = true
-			mp := store.RecordPath(store.KindMessages, b.MessageID)
+			mp := record.Path(record.KindMessages, b.MessageID)
 			if _, ok := c.present[mp]; !ok {
 				c.add(note(CodeMessageMissing, p, "its message record "+mp+" is absent: delivery goes on, but the message's status cannot be reported"))
 			}
@@ -826,7 +827,7 @@ func (c *checker) relate(results []result) {
 	// dispatchable members; maintenance removes such records).
 	for _, id := range sortedKeys(outbox) {
 		o := outbox[id]
-		mp := store.RecordPath(store.KindBatches, o.BatchID)
+		mp := record.Path(record.KindBatches, o.BatchID)
 		b := markers[o.BatchID]
 		mfp, mpresent := c.present[mp]
 		var why string
@@ -842,15 +843,15 @@ func (c *checker) relate(results []result) {
 		default:
 			continue
 		}
-		p := store.RecordPath(store.KindOutbox, id)
+		p := record.Path(record.KindOutbox, id)
 		c.add(problem(CodeOrphanOutbox, p, why, actionMove+" (after its marker)",
 			moveFix(phaseRecords, true, dep{path: p, fp: fps[p]}, dep{path: mp, fp: mfp, absent: !mpresent, orAbsent: true})))
 	}
 
 	// Messages: a queued message is accepted only once an intact marker commits it.
 	for _, id := range sortedKeys(messages) {
-		if messages[id].Status == store.StatusQueued && !committed[id] {
-			c.add(note(CodeMessageUnaccepted, store.RecordPath(store.KindMessages, id),
+		if messages[id].Status == record.StatusQueued && !committed[id] {
+			c.add(note(CodeMessageUnaccepted, record.Path(record.KindMessages, id),
 				"a queued message that no intact batch commits: the store reports it as absent, and sending it again finishes it"))
 		}
 	}
@@ -862,14 +863,14 @@ func (c *checker) relate(results []result) {
 	// owes the sender.
 	for _, r := range receipts {
 		op, ok := observed[r.r.SenderDID+"\x00"+r.r.EnvelopeDigest]
-		if !ok || r.r.State != store.ReceiptPersisted {
+		if !ok || r.r.State != record.ReceiptPersisted {
 			continue
 		}
 		c.add(note(CodeReceiptUnacknowledged, r.path,
 			"the receipt says persisted and the observation "+op+" of the same envelope exists: the envelope is stored but not yet acknowledged at the relay; the daemon acknowledges it, raises the receipt and confirms delivery at its next start"))
 	}
 
-	for _, k := range store.Kinds {
+	for _, k := range record.Kinds {
 		if n := expired[k]; n > 0 {
 			c.add(note(CodeRecordExpired, string(k), fmt.Sprintf("%d valid %s past their retainUntil; store maintenance removes them", n, plural(n, "record", "records"))))
 		}

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/sealbridge/sealbridge/fsfixtures"
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // dataRootStore makes an empty store of the fixtures' owner in a data root:
@@ -17,7 +17,7 @@ import (
 func dataRootStore(t *testing.T) (root, dir string) {
 	t.Helper()
 	root = filepath.Join(t.TempDir(), "root")
-	dir = filepath.Join(root, filepath.FromSlash(store.StoreDirName(fsfixtures.Owner().DID())))
+	dir = dataroot.StoreDir(root, string(fsfixtures.Owner().DID()))
 	for _, p := range []string{dir, filepath.Join(root, "identities"), filepath.Join(root, "run")} {
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			t.Fatal(err)

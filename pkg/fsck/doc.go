@@ -19,10 +19,10 @@
 //     its delivery/, identities/, run/ and relay/ by the data-root rules
 //     (dataroot.RootViolations): CodeDataRootUnsafe, not repairable;
 //   - every "<kind>/<id>.json" against every validity rule of docs/FORMAT.md §4, by the
-//     store's own store.ParseRecord after a bounded, O_NOFOLLOW read (fsx.ReadFile):
+//     store's own record.Parse after a bounded, O_NOFOLLOW read (fsx.ReadFile):
 //     validity is never re-coded here. Verification runs on every core;
 //   - batches: every member a marker lists present, valid and consistent
-//     (store.CheckBatch); outbox records that no intact marker lists (orphans);
+//     (record.CheckBatch); outbox records that no intact marker lists (orphans);
 //   - messages (a queued message no intact batch commits; an intact batch without its
 //     message record), receipts against observations (a receipt whose state went
 //     back down), records past retainUntil;

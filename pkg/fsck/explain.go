@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // maxExplanation bounds the length of an explanation taken from an error.
@@ -40,7 +40,7 @@ func sanitize(msg string) string {
 			break
 		}
 		inner := msg[i+1 : end]
-		if c == '"' && store.Kind(inner).Valid() {
+		if c == '"' && record.Kind(inner).Valid() {
 			b.WriteString(msg[i : end+1])
 		} else {
 			b.WriteString(string(c) + "…" + string(c))

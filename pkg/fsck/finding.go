@@ -6,18 +6,21 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // Code is the stable name of a kind of finding. docs/FSCK.md lists every code with
-// its meaning and its repair.
+// its meaning and its repair. The constants are exported, though only this package's
+// tests name most of them, because they are the report's contract: a program that
+// embeds fsck (or reads --json) switches on them.
 type Code string
 
 // Problems: the store is damaged or not as the store would leave it. Each makes the
 // default run exit 4 (problems left) unless repaired.
 const (
 	// CodeRecordInvalid: a "<kind>/<id>.json" file that the store refuses
-	// (store.ParseRecord or the read failed): truncated, tampered, foreign signer,
+	// (record.Parse or the read failed): truncated, tampered, foreign signer,
 	// wrong id or kind, bad schema. Repair moves it to lost+found.
 	CodeRecordInvalid Code = "record-invalid"
 	// CodeOversize: a record file larger than its kind's limit; never read. Moved.
@@ -61,7 +64,7 @@ const (
 	// CodeBatchMissingMember: a batch marker lists a member that is absent or invalid.
 	// The batch is unwound: its marker is moved first, then its present members.
 	CodeBatchMissingMember Code = "batch-missing-member"
-	// CodeBatchInconsistent: every member is present but store.CheckBatch refuses the
+	// CodeBatchInconsistent: every member is present but record.CheckBatch refuses the
 	// batch. Unwound like a missing member.
 	CodeBatchInconsistent Code = "batch-inconsistent"
 	// CodeOrphanOutbox: an outbox record that no intact marker lists (a half-done
@@ -297,7 +300,7 @@ type fix struct {
 	dir   bool   // the path is a directory (fixChmod, deps)
 	// record is the kind of a record file to re-verify before fixRewrite ("" for the
 	// generation file).
-	record store.Kind
+	record record.Kind
 	// bump: grow .generation after the change (it changes a kind's listing).
 	bump bool
 	// deps must all still hold, under the lock, for the fix to run.

@@ -20,6 +20,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -157,14 +158,14 @@ func mkdir(t *testing.T, dir string) {
 // plantMessage writes a valid message record signed by id into dir/messages.
 func plantMessage(t *testing.T, dir string, id *identity.Identity, label string) string {
 	t.Helper()
-	m := &store.Message{MessageID: fsfixtures.ID(label), Status: store.StatusQueued, PeerOwnerDID: string(fsfixtures.PeerDID()),
+	m := &record.Message{MessageID: fsfixtures.ID(label), Status: record.StatusQueued, PeerOwnerDID: string(fsfixtures.PeerDID()),
 		RelayURL: "https://relay.example/", EnvelopeDigest: strings.Repeat("0", 64), DeliveryDeadline: fsfixtures.Far.UnixMilli(),
 		CreatedAt: fsfixtures.T0.UnixMilli(), UpdatedAt: fsfixtures.T0.UnixMilli(), RetainUntil: fsfixtures.Far.UnixMilli()}
-	data, err := store.EncodeRecord(id.Signer(), id.DID(), m)
+	data, err := record.Encode(id.Signer(), id.DID(), m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := store.RecordPath(store.KindMessages, m.MessageID)
+	p := record.Path(record.KindMessages, m.MessageID)
 	if err := os.WriteFile(filepath.Join(dir, p), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +406,7 @@ func TestCancel(t *testing.T) {
 // is left alone (its fingerprint no longer matches); the next run repairs it.
 func TestRepairSkipsWhatChanged(t *testing.T) {
 	dir := fsfixtures.Build(t, "combined")
-	victim := store.RecordPath(store.KindMessages, fsfixtures.ID("msg-a")) // truncated
+	victim := record.Path(record.KindMessages, fsfixtures.ID("msg-a")) // truncated
 	first := true
 	rr := repair(t, dir, fsck.Options{OnRepair: func(fsck.ActionResult) {
 		if first {
@@ -502,11 +503,11 @@ func TestRepairRefusesALiveStore(t *testing.T) {
 // else, a planted .lock and a broken .generation. The check never blocks on a FIFO.
 func TestSpecialFiles(t *testing.T) {
 	dir := fsfixtures.Build(t, "valid")
-	fifo := store.RecordPath(store.KindMessages, fsfixtures.ID("fifo"))
+	fifo := record.Path(record.KindMessages, fsfixtures.ID("fifo"))
 	if err := syscall.Mkfifo(filepath.Join(dir, fifo), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	recdir := store.RecordPath(store.KindMessages, fsfixtures.ID("dir"))
+	recdir := record.Path(record.KindMessages, fsfixtures.ID("dir"))
 	mkdir(t, filepath.Join(dir, recdir))
 	if err := os.WriteFile(filepath.Join(dir, "operations.tmp"), nil, 0o600); err != nil { // unknown, left in place
 		t.Fatal(err)
@@ -550,11 +551,11 @@ func TestSpecialFiles(t *testing.T) {
 // link is rewritten as a private copy with the same bytes.
 func TestForeignOwnerAndHardLink(t *testing.T) {
 	dir := fsfixtures.Build(t, "valid")
-	linked := store.RecordPath(store.KindMessages, fsfixtures.ID("msg-a"))
+	linked := record.Path(record.KindMessages, fsfixtures.ID("msg-a"))
 	if err := os.Link(filepath.Join(dir, linked), filepath.Join(fsfixtures.DataRoot(dir), "second-link")); err != nil {
 		t.Fatal(err)
 	}
-	foreign := store.RecordPath(store.KindMessages, fsfixtures.ID("msg-b"))
+	foreign := record.Path(record.KindMessages, fsfixtures.ID("msg-b"))
 	root := os.Geteuid() == 0
 	if root {
 		if err := os.Chown(filepath.Join(dir, foreign), 1000, 1000); err != nil {
@@ -601,7 +602,7 @@ func TestExplanationsCarryNoPayload(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "messages", id+".json"), []byte(line), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		f := mustFind(t, check(t, dir, fsck.Options{}), store.RecordPath(store.KindMessages, id), fsck.CodeRecordInvalid)
+		f := mustFind(t, check(t, dir, fsck.Options{}), record.Path(record.KindMessages, id), fsck.CodeRecordInvalid)
 		if strings.Contains(strings.ToUpper(f.Explanation), "SECRET") || !strings.HasPrefix(f.Explanation, "the store refuses this record: ") {
 			t.Errorf("explanation %q", f.Explanation)
 		}
@@ -611,7 +612,7 @@ func TestExplanationsCarryNoPayload(t *testing.T) {
 // TestMoveNotes: a moved file keeps its bytes, gets a note, and lost+found is private.
 func TestMoveNotes(t *testing.T) {
 	dir := fsfixtures.Build(t, "truncated-record")
-	p := store.RecordPath(store.KindMessages, fsfixtures.ID("msg-a"))
+	p := record.Path(record.KindMessages, fsfixtures.ID("msg-a"))
 	data, _ := os.ReadFile(filepath.Join(dir, p))
 	when := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	rr := repair(t, dir, fsck.Options{Now: func() time.Time { return when }, Tool: "fsck-test"})
@@ -700,7 +701,7 @@ func TestWrongModeRepair(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustFind(t, check(t, dir, fsck.Options{}), ".", fsck.CodeBadMode)
-	p := filepath.Join(dir, store.RecordPath(store.KindMessages, fsfixtures.ID("msg-a")))
+	p := filepath.Join(dir, record.Path(record.KindMessages, fsfixtures.ID("msg-a")))
 	before, _ := os.Lstat(p)
 	repairedClean(t, dir)
 	if info, _ := os.Lstat(dir); info.Mode().Perm() != 0o700 {
@@ -724,8 +725,8 @@ func TestStoreAcceptsRepairedStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range store.Kinds {
-		if err := s.Scan(ctx, k, func(store.Record) error { return nil }); err != nil {
+	for _, k := range record.Kinds {
+		if err := s.Scan(ctx, k, func(record.Record) error { return nil }); err != nil {
 			t.Fatalf("%s: %v", k, err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -38,7 +39,7 @@ func (c *checker) checkLayout() error {
 		}
 	}
 	base, parent := filepath.Base(c.dir), filepath.Base(filepath.Dir(c.dir))
-	if !store.ValidID(store.KindIdempotency, base) { // 64 lower-case hex digits
+	if !record.ValidID(record.KindIdempotency, base) { // 64 lower-case hex digits
 		return fmt.Errorf("%w: %s: the name of a store directory is the 64 hex digits of the SHA-256 of its owner's DID", ErrNotStoreLayout, c.dir)
 	}
 	if parent != deliveryDir {
@@ -69,7 +70,7 @@ func (c *checker) checkForeign() error {
 // layoutTopName reports whether name, directly in the store directory, is a name the
 // store itself makes.
 func layoutTopName(name string) bool {
-	return store.Kind(name).Valid() || name == lockfile.LockName || lockfile.IsTempName(name) ||
+	return record.Kind(name).Valid() || name == lockfile.LockName || lockfile.IsTempName(name) ||
 		name == store.GenerationFile || name == store.LostAndFound || fsx.IsTempName(name)
 }
 
@@ -83,7 +84,7 @@ func movable(p string) bool {
 		return false
 	}
 	if nested {
-		return (store.Kind(first).Valid() || first == store.LostAndFound && fsx.IsTempName(rest)) && rest != ""
+		return (record.Kind(first).Valid() || first == store.LostAndFound && fsx.IsTempName(rest)) && rest != ""
 	}
 	return first != store.LostAndFound && layoutTopName(first)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -411,7 +412,7 @@ func (r *repairer) rewrite(f Finding) error {
 	}
 	if fx.record != "" {
 		id := strings.TrimSuffix(path.Base(f.Path), ".json")
-		if _, err := store.ParseRecord(fx.record, id, data, r.owner, r.ownerKey); err != nil {
+		if _, err := record.Parse(fx.record, id, data, r.owner, r.ownerKey); err != nil {
 			return fmt.Errorf("%w: the record is no longer valid", errChanged)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/fsfixtures"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // largeRecords is the size of valid-large for the throughput test and benchmark:
@@ -38,7 +38,7 @@ func largeRecords(t testing.TB) int {
 // signature (the owner's key, a message of a record's size), for at least d.
 func verifyRate(t testing.TB, dir string, d time.Duration) float64 {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, store.RecordPath(store.KindOutbox, fsfixtures.ID("large/0/envelope/0"))))
+	data, err := os.ReadFile(filepath.Join(dir, record.Path(record.KindOutbox, fsfixtures.ID("large/0/envelope/0"))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@
 //
 // Persistence: the relay has an identity of its own and keeps its
 // de-duplication records in a store of that identity (pkg/store, kind
-// receipts, id store.ReceiptID(envelopeId)). The envelope bytes waiting in
+// receipts, id record.ReceiptID(envelopeId)). The envelope bytes waiting in
 // inboxes live in a relay-private directory next to the store, one file per
 // envelope, written durably through internal/fsx (O_EXCL temp, fsync, a rename
 // that never replaces, directory fsync) before the receipt record, and read
@@ -41,6 +41,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -261,7 +262,7 @@ func (r *Relay) load(ctx context.Context) error {
 			if err != nil || env.ID() != envID || recipientDir(env.Recipient()) != rdir {
 				return fmt.Errorf("relay: inbox file %s is not the envelope its name says: %v", name, err)
 			}
-			rec, err := store.GetAs[*store.Receipt](r.st, store.ReceiptID(envID))
+			rec, err := store.GetAs[*record.Receipt](r.st, record.ReceiptID(envID))
 			if err != nil {
 				return fmt.Errorf("relay: read receipt of %s: %w", envID, err)
 			}
@@ -281,7 +282,7 @@ func (r *Relay) load(ctx context.Context) error {
 					return fmt.Errorf("relay: complete receipt of %s: %w", envID, err)
 				}
 				completed++
-			case rec.State != store.ReceiptPersisted:
+			case rec.State != record.ReceiptPersisted:
 				_ = r.fs.Remove(file) // acknowledged; the removal was interrupted
 				removed++
 				continue
@@ -358,18 +359,18 @@ func (r *Relay) visibleBelow() uint64 {
 	return low
 }
 
-func (r *Relay) receiptRecord(env *envelope.Envelope, receivedAt int64) *store.Receipt {
+func (r *Relay) receiptRecord(env *envelope.Envelope, receivedAt int64) *record.Receipt {
 	retain := env.DeliveryDeadlineMillis() + dedupeRetention.Milliseconds()
 	retain = min(max(retain, receivedAt+dedupeRetention.Milliseconds()), envelope.MaxTime)
-	return &store.Receipt{
+	return &record.Receipt{
 		EnvelopeID: env.ID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
-		State: store.ReceiptPersisted, ReceivedAt: receivedAt, RetainUntil: retain,
+		State: record.ReceiptPersisted, ReceivedAt: receivedAt, RetainUntil: retain,
 	}
 }
 
 // signReceipt signs the relay receipt of a stored receipt record. Ed25519 is
 // deterministic, so the bytes are the same every time.
-func (r *Relay) signReceipt(rec *store.Receipt) ([]byte, error) {
+func (r *Relay) signReceipt(rec *record.Receipt) ([]byte, error) {
 	return envelope.SignRelayReceipt(r.id, envelope.RelayReceipt{
 		EnvelopeID: rec.EnvelopeID, EnvelopeDigest: rec.EnvelopeDigest, State: envelope.ReceiptStatePersisted,
 		RelayDID: r.id.DID(), ReceivedAt: time.UnixMilli(rec.ReceivedAt),
@@ -398,8 +399,8 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	mu.Lock()
 	defer mu.Unlock()
 
-	rid := store.ReceiptID(env.ID())
-	rec, err := store.GetAs[*store.Receipt](r.st, rid)
+	rid := record.ReceiptID(env.ID())
+	rec, err := store.GetAs[*record.Receipt](r.st, rid)
 	if err != nil {
 		return nil, storeError(err)
 	}
@@ -425,7 +426,7 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	}
 	rec = r.receiptRecord(env, now.UnixMilli())
 	err = r.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
-		cur, err := store.TxGet[*store.Receipt](tx, rid)
+		cur, err := store.TxGet[*record.Receipt](tx, rid)
 		if err != nil {
 			return err
 		}
@@ -439,7 +440,7 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	if err != nil {
 		// Keep the file only if the record made it to disk after all (a
 		// failure after publication): it is then the envelope the record names.
-		if cur, gerr := store.GetAs[*store.Receipt](r.st, rid); gerr == nil && cur != nil && cur.EnvelopeDigest == env.Digest() {
+		if cur, gerr := store.GetAs[*record.Receipt](r.st, rid); gerr == nil && cur != nil && cur.EnvelopeDigest == env.Digest() {
 			r.mu.Lock()
 			r.insert(e)
 			r.mu.Unlock()
@@ -468,7 +469,7 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 }
 
 // existing answers an envelope whose id has a receipt record.
-func (r *Relay) existing(env *envelope.Envelope, rec *store.Receipt) ([]byte, error) {
+func (r *Relay) existing(env *envelope.Envelope, rec *record.Receipt) ([]byte, error) {
 	if rec.EnvelopeDigest != env.Digest() {
 		r.count(func(s *Stats) { s.Conflicts++ })
 		r.log.Warn("relay: envelope id conflict", "envelopeId", env.ID(), "digest", env.Digest()[:16],
@@ -597,11 +598,11 @@ func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 	defer cancel()
 	err := r.st.PreparedTransaction(uctx, func(tx *store.Tx) error {
 		for _, e := range gone {
-			rec, err := store.TxGet[*store.Receipt](tx, store.ReceiptID(e.envelopeID))
-			if err != nil || rec == nil || rec.State != store.ReceiptPersisted {
+			rec, err := store.TxGet[*record.Receipt](tx, record.ReceiptID(e.envelopeID))
+			if err != nil || rec == nil || rec.State != record.ReceiptPersisted {
 				continue
 			}
-			rec.State = store.ReceiptTerminal
+			rec.State = record.ReceiptTerminal
 			rec.OutcomeCode = "ACKNOWLEDGED"
 			if err := tx.Put(rec); err != nil {
 				return err

@@ -18,6 +18,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -544,11 +545,11 @@ func TestAckRecordsSurviveCancelledRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := store.GetAs[*store.Receipt](st, store.ReceiptID(en.ID()))
+	rec, err := store.GetAs[*record.Receipt](st, record.ReceiptID(en.ID()))
 	if err != nil || rec == nil {
 		t.Fatalf("receipt record: %v, %v", rec, err)
 	}
-	if rec.State != store.ReceiptTerminal || rec.OutcomeCode != "ACKNOWLEDGED" {
-		t.Fatalf("receipt record is %s/%s after the ack, want %s/ACKNOWLEDGED", rec.State, rec.OutcomeCode, store.ReceiptTerminal)
+	if rec.State != record.ReceiptTerminal || rec.OutcomeCode != "ACKNOWLEDGED" {
+		t.Fatalf("receipt record is %s/%s after the ack, want %s/ACKNOWLEDGED", rec.State, rec.OutcomeCode, record.ReceiptTerminal)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -26,18 +28,18 @@ import (
 func benchLater() time.Time { return time.Now().Add(time.Minute) }
 
 // benchMessage returns a valid queued message record with the given id.
-func benchMessage(peer, id string) *store.Message {
+func benchMessage(peer, id string) *record.Message {
 	now := time.Now().UnixMilli()
-	return &store.Message{
-		MessageID: id, Status: store.StatusQueued, PeerOwnerDID: peer,
-		RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: store.Digest([]byte(id)),
+	return &record.Message{
+		MessageID: id, Status: record.StatusQueued, PeerOwnerDID: peer,
+		RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: envelope.Digest([]byte(id)),
 		DeliveryDeadline: now + time.Hour.Milliseconds(), CreatedAt: now, UpdatedAt: now,
 		RetainUntil: now + 8*24*time.Hour.Milliseconds(),
 	}
 }
 
 // benchPut durably writes r in its own transaction.
-func benchPut(b *testing.B, s *store.Store, r store.Record) {
+func benchPut(b *testing.B, s *store.Store, r record.Record) {
 	if err := s.Transaction(context.Background(), func(tx *store.Tx) error { return tx.Put(r) }); err != nil {
 		b.Fatal(err)
 	}
@@ -46,7 +48,7 @@ func benchPut(b *testing.B, s *store.Store, r store.Record) {
 // benchRecordBytes returns the signed file bytes of a message record.
 func benchRecordBytes(b *testing.B) []byte {
 	id := ownerIdentity(b)
-	data, err := store.EncodeRecord(id.Signer(), id.DID(), benchMessage(string(peerDID(b)), uuid.NewString()))
+	data, err := record.Encode(id.Signer(), id.DID(), benchMessage(string(peerDID(b)), uuid.NewString()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -59,7 +61,7 @@ func BenchmarkDurableWrite(b *testing.B) {
 	s := openStore(b, store.Options{})
 	peer := string(peerDID(b))
 	benchPut(b, s, benchMessage(peer, uuid.NewString())) // create the directories
-	recs := make([]*store.Message, b.N)
+	recs := make([]*record.Message, b.N)
 	for i := range recs {
 		recs[i] = benchMessage(peer, uuid.NewString())
 	}
@@ -98,7 +100,7 @@ func benchReadStore(b *testing.B, opts store.Options) (*store.Store, string) {
 }
 
 func benchGet(b *testing.B, s *store.Store, id string) {
-	r, err := s.Get(store.KindMessages, id)
+	r, err := s.Get(record.KindMessages, id)
 	if err != nil || r == nil {
 		b.Fatalf("Get: %v %v", r, err)
 	}
@@ -129,7 +131,7 @@ func BenchmarkReadCold(b *testing.B) {
 // written with plain os.WriteFile (no fsync: only the benchmark reads them), and
 // returns their ids.
 func benchBuildMessages(b *testing.B, dir string, n int) []string {
-	kindDir := filepath.Join(dir, string(store.KindMessages))
+	kindDir := filepath.Join(dir, string(record.KindMessages))
 	if err := os.MkdirAll(kindDir, 0o700); err != nil {
 		b.Fatal(err)
 	}
@@ -138,7 +140,7 @@ func benchBuildMessages(b *testing.B, dir string, n int) []string {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = uuid.NewString()
-		data, err := store.EncodeRecord(signer, did, benchMessage(peer, ids[i]))
+		data, err := record.Encode(signer, did, benchMessage(peer, ids[i]))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -159,7 +161,7 @@ func BenchmarkList10k(b *testing.B) {
 	ids := benchBuildMessages(b, dir, n)
 	r := openStore(b, store.Options{Dir: dir, Now: benchLater})
 	list := func(b *testing.B) {
-		got, err := r.List(store.KindMessages)
+		got, err := r.List(record.KindMessages)
 		if err != nil || len(got) != n {
 			b.Fatalf("List: %d ids, %v", len(got), err)
 		}
@@ -180,7 +182,7 @@ func BenchmarkList10k(b *testing.B) {
 			b.StopTimer()
 			id := ids[i%len(ids)]
 			err := w.Transaction(ctx, func(tx *store.Tx) error {
-				m, err := store.TxGet[*store.Message](tx, id)
+				m, err := store.TxGet[*record.Message](tx, id)
 				if err != nil || m == nil {
 					b.Fatalf("TxGet: %v %v", m, err)
 				}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -325,7 +326,7 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 			t.Errorf("%s's message %s: %v, %v", a.from, a.msgID, m, err)
 			continue
 		}
-		if m.MessageID != a.msgID || m.Status != store.StatusQueued {
+		if m.MessageID != a.msgID || m.Status != record.StatusQueued {
 			t.Errorf("message %s: id %s status %q", a.msgID, m.MessageID, m.Status)
 		}
 		pend, err := fresh.Pending(ctx, a.msgID)
@@ -334,7 +335,7 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 			continue
 		}
 		for i, o := range pend {
-			if o.Ordinal != i || o.EnvelopeID != a.envelopes[i] || o.MessageID != a.msgID || o.State != store.StatePending {
+			if o.Ordinal != i || o.EnvelopeID != a.envelopes[i] || o.MessageID != a.msgID || o.State != record.StatePending {
 				t.Errorf("Pending(%s)[%d] = envelope %s ordinal %d message %s state %s; want envelope %s",
 					a.msgID, i, o.EnvelopeID, o.Ordinal, o.MessageID, o.State, a.envelopes[i])
 			}
@@ -346,7 +347,7 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 
 	// Nothing else: message records, batches and outbox records are exactly those of
 	// the acknowledged messages.
-	msgIDs, err := fresh.List(store.KindMessages)
+	msgIDs, err := fresh.List(record.KindMessages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +359,7 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 			t.Errorf("message record %s was never acknowledged", id)
 		}
 	}
-	batchIDs, err := fresh.List(store.KindBatches)
+	batchIDs, err := fresh.List(record.KindBatches)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +380,7 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 			member[o.EnvelopeID] = b
 		}
 	}
-	outIDs, err := fresh.List(store.KindOutbox)
+	outIDs, err := fresh.List(record.KindOutbox)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +388,7 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 		t.Errorf("%d outbox records, %d acknowledged envelopes", len(outIDs), envelopes)
 	}
 	for _, id := range outIDs {
-		r, err := store.GetAs[*store.Outbox](fresh, id)
+		r, err := store.GetAs[*record.Outbox](fresh, id)
 		if err != nil || r == nil {
 			t.Errorf("outbox %s: %v %v", id, r, err)
 			continue
@@ -470,7 +471,7 @@ func TestConcReadModifyWrite(t *testing.T) {
 					defer wg.Done()
 					for range rounds {
 						err := run(stores[w], context.Background(), func(tx *store.Tx) error {
-							m, err := store.TxGet[*store.Message](tx, req.MessageID)
+							m, err := store.TxGet[*record.Message](tx, req.MessageID)
 							if err != nil {
 								return err
 							}
@@ -497,7 +498,7 @@ func TestConcReadModifyWrite(t *testing.T) {
 				t.Fatalf("%d transactions failed; first: %v", n, firstErr)
 			}
 			for i, st := range []*store.Store{s, openStore(t, store.Options{Dir: s.Dir(), CacheEntries: -1})} {
-				m, err := store.GetAs[*store.Message](st, req.MessageID)
+				m, err := store.GetAs[*record.Message](st, req.MessageID)
 				if err != nil || m == nil {
 					t.Fatalf("store %d: %v %v", i, m, err)
 				}
@@ -521,7 +522,7 @@ func TestConcRetryAfterInterruptedEnqueue(t *testing.T) {
 	s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
 		f := fsx.NewFaulty(inner)
 		f.Inject = func(op fsx.Op) error {
-			if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, string(store.KindBatches)+"/") && failMarker.Load() {
+			if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, string(record.KindBatches)+"/") && failMarker.Load() {
 				return injected
 			}
 			return nil

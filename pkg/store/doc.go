@@ -3,8 +3,8 @@
 // One identity owns one store directory. Every record — an outgoing envelope (outbox),
 // a batch marker (batches), a message's status (messages), a receipt, an observation,
 // an operation and its idempotency binding — is its own one-line JSON file signed by
-// the owner. docs/FORMAT.md is the byte-level specification; EncodeRecord and
-// ParseRecord implement it, and fsck uses ParseRecord rather than re-coding validity.
+// the owner. docs/FORMAT.md is the byte-level specification; record.Encode and
+// record.Parse implement it, and fsck uses record.Parse rather than re-coding validity.
 //
 // # Durability
 //

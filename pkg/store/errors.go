@@ -6,20 +6,13 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/lockfile"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
-func where(r Record) string { return fmt.Sprintf("%s/%s", r.Kind(), r.RecordID()) }
+func where(r record.Record) string { return fmt.Sprintf("%s/%s", r.Kind(), r.RecordID()) }
 
-func conflict(r Record, format string, args ...any) error {
+func conflict(r record.Record, format string, args ...any) error {
 	return errcode.New(errcode.DeliveryRecordConflict, where(r), fmt.Errorf(format, args...))
-}
-
-func statusErr(r Record, format string, args ...any) error {
-	return errcode.New(errcode.InvalidDeliveryStatus, where(r), fmt.Errorf(format, args...))
-}
-
-func statusConflict(r Record, format string, args ...any) error {
-	return errcode.New(errcode.DeliveryStatusConflict, where(r), fmt.Errorf(format, args...))
 }
 
 func invalidAt(path string, cause error) error {

@@ -1,6 +1,6 @@
 package store_test
 
-// Record format tests (docs/FORMAT.md §3, §4): EncodeRecord and ParseRecord round-trip every
+// Record format tests (docs/FORMAT.md §3, §4): record.Encode and record.Parse round-trip every
 // kind; the file is one line with the header members in a fixed order; raw JSON keeps
 // its exact bytes; the header and the payload are decoded strictly; the signature
 // binds the kind and the id.
@@ -22,8 +22,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -47,55 +49,55 @@ const tamperEnvelope = `{"envelopeId":"` + tamperEnvID + `","body":"<b>a & b</b>
 
 // tamperRecords returns one record of each of the 7 kinds with every field set (the
 // first is the outbox record), then variants with the optional fields empty.
-func tamperRecords(t testing.TB) []store.Record {
+func tamperRecords(t testing.TB) []record.Record {
 	t.Helper()
 	peer := string(peerDID(t))
 	env := json.RawMessage(tamperEnvelope)
-	return []store.Record{
-		&store.Outbox{EnvelopeID: tamperEnvID, MessageID: tamperMsgID, BatchID: tamperBatchID,
-			EnvelopeKind: store.EnvelopeDeliveryStatus, State: store.StatePending, Ordinal: 3,
+	return []record.Record{
+		&record.Outbox{EnvelopeID: tamperEnvID, MessageID: tamperMsgID, BatchID: tamperBatchID,
+			EnvelopeKind: record.EnvelopeDeliveryStatus, State: record.StatePending, Ordinal: 3,
 			RelayURL: "https://relay.example/v1/envelopes?a=<b>&c=d", PeerOwnerDID: peer,
 			DeliveryDeadline: tamperT0 + 3_600_000, NextAttemptAt: tamperT0 + 2_000, Attempts: 2,
-			LastError: `relay said <503> & "retry"`, Lease: &store.Lease{Holder: "carrier<1>&", Until: tamperT0 + 150_000},
-			Envelope: env, EnvelopeDigest: store.Digest(env), RetainUntil: tamperT0 + 90_000_000},
-		&store.Batch{BatchID: tamperBatchID, MessageID: tamperMsgID, EnvelopeIDs: []string{tamperEnvID, tamperEnvID2},
+			LastError: `relay said <503> & "retry"`, Lease: &record.Lease{Holder: "carrier<1>&", Until: tamperT0 + 150_000},
+			Envelope: env, EnvelopeDigest: envelope.Digest(env), RetainUntil: tamperT0 + 90_000_000},
+		&record.Batch{BatchID: tamperBatchID, MessageID: tamperMsgID, EnvelopeIDs: []string{tamperEnvID, tamperEnvID2},
 			PeerOwnerDID: peer, RelayURL: "http://127.0.0.1:8080/relay", DeliveryDeadline: tamperT0 + 3_600_000,
 			CreatedAt: tamperT0, RetainUntil: tamperT0 + 90_000_000},
-		&store.Message{MessageID: tamperMsgID, Status: store.StatusClosed, ClosedBy: store.ClosedByRefused,
-			LastError: "409 <conflict>", PeerOwnerDID: peer, RelayURL: "https://relay.example/", EnvelopeDigest: store.Digest(env),
+		&record.Message{MessageID: tamperMsgID, Status: record.StatusClosed, ClosedBy: record.ClosedByRefused,
+			LastError: "409 <conflict>", PeerOwnerDID: peer, RelayURL: "https://relay.example/", EnvelopeDigest: envelope.Digest(env),
 			DeliveryDeadline: tamperT0 + 3_600_000, CreatedAt: tamperT0, UpdatedAt: tamperT0 + 5, Attempts: 7, RetainUntil: tamperT0 + 90_000_000},
-		&store.Receipt{EnvelopeID: tamperInID, SenderDID: peer, EnvelopeDigest: store.Digest([]byte("in")),
-			State: store.ReceiptProcessed, OutcomeCode: "ACCEPTED", ReceivedAt: tamperT0, RetainUntil: tamperT0 + 1},
-		&store.Observation{MessageID: tamperInID, SenderDID: peer, EnvelopeDigest: store.Digest([]byte("in")),
+		&record.Receipt{EnvelopeID: tamperInID, SenderDID: peer, EnvelopeDigest: envelope.Digest([]byte("in")),
+			State: record.ReceiptProcessed, OutcomeCode: "ACCEPTED", ReceivedAt: tamperT0, RetainUntil: tamperT0 + 1},
+		&record.Observation{MessageID: tamperInID, SenderDID: peer, EnvelopeDigest: envelope.Digest([]byte("in")),
 			CreatedAt: tamperT0, DeliveryDeadline: tamperT0 + 10, Facts: []json.RawMessage{
 				json.RawMessage(`{"fact":"<seen>&","at":1}`), json.RawMessage(`{"x":"\u00e9"}`)},
 			Published: []string{tamperMsgID, tamperOpID}, RetainUntil: tamperT0 + 20},
-		&store.Operation{OperationID: tamperOpID, RequestDigest: store.Digest([]byte("req")), State: store.OperationDone,
+		&record.Operation{OperationID: tamperOpID, RequestDigest: envelope.Digest([]byte("req")), State: record.OperationDone,
 			CreatedAt: tamperT0, LeaseUntil: tamperT0 + 120_000, Response: json.RawMessage(`{"status":201,"body":"<ok>&\u2028"}`),
 			RetainUntil: tamperT0 + 86_400_000},
-		&store.Binding{KeyHash: store.IdempotencyID("client key <1>"), OperationID: tamperOpID,
-			RequestDigest: store.Digest([]byte("req")), CreatedAt: tamperT0, RetainUntil: tamperT0 + 86_400_000},
+		&record.Binding{KeyHash: record.IdempotencyID("client key <1>"), OperationID: tamperOpID,
+			RequestDigest: envelope.Digest([]byte("req")), CreatedAt: tamperT0, RetainUntil: tamperT0 + 86_400_000},
 		// optional fields empty
-		&store.Outbox{EnvelopeID: tamperEnvID2, MessageID: tamperMsgID, BatchID: tamperBatchID,
-			EnvelopeKind: store.EnvelopeMessage, State: store.StateRelayed, RelayURL: "http://relay.example",
+		&record.Outbox{EnvelopeID: tamperEnvID2, MessageID: tamperMsgID, BatchID: tamperBatchID,
+			EnvelopeKind: record.EnvelopeMessage, State: record.StateRelayed, RelayURL: "http://relay.example",
 			PeerOwnerDID: peer, DeliveryDeadline: tamperT0 + 1, Envelope: json.RawMessage(`{}`),
-			EnvelopeDigest: store.Digest([]byte(`{}`)), RetainUntil: tamperT0 + 2},
-		&store.Message{MessageID: tamperMsgID, Status: store.StatusQueued, PeerOwnerDID: peer, RelayURL: "https://r.example",
-			EnvelopeDigest: store.Digest(env), DeliveryDeadline: tamperT0 + 1, CreatedAt: tamperT0, UpdatedAt: tamperT0, RetainUntil: tamperT0 + 2},
-		&store.Receipt{EnvelopeID: tamperInID, SenderDID: peer, EnvelopeDigest: store.Digest([]byte("in")),
-			State: store.ReceiptPersisted, ReceivedAt: tamperT0, RetainUntil: tamperT0 + 1},
-		&store.Observation{MessageID: tamperInID, SenderDID: peer, EnvelopeDigest: store.Digest([]byte("in")),
+			EnvelopeDigest: envelope.Digest([]byte(`{}`)), RetainUntil: tamperT0 + 2},
+		&record.Message{MessageID: tamperMsgID, Status: record.StatusQueued, PeerOwnerDID: peer, RelayURL: "https://r.example",
+			EnvelopeDigest: envelope.Digest(env), DeliveryDeadline: tamperT0 + 1, CreatedAt: tamperT0, UpdatedAt: tamperT0, RetainUntil: tamperT0 + 2},
+		&record.Receipt{EnvelopeID: tamperInID, SenderDID: peer, EnvelopeDigest: envelope.Digest([]byte("in")),
+			State: record.ReceiptPersisted, ReceivedAt: tamperT0, RetainUntil: tamperT0 + 1},
+		&record.Observation{MessageID: tamperInID, SenderDID: peer, EnvelopeDigest: envelope.Digest([]byte("in")),
 			CreatedAt: tamperT0, DeliveryDeadline: tamperT0 + 10, Facts: []json.RawMessage{}, Published: []string{}, RetainUntil: tamperT0 + 20},
-		&store.Operation{OperationID: tamperOpID, RequestDigest: store.Digest([]byte("req")), State: store.OperationInFlight,
+		&record.Operation{OperationID: tamperOpID, RequestDigest: envelope.Digest([]byte("req")), State: record.OperationInFlight,
 			CreatedAt: tamperT0, LeaseUntil: tamperT0 + 120_000, RetainUntil: tamperT0 + 86_400_000},
 	}
 }
 
 // tamperEncode encodes r signed by the owner.
-func tamperEncode(t testing.TB, r store.Record) []byte {
+func tamperEncode(t testing.TB, r record.Record) []byte {
 	t.Helper()
 	own := ownerIdentity(t)
-	data, err := store.EncodeRecord(own.Signer(), own.DID(), r)
+	data, err := record.Encode(own.Signer(), own.DID(), r)
 	if err != nil {
 		t.Fatalf("EncodeRecord %s/%s: %v", r.Kind(), r.RecordID(), err)
 	}
@@ -125,13 +127,13 @@ func tamperTopKeys(t testing.TB, line []byte) []string {
 }
 
 // TestRecordRoundTripAllKinds: for a record of each of the 7 kinds (and variants with
-// the optional fields empty), EncodeRecord then ParseRecord gives an equal record;
+// the optional fields empty), record.Encode then record.Parse gives an equal record;
 // the file is exactly one line, {"v":1,"kind":…,"id":…,"signer":…,"payload":…,"sig":…}
 // followed by '\n', with no whitespace and no HTML escaping; the signature is the
 // owner's over the exact payload bytes of the file, bound to the kind and id.
 func TestRecordRoundTripAllKinds(t *testing.T) {
 	own := ownerIdentity(t)
-	kinds := map[store.Kind]bool{}
+	kinds := map[record.Kind]bool{}
 	for _, r := range tamperRecords(t) {
 		k, id := r.Kind(), r.RecordID()
 		kinds[k] = true
@@ -174,7 +176,7 @@ func TestRecordRoundTripAllKinds(t *testing.T) {
 			}
 		})
 	}
-	for _, k := range store.Kinds {
+	for _, k := range record.Kinds {
 		if !kinds[k] {
 			t.Errorf("kind %s not covered", k)
 		}
@@ -187,7 +189,7 @@ func TestRecordRoundTripAllKinds(t *testing.T) {
 // Enqueue/Get with a cold store.
 func TestRawJSONKeepsExactBytes(t *testing.T) {
 	recs := tamperRecords(t)
-	o := recs[0].(*store.Outbox)
+	o := recs[0].(*record.Outbox)
 	data := tamperEncode(t, o)
 	if !bytes.Contains(data, []byte(tamperEnvelope)) {
 		t.Fatalf("the file does not contain the envelope's exact bytes:\n%s", data)
@@ -196,15 +198,15 @@ func TestRawJSONKeepsExactBytes(t *testing.T) {
 	if o.EnvelopeDigest != hex.EncodeToString(sum[:]) {
 		t.Fatalf("envelopeDigest %s is not SHA-256 of the envelope bytes", o.EnvelopeDigest)
 	}
-	got := tamperMustParse(t, store.KindOutbox, o.EnvelopeID, data).(*store.Outbox)
+	got := tamperMustParse(t, record.KindOutbox, o.EnvelopeID, data).(*record.Outbox)
 	if string(got.Envelope) != tamperEnvelope || got.EnvelopeDigest != o.EnvelopeDigest {
 		t.Fatalf("envelope changed: %s", got.Envelope)
 	}
-	obs := recs[4].(*store.Observation)
+	obs := recs[4].(*record.Observation)
 	if d := tamperEncode(t, obs); !bytes.Contains(d, obs.Facts[0]) || !bytes.Contains(d, obs.Facts[1]) {
 		t.Fatalf("facts changed: %s", d)
 	}
-	op := recs[5].(*store.Operation)
+	op := recs[5].(*record.Operation)
 	if d := tamperEncode(t, op); !bytes.Contains(d, op.Response) {
 		t.Fatalf("response changed: %s", d)
 	}
@@ -223,7 +225,7 @@ func TestRawJSONKeepsExactBytes(t *testing.T) {
 	}
 	cold := openStore(t, store.Options{Dir: s.Dir(), CacheEntries: -1})
 	for _, env := range req.Envelopes {
-		ob, err := store.GetAs[*store.Outbox](cold, env.EnvelopeID)
+		ob, err := store.GetAs[*record.Outbox](cold, env.EnvelopeID)
 		if err != nil || ob == nil {
 			t.Fatalf("GetAs: %v %v", ob, err)
 		}
@@ -238,17 +240,17 @@ func TestRawJSONKeepsExactBytes(t *testing.T) {
 	}
 }
 
-// TestEncodeRecordRefusesInvalid: EncodeRecord validates before signing.
+// TestEncodeRecordRefusesInvalid: record.Encode validates before signing.
 func TestEncodeRecordRefusesInvalid(t *testing.T) {
 	own := ownerIdentity(t)
-	o := *tamperRecords(t)[0].(*store.Outbox)
-	o.EnvelopeDigest = store.Digest([]byte("other"))
-	if _, err := store.EncodeRecord(own.Signer(), own.DID(), &o); err == nil {
+	o := *tamperRecords(t)[0].(*record.Outbox)
+	o.EnvelopeDigest = envelope.Digest([]byte("other"))
+	if _, err := record.Encode(own.Signer(), own.DID(), &o); err == nil {
 		t.Fatal("an outbox record whose digest does not match its envelope was encoded")
 	}
-	o = *tamperRecords(t)[0].(*store.Outbox)
+	o = *tamperRecords(t)[0].(*record.Outbox)
 	o.EnvelopeID = strings.ToUpper(o.EnvelopeID)
-	if _, err := store.EncodeRecord(own.Signer(), own.DID(), &o); err == nil {
+	if _, err := record.Encode(own.Signer(), own.DID(), &o); err == nil {
 		t.Fatal("an upper-case id was encoded")
 	}
 }
@@ -259,9 +261,9 @@ type tamperSignedPayloadCase struct{ name, payload string }
 
 func tamperStrictPayloadCases(t testing.TB) []tamperSignedPayloadCase {
 	p := string(tamperSplit(t, tamperEncode(t, tamperRecords(t)[0])).Payload)
-	dupEnv := *tamperRecords(t)[0].(*store.Outbox)
+	dupEnv := *tamperRecords(t)[0].(*record.Outbox)
 	dupEnv.Envelope = json.RawMessage(strings.Replace(tamperEnvelope, `"n":1.50}`, `"n":1.50,"n":1.50}`, 1))
-	dupEnv.EnvelopeDigest = store.Digest(dupEnv.Envelope)
+	dupEnv.EnvelopeDigest = envelope.Digest(dupEnv.Envelope)
 	return []tamperSignedPayloadCase{
 		{"unknown-field", p[:len(p)-1] + `,"note":"x"}`},
 		{"duplicate-key-same-value", `{"state":"pending",` + p[1:]},
@@ -275,9 +277,9 @@ func tamperStrictPayloadCases(t testing.TB) []tamperSignedPayloadCase {
 	}
 }
 
-// tamperMarshalPayload encodes r as EncodeRecord's payload would be: compact, no
-// HTML escaping (without EncodeRecord's validation).
-func tamperMarshalPayload(t testing.TB, r store.Record) string {
+// tamperMarshalPayload encodes r as record.Encode's payload would be: compact, no
+// HTML escaping (without record.Encode's validation).
+func tamperMarshalPayload(t testing.TB, r record.Record) string {
 	t.Helper()
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -295,7 +297,7 @@ func TestParseRecordRefusesNonStrictPayload(t *testing.T) {
 	own := ownerIdentity(t)
 	for _, tc := range tamperStrictPayloadCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
-			var lenient store.Outbox
+			var lenient record.Outbox
 			if err := json.Unmarshal([]byte(tc.payload), &lenient); err != nil {
 				t.Fatalf("precondition: encoding/json refuses it already: %v", err)
 			}
@@ -307,13 +309,13 @@ func TestParseRecordRefusesNonStrictPayload(t *testing.T) {
 			if lenient.RecordID() != tamperEnvID {
 				t.Fatalf("precondition: the lenient record has id %s", lenient.RecordID())
 			}
-			data := tamperOwnerSigned(t, store.KindOutbox, tamperEnvID, []byte(tc.payload))
+			data := tamperOwnerSigned(t, record.KindOutbox, tamperEnvID, []byte(tc.payload))
 			h := tamperSplit(t, data)
 			sig, _ := base64.RawURLEncoding.DecodeString(h.Sig)
 			if !identity.VerifyDomain(own.Public(), identity.DomainRecord, sig, []byte("outbox"), []byte(tamperEnvID), h.Payload) {
 				t.Fatal("precondition: the signature does not verify")
 			}
-			if r, err := tamperParse(t, store.KindOutbox, tamperEnvID, data); err == nil || r != nil {
+			if r, err := tamperParse(t, record.KindOutbox, tamperEnvID, data); err == nil || r != nil {
 				t.Fatalf("accepted: %s", data)
 			}
 		})
@@ -323,8 +325,8 @@ func TestParseRecordRefusesNonStrictPayload(t *testing.T) {
 // TestParseRecordRefusesInvalidPayload: payloads signed by the owner for the right
 // kind and id that decode strictly but fail the kind's validation are refused.
 func TestParseRecordRefusesInvalidPayload(t *testing.T) {
-	valid := tamperRecords(t)[0].(*store.Outbox)
-	mut := func(f func(o *store.Outbox)) string {
+	valid := tamperRecords(t)[0].(*record.Outbox)
+	mut := func(f func(o *record.Outbox)) string {
 		o := *valid
 		f(&o)
 		return tamperMarshalPayload(t, &o)
@@ -334,24 +336,24 @@ func TestParseRecordRefusesInvalidPayload(t *testing.T) {
 		"null":            `null`,
 		"array":           `[]`,
 		"string":          `"x"`,
-		"unknown-state":   mut(func(o *store.Outbox) { o.State = "done" }),
-		"unknown-kind":    mut(func(o *store.Outbox) { o.EnvelopeKind = "receipt" }),
-		"digest-mismatch": mut(func(o *store.Outbox) { o.EnvelopeDigest = store.Digest([]byte("x")) }),
-		"envelope-not-compact": mut(func(o *store.Outbox) {
+		"unknown-state":   mut(func(o *record.Outbox) { o.State = "done" }),
+		"unknown-kind":    mut(func(o *record.Outbox) { o.EnvelopeKind = "receipt" }),
+		"digest-mismatch": mut(func(o *record.Outbox) { o.EnvelopeDigest = envelope.Digest([]byte("x")) }),
+		"envelope-not-compact": mut(func(o *record.Outbox) {
 			o.Envelope = json.RawMessage(`{"a": 1}`)
-			o.EnvelopeDigest = store.Digest(o.Envelope)
+			o.EnvelopeDigest = envelope.Digest(o.Envelope)
 		}),
-		"bad-peer-did":   mut(func(o *store.Outbox) { o.PeerOwnerDID = "did:key:zzz" }),
-		"bad-relay-url":  mut(func(o *store.Outbox) { o.RelayURL = "ftp://relay.example" }),
-		"no-retention":   mut(func(o *store.Outbox) { o.RetainUntil = 0 }),
-		"negative-order": mut(func(o *store.Outbox) { o.Ordinal = -1 }),
-		"empty-lease":    mut(func(o *store.Outbox) { o.Lease = &store.Lease{} }),
-		"bad-batch-id":   mut(func(o *store.Outbox) { o.BatchID = strings.ToUpper(o.BatchID) }),
+		"bad-peer-did":   mut(func(o *record.Outbox) { o.PeerOwnerDID = "did:key:zzz" }),
+		"bad-relay-url":  mut(func(o *record.Outbox) { o.RelayURL = "ftp://relay.example" }),
+		"no-retention":   mut(func(o *record.Outbox) { o.RetainUntil = 0 }),
+		"negative-order": mut(func(o *record.Outbox) { o.Ordinal = -1 }),
+		"empty-lease":    mut(func(o *record.Outbox) { o.Lease = &record.Lease{} }),
+		"bad-batch-id":   mut(func(o *record.Outbox) { o.BatchID = strings.ToUpper(o.BatchID) }),
 	}
 	for name, payload := range cases {
 		t.Run(name, func(t *testing.T) {
-			data := tamperOwnerSigned(t, store.KindOutbox, tamperEnvID, []byte(payload))
-			if r, err := tamperParse(t, store.KindOutbox, tamperEnvID, data); err == nil || r != nil {
+			data := tamperOwnerSigned(t, record.KindOutbox, tamperEnvID, []byte(payload))
+			if r, err := tamperParse(t, record.KindOutbox, tamperEnvID, data); err == nil || r != nil {
 				t.Fatalf("accepted: %s", data)
 			}
 		})
@@ -438,7 +440,7 @@ func TestParseRecordRefusesNonStrictHeader(t *testing.T) {
 			if bytes.Equal(data, valid) {
 				t.Fatal("precondition: unchanged")
 			}
-			if r, err := tamperParse(t, store.KindOutbox, tamperEnvID, data); err == nil || r != nil {
+			if r, err := tamperParse(t, record.KindOutbox, tamperEnvID, data); err == nil || r != nil {
 				t.Fatalf("accepted: %q", data)
 			}
 		})
@@ -452,11 +454,11 @@ func TestParseRecordRefusesWrongPath(t *testing.T) {
 	for _, r := range tamperRecords(t)[:7] {
 		data := tamperEncode(t, r)
 		k, id := r.Kind(), r.RecordID()
-		for _, other := range store.Kinds {
+		for _, other := range record.Kinds {
 			if other == k {
 				continue
 			}
-			if _, err := store.ParseRecord(other, id, data, own.DID(), own.Public()); err == nil {
+			if _, err := record.Parse(other, id, data, own.DID(), own.Public()); err == nil {
 				t.Errorf("%s/%s accepted as kind %s", k, id, other)
 			}
 		}
@@ -464,18 +466,18 @@ func TestParseRecordRefusesWrongPath(t *testing.T) {
 			if otherID == id {
 				continue
 			}
-			if _, err := store.ParseRecord(k, otherID, data, own.DID(), own.Public()); err == nil {
+			if _, err := record.Parse(k, otherID, data, own.DID(), own.Public()); err == nil {
 				t.Errorf("%s/%s accepted as id %q", k, id, otherID)
 			}
 		}
-		if _, err := store.ParseRecord(k, id, data, foreign.DID(), foreign.Public()); err == nil {
+		if _, err := record.Parse(k, id, data, foreign.DID(), foreign.Public()); err == nil {
 			t.Errorf("%s/%s accepted for another owner", k, id)
 		}
 		// the owner's DID with another key, and the other way round
-		if _, err := store.ParseRecord(k, id, data, own.DID(), foreign.Public()); err == nil {
+		if _, err := record.Parse(k, id, data, own.DID(), foreign.Public()); err == nil {
 			t.Errorf("%s/%s accepted under a foreign key", k, id)
 		}
-		if _, err := store.ParseRecord(k, id, data, foreign.DID(), own.Public()); err == nil {
+		if _, err := record.Parse(k, id, data, foreign.DID(), own.Public()); err == nil {
 			t.Errorf("%s/%s accepted naming a foreign owner", k, id)
 		}
 	}
@@ -489,13 +491,13 @@ func TestSignatureBindsKindAndID(t *testing.T) {
 	recs := tamperRecords(t)
 
 	// An outbox record, header rewritten to kind batches (same id, payload and sig).
-	o := recs[0].(*store.Outbox)
+	o := recs[0].(*record.Outbox)
 	data := tamperEncode(t, o)
 	moved := bytes.Replace(data, []byte(`"kind":"outbox"`), []byte(`"kind":"batches"`), 1)
 	if bytes.Equal(moved, data) {
 		t.Fatal("precondition: header not rewritten")
 	}
-	for _, k := range []store.Kind{store.KindBatches, store.KindOutbox} {
+	for _, k := range []record.Kind{record.KindBatches, record.KindOutbox} {
 		if _, err := tamperParse(t, k, o.EnvelopeID, moved); err == nil {
 			t.Errorf("an outbox record with its header rewritten to batches is accepted as %s", k)
 		}
@@ -503,21 +505,21 @@ func TestSignatureBindsKindAndID(t *testing.T) {
 
 	// A payload that IS a valid batch, signed by the owner as if it were an outbox
 	// record with the batch's id: only the kind in the signature tells them apart.
-	b := recs[1].(*store.Batch)
+	b := recs[1].(*record.Batch)
 	payload := []byte(tamperSplit(t, tamperEncode(t, b)).Payload)
-	frame := func(sig []byte, kind store.Kind, id string) []byte {
+	frame := func(sig []byte, kind record.Kind, id string) []byte {
 		return tamperFrame("v", "1", "kind", tamperQuote(string(kind)), "id", tamperQuote(id),
 			"signer", tamperQuote(string(own.DID())), "payload", string(payload),
 			"sig", tamperQuote(base64.RawURLEncoding.EncodeToString(sig)))
 	}
-	if _, err := tamperParse(t, store.KindBatches, b.BatchID,
-		frame(tamperSigBytes(t, own.Signer(), store.KindBatches, b.BatchID, payload), store.KindBatches, b.BatchID)); err != nil {
+	if _, err := tamperParse(t, record.KindBatches, b.BatchID,
+		frame(tamperSigBytes(t, own.Signer(), record.KindBatches, b.BatchID, payload), record.KindBatches, b.BatchID)); err != nil {
 		t.Fatalf("control: the batch signed for batches/%s is refused: %v", b.BatchID, err)
 	}
 	otherID := tamperEnvID2
 	forged := map[string][]byte{
-		"signed-as-outbox":         tamperSigBytes(t, own.Signer(), store.KindOutbox, b.BatchID, payload),
-		"signed-for-another-id":    tamperSigBytes(t, own.Signer(), store.KindBatches, otherID, payload),
+		"signed-as-outbox":         tamperSigBytes(t, own.Signer(), record.KindOutbox, b.BatchID, payload),
+		"signed-for-another-id":    tamperSigBytes(t, own.Signer(), record.KindBatches, otherID, payload),
 		"signed-as-envelope":       tamperSigDomain(t, own.Signer(), identity.DomainEnvelope, payload),
 		"signed-without-domain":    tamperSigRaw(t, own.Signer(), payload),
 		"signed-with-other-domain": tamperSigDomain(t, own.Signer(), "sealbridge/record/v2", []byte("batches"), []byte(b.BatchID), payload),
@@ -526,7 +528,7 @@ func TestSignatureBindsKindAndID(t *testing.T) {
 		if sig == nil {
 			continue
 		}
-		if _, err := tamperParse(t, store.KindBatches, b.BatchID, frame(sig, store.KindBatches, b.BatchID)); err == nil {
+		if _, err := tamperParse(t, record.KindBatches, b.BatchID, frame(sig, record.KindBatches, b.BatchID)); err == nil {
 			t.Errorf("%s: accepted as batches/%s", name, b.BatchID)
 		}
 	}
@@ -556,34 +558,34 @@ func tamperSigRaw(t testing.TB, signer crypto.Signer, msg []byte) []byte {
 // Bugs these tests found, since fixed: the writer accepting what the reader refuses,
 // and non-canonical headers or signatures being accepted.
 
-// TestEncodeRecordOutputAlwaysParses: whatever EncodeRecord (and therefore every
-// store write) accepts, ParseRecord must accept and return equal. It does not for raw
+// TestEncodeRecordOutputAlwaysParses: whatever record.Encode (and therefore every
+// store write) accepts, record.Parse must accept and return equal. It does not for raw
 // JSON with duplicate keys or deep nesting (the strict reader refuses them: the write
 // is acknowledged and then unreadable), nor for strings that are not UTF-8 (silently
 // replaced by U+FFFD, so the stored record differs from the one written and cached).
 func TestEncodeRecordOutputAlwaysParses(t *testing.T) {
 	own := ownerIdentity(t)
 	deep := strings.Repeat(`{"a":`, 70) + "1" + strings.Repeat("}", 70)
-	base := func() *store.Outbox { o := *tamperRecords(t)[0].(*store.Outbox); return &o }
-	withEnv := func(env string) store.Record {
+	base := func() *record.Outbox { o := *tamperRecords(t)[0].(*record.Outbox); return &o }
+	withEnv := func(env string) record.Record {
 		o := base()
 		o.Envelope = json.RawMessage(env)
-		o.EnvelopeDigest = store.Digest(o.Envelope)
+		o.EnvelopeDigest = envelope.Digest(o.Envelope)
 		return o
 	}
-	obs := func(fact string) store.Record {
-		r := *tamperRecords(t)[4].(*store.Observation)
+	obs := func(fact string) record.Record {
+		r := *tamperRecords(t)[4].(*record.Observation)
 		r.Facts = []json.RawMessage{json.RawMessage(fact)}
 		return &r
 	}
-	op := func(resp string) store.Record {
-		r := *tamperRecords(t)[5].(*store.Operation)
+	op := func(resp string) record.Record {
+		r := *tamperRecords(t)[5].(*record.Operation)
 		r.Response = json.RawMessage(resp)
 		return &r
 	}
 	badUTF8 := base()
 	badUTF8.LastError = "relay said \xff\xfe"
-	cases := map[string]store.Record{
+	cases := map[string]record.Record{
 		"envelope-duplicate-key": withEnv(`{"a":1,"a":2}`),
 		"envelope-deep":          withEnv(deep),
 		"fact-duplicate-key":     obs(`{"a":1,"a":1}`),
@@ -592,7 +594,7 @@ func TestEncodeRecordOutputAlwaysParses(t *testing.T) {
 	}
 	for name, r := range cases {
 		t.Run(name, func(t *testing.T) {
-			data, err := store.EncodeRecord(own.Signer(), own.DID(), r)
+			data, err := record.Encode(own.Signer(), own.DID(), r)
 			if err != nil {
 				return // refusing to write is fine
 			}
@@ -621,7 +623,7 @@ func TestEnqueueAcceptedMessageStaysReadable(t *testing.T) {
 		t.Fatalf("Enqueue: %v", err)
 	}
 	cold := openStore(t, store.Options{Dir: s.Dir(), CacheEntries: -1})
-	if _, err := store.GetAs[*store.Outbox](cold, req.Envelopes[0].EnvelopeID); err != nil {
+	if _, err := store.GetAs[*record.Outbox](cold, req.Envelopes[0].EnvelopeID); err != nil {
 		t.Errorf("acknowledged outbox record unreadable: %v", err)
 	}
 	if p, err := cold.Pending(context.Background(), req.MessageID); err != nil || len(p) != 1 {
@@ -641,7 +643,7 @@ func TestParseRecordRefusesSigWithNewlines(t *testing.T) {
 	for _, ins := range []string{`\n`, `\r`, `\r\n`, `\n\n\n`} {
 		sig := h.Sig[:40] + ins + h.Sig[40:]
 		data := bytes.Replace(valid, []byte(tamperQuote(h.Sig)), []byte(`"`+sig+`"`), 1)
-		if _, err := tamperParse(t, store.KindOutbox, tamperEnvID, data); err == nil {
+		if _, err := tamperParse(t, record.KindOutbox, tamperEnvID, data); err == nil {
 			t.Errorf("sig with %s inside accepted", ins)
 		}
 	}
@@ -669,7 +671,7 @@ func TestParseRecordRefusesNonCanonicalHeader(t *testing.T) {
 			if data == s {
 				t.Fatal("precondition: unchanged")
 			}
-			if _, err := tamperParse(t, store.KindOutbox, tamperEnvID, []byte(data)); err == nil {
+			if _, err := tamperParse(t, record.KindOutbox, tamperEnvID, []byte(data)); err == nil {
 				t.Errorf("accepted: %q", data)
 			}
 		})

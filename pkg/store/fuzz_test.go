@@ -1,6 +1,6 @@
 package store_test
 
-// Fuzz targets of the record parser (DESIGN §16): ParseRecord never panics, and
+// Fuzz targets of the record parser (DESIGN §16): record.Parse never panics, and
 // whatever it accepts was signed by the owner for that kind and id, decodes the same
 // leniently, and re-encodes to a record that parses back equal.
 
@@ -16,26 +16,26 @@ import (
 	"testing"
 
 	"github.com/sealbridge/sealbridge/pkg/identity"
-	"github.com/sealbridge/sealbridge/pkg/store"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // tamperNewRecord returns an empty record of kind k, or nil.
-func tamperNewRecord(k store.Kind) store.Record {
+func tamperNewRecord(k record.Kind) record.Record {
 	switch k {
-	case store.KindOutbox:
-		return new(store.Outbox)
-	case store.KindBatches:
-		return new(store.Batch)
-	case store.KindMessages:
-		return new(store.Message)
-	case store.KindReceipts:
-		return new(store.Receipt)
-	case store.KindObservations:
-		return new(store.Observation)
-	case store.KindOperations:
-		return new(store.Operation)
-	case store.KindIdempotency:
-		return new(store.Binding)
+	case record.KindOutbox:
+		return new(record.Outbox)
+	case record.KindBatches:
+		return new(record.Batch)
+	case record.KindMessages:
+		return new(record.Message)
+	case record.KindReceipts:
+		return new(record.Receipt)
+	case record.KindObservations:
+		return new(record.Observation)
+	case record.KindOperations:
+		return new(record.Operation)
+	case record.KindIdempotency:
+		return new(record.Binding)
 	}
 	return nil
 }
@@ -68,23 +68,23 @@ func tamperFuzzSeeds(t testing.TB) []tamperFuzzSeed {
 	add("reformatted-header", strings.Replace(s, `"kind":"outbox"`, ` "kind" : "\u006futbox" `, 1))
 	add("sig-newline", strings.Replace(s, `"sig":"`, `"sig":"\n`, 1))
 	for _, tc := range tamperStrictPayloadCases(t) {
-		add("strict-"+tc.name, string(tamperOwnerSigned(t, store.KindOutbox, tamperEnvID, []byte(tc.payload))))
+		add("strict-"+tc.name, string(tamperOwnerSigned(t, record.KindOutbox, tamperEnvID, []byte(tc.payload))))
 	}
 	f := tamperForeign(t)
-	add("foreign", string(tamperSigned(t, f.Signer(), f.DID(), store.KindOutbox, tamperEnvID, tamperSplit(t, outbox).Payload)))
+	add("foreign", string(tamperSigned(t, f.Signer(), f.DID(), record.KindOutbox, tamperEnvID, tamperSplit(t, outbox).Payload)))
 	seeds = append(seeds, tamperFuzzSeed{"wrong-kind", "batches", tamperEnvID, outbox})
 	seeds = append(seeds, tamperFuzzSeed{"wrong-id", "outbox", tamperEnvID2, outbox})
 	return seeds
 }
 
-// tamperCheckAccepted checks what ParseRecord accepted: it was signed by the owner
+// tamperCheckAccepted checks what record.Parse accepted: it was signed by the owner
 // over its exact payload bytes for kind/id, it validates, a lenient decode agrees
 // with the strict one, and re-encoding gives a record that parses back equal (and
 // re-encodes to the same bytes).
-func tamperCheckAccepted(t *testing.T, own *identity.Identity, kind, id string, data []byte, rec store.Record) {
+func tamperCheckAccepted(t *testing.T, own *identity.Identity, kind, id string, data []byte, rec record.Record) {
 	t.Helper()
-	k := store.Kind(kind)
-	if !k.Valid() || rec.Kind() != k || rec.RecordID() != id || !store.ValidID(k, id) {
+	k := record.Kind(kind)
+	if !k.Valid() || rec.Kind() != k || rec.RecordID() != id || !record.ValidID(k, id) {
 		t.Fatalf("accepted %T (kind %s, id %s) as %q/%q", rec, rec.Kind(), rec.RecordID(), kind, id)
 	}
 	if err := rec.Validate(); err != nil {
@@ -108,23 +108,23 @@ func tamperCheckAccepted(t *testing.T, own *identity.Identity, kind, id string, 
 	if err := json.Unmarshal(h.Payload, lenient); err != nil || !reflect.DeepEqual(lenient, rec) {
 		t.Fatalf("strict and lenient decoding disagree (%v):\nstrict  %#v\nlenient %#v", err, rec, lenient)
 	}
-	enc, err := store.EncodeRecord(own.Signer(), own.DID(), rec)
+	enc, err := record.Encode(own.Signer(), own.DID(), rec)
 	if err != nil {
 		t.Fatalf("an accepted record does not re-encode: %v", err)
 	}
-	again, err := store.ParseRecord(k, id, enc, own.DID(), own.Public())
+	again, err := record.Parse(k, id, enc, own.DID(), own.Public())
 	if err != nil {
 		t.Fatalf("the re-encoded record is refused: %v\n%s", err, enc)
 	}
 	if !reflect.DeepEqual(again, rec) {
 		t.Fatalf("the re-encoded record differs:\n got %#v\nwant %#v", again, rec)
 	}
-	if enc2, err := store.EncodeRecord(own.Signer(), own.DID(), again); err != nil || !bytes.Equal(enc2, enc) {
+	if enc2, err := record.Encode(own.Signer(), own.DID(), again); err != nil || !bytes.Equal(enc2, enc) {
 		t.Fatalf("re-encoding is not stable: %v\n%s\n%s", err, enc, enc2)
 	}
 }
 
-// FuzzParseRecord: ParseRecord never panics on any kind, id and bytes; anything it
+// FuzzParseRecord: record.Parse never panics on any kind, id and bytes; anything it
 // accepts passes tamperCheckAccepted (so it must carry the owner's signature: the
 // fuzzer can only reach acceptance through the seeds' signed payloads).
 func FuzzParseRecord(f *testing.F) {
@@ -135,7 +135,7 @@ func FuzzParseRecord(f *testing.F) {
 	owner, key := own.DID(), own.Public()
 	f.Fuzz(func(t *testing.T, kind, id string, data []byte) {
 		orig := bytes.Clone(data)
-		rec, err := store.ParseRecord(store.Kind(kind), id, data, owner, key)
+		rec, err := record.Parse(record.Kind(kind), id, data, owner, key)
 		if !bytes.Equal(data, orig) {
 			t.Fatal("ParseRecord modified its input")
 		}
@@ -165,8 +165,8 @@ func FuzzSignedPayload(f *testing.F) {
 	}
 	own := ownerIdentity(f)
 	f.Fuzz(func(t *testing.T, kind, id string, payload []byte) {
-		if !store.Kind(kind).Valid() || !store.ValidID(store.Kind(kind), id) || !json.Valid(payload) {
-			return // ParseRecord refuses these before looking at the payload
+		if !record.Kind(kind).Valid() || !record.ValidID(record.Kind(kind), id) || !json.Valid(payload) {
+			return // record.Parse refuses these before looking at the payload
 		}
 		sig, err := identity.SignDomain(own.Signer(), identity.DomainRecord, []byte(kind), []byte(id), payload)
 		if err != nil {
@@ -175,7 +175,7 @@ func FuzzSignedPayload(f *testing.F) {
 		data := tamperFrame("v", "1", "kind", tamperQuote(kind), "id", tamperQuote(id),
 			"signer", tamperQuote(string(own.DID())), "payload", string(payload),
 			"sig", tamperQuote(base64.RawURLEncoding.EncodeToString(sig)))
-		rec, err := store.ParseRecord(store.Kind(kind), id, data, own.DID(), own.Public())
+		rec, err := record.Parse(record.Kind(kind), id, data, own.DID(), own.Public())
 		if err != nil {
 			if rec != nil {
 				t.Fatalf("refused (%v) but returned %#v", err, rec)
@@ -191,7 +191,7 @@ func FuzzSignedPayload(f *testing.F) {
 func TestFuzzSeedsBehave(t *testing.T) {
 	own := ownerIdentity(t)
 	for _, s := range tamperFuzzSeeds(t) {
-		rec, err := store.ParseRecord(store.Kind(s.kind), s.id, s.data, own.DID(), own.Public())
+		rec, err := record.Parse(record.Kind(s.kind), s.id, s.data, own.DID(), own.Public())
 		valid := strings.HasPrefix(s.name, "valid-")
 		switch {
 		case valid && err != nil:

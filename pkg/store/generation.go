@@ -8,6 +8,13 @@ import (
 	"syscall"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/record"
+)
+
+// Names in a store directory besides the kind directories.
+const (
+	GenerationFile = ".generation"
+	LostAndFound   = "lost+found"
 )
 
 // The generation file (docs/FORMAT.md §7) is a header naming its epoch — 16 random
@@ -130,14 +137,14 @@ func (s *Store) generation() (generation, error) {
 // When it cannot tell — they are not states of one file (a compaction, a replacement,
 // a file that appeared or is gone), to is shorter, the file now open is no longer the
 // one to names, or a byte is not a kind mark — it returns every kind.
-func (s *Store) changedKinds(from, to generation) map[Kind]bool {
-	all := map[Kind]bool{}
-	for _, k := range Kinds {
+func (s *Store) changedKinds(from, to generation) map[record.Kind]bool {
+	all := map[record.Kind]bool{}
+	for _, k := range record.Kinds {
 		all[k] = true
 	}
 	switch {
 	case to == from:
-		return map[Kind]bool{}
+		return map[record.Kind]bool{}
 	case !from.sameFile(to) || to.size < from.size || to.size-from.size > generationBound:
 		return all
 	}
@@ -153,7 +160,7 @@ func (s *Store) changedKinds(from, to generation) map[Kind]bool {
 	if n, err := f.ReadAt(buf, from.size); err != nil || n != len(buf) {
 		return all
 	}
-	changed := map[Kind]bool{}
+	changed := map[record.Kind]bool{}
 	for _, b := range buf {
 		k, ok := markKind[b]
 		if !ok {
@@ -216,7 +223,7 @@ func (tx *Tx) compactGeneration() error {
 }
 
 // bumpGeneration appends k's mark to the generation file readyGeneration opened.
-func (tx *Tx) bumpGeneration(k Kind) (oldGen, newGen generation, err error) {
+func (tx *Tx) bumpGeneration(k record.Kind) (oldGen, newGen generation, err error) {
 	if tx.gen == nil {
 		return generation{}, generation{}, unwritable(generationName, errGenerationNotReady)
 	}

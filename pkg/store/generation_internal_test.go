@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // An inode number can come back: after two compactions the file may sit on the inode
@@ -40,7 +42,7 @@ func TestGenerationEpochTellsReusedInode(t *testing.T) {
 	if g1 == g2 || g1.sameFile(g2) {
 		t.Fatalf("states of two epochs compare as one file: %+v", g2)
 	}
-	if got := s.changedKinds(g1, g2); len(got) != len(Kinds) {
+	if got := s.changedKinds(g1, g2); len(got) != len(record.Kinds) {
 		t.Errorf("changedKinds across epochs = %v, want every kind", got)
 	}
 	if err := s.validatePlan(&Tx{s: s, gen0: g1}); err != errStalePlan {
@@ -54,10 +56,10 @@ func TestGenerationEpochTellsReusedInode(t *testing.T) {
 	f.Write([]byte{'x'})
 	f.Close()
 	g3, _ := s.generation()
-	if got := s.changedKinds(g2, g3); len(got) != 1 || !got[KindOutbox] {
+	if got := s.changedKinds(g2, g3); len(got) != 1 || !got[record.KindOutbox] {
 		t.Errorf("changedKinds within the epoch = %v, want outbox only", got)
 	}
-	if err := s.validatePlan(&Tx{s: s, gen0: g2, listed: map[Kind]bool{KindMessages: true}}); err != nil {
+	if err := s.validatePlan(&Tx{s: s, gen0: g2, listed: map[record.Kind]bool{record.KindMessages: true}}); err != nil {
 		t.Errorf("a plan listing only messages was invalidated by an outbox mark: %v", err)
 	}
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -78,14 +80,14 @@ func genSize(t *testing.T, dir string) int64 {
 	return info.Size()
 }
 
-func testMessage(t *testing.T) *store.Message {
+func testMessage(t *testing.T) *record.Message {
 	now := time.Now()
-	return &store.Message{MessageID: uuid.NewString(), Status: store.StatusQueued, PeerOwnerDID: string(peerDID(t)),
-		RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: store.Digest([]byte("m")), DeliveryDeadline: now.Add(time.Hour).UnixMilli(),
+	return &record.Message{MessageID: uuid.NewString(), Status: record.StatusQueued, PeerOwnerDID: string(peerDID(t)),
+		RelayURL: "http://127.0.0.1:9/relay", EnvelopeDigest: envelope.Digest([]byte("m")), DeliveryDeadline: now.Add(time.Hour).UnixMilli(),
 		CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli(), RetainUntil: now.Add(2 * time.Hour).UnixMilli()}
 }
 
-func putMessage(t *testing.T, s *store.Store, m *store.Message) {
+func putMessage(t *testing.T, s *store.Store, m *record.Message) {
 	t.Helper()
 	if err := s.Transaction(context.Background(), func(tx *store.Tx) error { return tx.Put(m) }); err != nil {
 		t.Fatal(err)
@@ -114,7 +116,7 @@ func TestGenerationCompactsAtBound(t *testing.T) {
 		t.Fatalf(".generation is %d bytes, want %d (one mark appended below the bound)", got, genBound)
 	}
 	if err := s.Transaction(context.Background(), func(tx *store.Tx) error {
-		return tx.Delete(store.KindMessages, uuid.NewString()) // absent: no publication
+		return tx.Delete(record.KindMessages, uuid.NewString()) // absent: no publication
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +148,7 @@ func TestGenerationCompactsAtBound(t *testing.T) {
 		}
 	}
 	// A fresh store reads it back.
-	if _, err := openStore(t, store.Options{Dir: dir, CacheEntries: -1}).List(store.KindMessages); err != nil {
+	if _, err := openStore(t, store.Options{Dir: dir, CacheEntries: -1}).List(record.KindMessages); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -185,11 +187,11 @@ func TestGenerationCompactionReadersRelist(t *testing.T) {
 			if err != nil || len(sums) != 1 {
 				t.Fatalf("reader's first summaries: %v %v", sums, err)
 			}
-			msgs, err := r.List(store.KindMessages)
+			msgs, err := r.List(record.KindMessages)
 			if err != nil || !slices.Equal(msgs, []string{m1.MessageID}) {
 				t.Fatalf("reader's first listing: %v %v", msgs, err)
 			}
-			stamp, err := r.ListingStamp(store.KindMessages)
+			stamp, err := r.ListingStamp(record.KindMessages)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -205,10 +207,10 @@ func TestGenerationCompactionReadersRelist(t *testing.T) {
 			if _, after, _ := genFile(t, dir); string(after) != "xmb" || genSize(t, dir) != int64(len(before))+55 {
 				t.Fatalf("after the %s the file should have the length readers remember: marks %q", how, after)
 			}
-			if st, err := r.ListingStamp(store.KindMessages); err != nil || st == stamp {
+			if st, err := r.ListingStamp(record.KindMessages); err != nil || st == stamp {
 				t.Errorf("the messages stamp is unchanged across the %s (%v)", how, err)
 			}
-			msgs, err = r.List(store.KindMessages)
+			msgs, err = r.List(record.KindMessages)
 			want := []string{m1.MessageID, m2.MessageID}
 			slices.Sort(want)
 			if err != nil || !slices.Equal(msgs, want) {
@@ -256,9 +258,9 @@ func TestGenerationCompactionReplansPreparedTransaction(t *testing.T) {
 	var rounds atomic.Int32
 	done := make(chan error, 1)
 	go func() {
-		done <- p.Update(context.Background(), store.KindMessages, m.MessageID, func(cur store.Record) (store.Record, error) {
+		done <- p.Update(context.Background(), record.KindMessages, m.MessageID, func(cur record.Record) (record.Record, error) {
 			rounds.Add(1)
-			next := *cur.(*store.Message)
+			next := *cur.(*record.Message)
 			next.Attempts++
 			return &next, nil
 		})
@@ -269,8 +271,8 @@ func TestGenerationCompactionReplansPreparedTransaction(t *testing.T) {
 		t.Fatalf("the update finished before staging: %v", err)
 	}
 	growGeneration(t, dir, genBound)
-	if err := w.Update(context.Background(), store.KindMessages, m.MessageID, func(cur store.Record) (store.Record, error) {
-		next := *cur.(*store.Message)
+	if err := w.Update(context.Background(), record.KindMessages, m.MessageID, func(cur record.Record) (record.Record, error) {
+		next := *cur.(*record.Message)
 		next.Attempts += 10
 		return &next, nil
 	}); err != nil {
@@ -283,7 +285,7 @@ func TestGenerationCompactionReplansPreparedTransaction(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	got, err := store.GetAs[*store.Message](openStore(t, store.Options{Dir: dir, CacheEntries: -1}), m.MessageID)
+	got, err := store.GetAs[*record.Message](openStore(t, store.Options{Dir: dir, CacheEntries: -1}), m.MessageID)
 	if err != nil || got == nil {
 		t.Fatal(got, err)
 	}
@@ -306,7 +308,7 @@ func TestGenerationCompactionByAnotherProcess(t *testing.T) {
 	if _, err := r.OutboxSummaries(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.List(store.KindMessages); err != nil {
+	if _, err := r.List(record.KindMessages); err != nil {
 		t.Fatal(err)
 	}
 	growGeneration(t, dir, genBound)
@@ -331,7 +333,7 @@ func TestGenerationCompactionByAnotherProcess(t *testing.T) {
 	if _, after, _ := genFile(t, dir); !bytes.Equal(after, before) {
 		t.Fatalf("the child's enqueue did not compact to the length this process remembers: marks %q", after)
 	}
-	msgs, err := r.List(store.KindMessages)
+	msgs, err := r.List(record.KindMessages)
 	want := []string{m1.MessageID, c.acks[0].msgID}
 	slices.Sort(want)
 	if err != nil || !slices.Equal(msgs, want) {

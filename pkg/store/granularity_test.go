@@ -13,6 +13,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 	"golang.org/x/sys/unix"
 )
@@ -155,7 +156,7 @@ func overwriteSameSecond(t *testing.T, path string, data []byte) {
 
 // oneSecondMessage writes a message with the plain store and returns it, its file and
 // the file's bytes (mtime set to sameSecond).
-func oneSecondMessage(t *testing.T, dir string) (*store.Message, string, []byte) {
+func oneSecondMessage(t *testing.T, dir string) (*record.Message, string, []byte) {
 	t.Helper()
 	m := newMessage(t, time.Now())
 	mustPut(t, openStore(t, store.Options{Dir: dir}), m)
@@ -169,20 +170,20 @@ func oneSecondMessage(t *testing.T, dir string) (*store.Message, string, []byte)
 }
 
 // signed returns m with the given attempts, encoded and signed by the owner.
-func signed(t *testing.T, m *store.Message, attempts int) []byte {
+func signed(t *testing.T, m *record.Message, attempts int) []byte {
 	t.Helper()
 	next := *m
 	next.Attempts = attempts
-	data, err := store.EncodeRecord(ownerIdentity(t).Signer(), ownerIdentity(t).DID(), &next)
+	data, err := record.Encode(ownerIdentity(t).Signer(), ownerIdentity(t).DID(), &next)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return data
 }
 
-func getMessage(t *testing.T, s *store.Store, id string) (*store.Message, error) {
+func getMessage(t *testing.T, s *store.Store, id string) (*record.Message, error) {
 	t.Helper()
-	return store.GetAs[*store.Message](s, id)
+	return store.GetAs[*record.Message](s, id)
 }
 
 // On a file system with 1 s timestamps, a record cached half a second after its
@@ -285,13 +286,13 @@ func TestOneSecondFSListingChangeNeverHidden(t *testing.T) {
 	slices.Sort(want)
 	list := func(what string, want []string) {
 		t.Helper()
-		ids, err := o.s.List(store.KindMessages)
+		ids, err := o.s.List(record.KindMessages)
 		if err != nil || !slices.Equal(ids, want) {
 			t.Fatalf("%s: List = %v, %v; want %v", what, ids, err, want)
 		}
 	}
 	list("first listing", want)
-	stamp, err := o.s.ListingStamp(store.KindMessages)
+	stamp, err := o.s.ListingStamp(record.KindMessages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +304,7 @@ func TestOneSecondFSListingChangeNeverHidden(t *testing.T) {
 	list("after a same-second removal", []string{a.MessageID})
 
 	c := newMessage(t, time.Now())
-	data, err := store.EncodeRecord(ownerIdentity(t).Signer(), ownerIdentity(t).DID(), c)
+	data, err := record.Encode(ownerIdentity(t).Signer(), ownerIdentity(t).DID(), c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +315,7 @@ func TestOneSecondFSListingChangeNeverHidden(t *testing.T) {
 	want = []string{a.MessageID, c.MessageID}
 	slices.Sort(want)
 	list("after a same-second planted record", want)
-	if after, err := o.s.ListingStamp(store.KindMessages); err != nil || after != stamp {
+	if after, err := o.s.ListingStamp(record.KindMessages); err != nil || after != stamp {
 		t.Fatalf("the stamp moved (%+v → %+v, %v): the test does not test a hidden change", stamp, after, err)
 	}
 
@@ -357,14 +358,14 @@ func TestOneSecondFSRacyJudgedByClockBeforeRead(t *testing.T) {
 		setSameSecond(t, kindDir)
 		o := openOneSecond(t, dir, 500*time.Millisecond)
 		o.jumpDuringListing(window)
-		if ids, err := o.s.List(store.KindMessages); err != nil || !slices.Equal(ids, []string{a.MessageID}) {
+		if ids, err := o.s.List(record.KindMessages); err != nil || !slices.Equal(ids, []string{a.MessageID}) {
 			t.Fatalf("first List = %v, %v", ids, err)
 		}
 		if err := os.Remove(filepath.Join(kindDir, a.MessageID+".json")); err != nil {
 			t.Fatal(err)
 		}
 		setSameSecond(t, kindDir)
-		if ids, err := o.s.List(store.KindMessages); err != nil || len(ids) != 0 {
+		if ids, err := o.s.List(record.KindMessages); err != nil || len(ids) != 0 {
 			t.Fatalf("after a same-second removal: List = %v, %v (the cached listing was served)", ids, err)
 		}
 	})

@@ -10,6 +10,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // Publications queued at the same moment are published in one lock hold with one
@@ -31,7 +32,7 @@ func TestGroupCommitOneHold(t *testing.T) {
 		env := json.RawMessage(`{"n":` + string(rune('0'+i)) + `}`)
 		req := SendRequest{MessageID: uuid.NewString(), PeerOwnerDID: peer, RelayURL: "http://127.0.0.1:9/",
 			DeliveryDeadline: time.Now().Add(time.Hour),
-			Envelopes:        []OutgoingEnvelope{{EnvelopeID: uuid.NewString(), Kind: EnvelopeMessage, Envelope: env}}}
+			Envelopes:        []OutgoingEnvelope{{EnvelopeID: uuid.NewString(), Kind: record.EnvelopeMessage, Envelope: env}}}
 		plan, err := s.plan(ctx, func(tx *Tx) error { _, err := s.planEnqueue(tx, req); return err })
 		if err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -57,16 +58,16 @@ func sendRequest(t testing.TB, n int) store.SendRequest {
 	for i := 0; i < n; i++ {
 		id := uuid.NewString()
 		env, _ := json.Marshal(map[string]any{"envelopeId": id, "body": fmt.Sprintf("hello %d", i)})
-		kind := store.EnvelopeMessage
+		kind := record.EnvelopeMessage
 		if i > 0 {
-			kind = store.EnvelopeDeliveryStatus
+			kind = record.EnvelopeDeliveryStatus
 		}
 		req.Envelopes = append(req.Envelopes, store.OutgoingEnvelope{EnvelopeID: id, Kind: kind, Envelope: env})
 	}
 	return req
 }
 
-func enqueue(t testing.TB, s *store.Store, n int) (store.SendRequest, *store.Message) {
+func enqueue(t testing.TB, s *store.Store, n int) (store.SendRequest, *record.Message) {
 	t.Helper()
 	req := sendRequest(t, n)
 	m, err := s.Enqueue(context.Background(), req)

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // Idempotency defaults (DESIGN §9).
@@ -20,7 +22,7 @@ const (
 
 // OperationStart is what BeginOperation found or made for an Idempotency-Key.
 type OperationStart struct {
-	Operation *Operation
+	Operation *record.Operation
 	// Done is true when the operation already finished: Operation.Response is the
 	// stored response to return again. Otherwise the caller holds the operation's
 	// lease and must perform it, then call CompleteOperation.
@@ -43,7 +45,7 @@ type OperationStart struct {
 // published meanwhile the index is re-prepared and the attempt repeated (bounded;
 // then IDEMPOTENCY_STORE_BUSY). Past a limit: IDEMPOTENCY_STORE_FULL, nothing written.
 func (s *Store) BeginOperation(ctx context.Context, key string, request []byte) (OperationStart, error) {
-	keyHash, reqDigest := IdempotencyID(key), Digest(request)
+	keyHash, reqDigest := record.IdempotencyID(key), envelope.Digest(request)
 	var out OperationStart
 	for round := 0; round < maxIndexRounds; round++ {
 		if _, err := s.prepareIndex(ctx, KindOperations); err != nil {
@@ -68,7 +70,7 @@ var errIndexStale = errcode.New(errcode.IdempotencyStoreBusy, "operations", erro
 
 func (s *Store) planBegin(tx *Tx, keyHash, reqDigest string) (OperationStart, error) {
 	now := s.nowMs()
-	b, err := TxGet[*Binding](tx, keyHash)
+	b, err := TxGet[*record.Binding](tx, keyHash)
 	if err != nil {
 		return OperationStart{}, err
 	}
@@ -76,12 +78,12 @@ func (s *Store) planBegin(tx *Tx, keyHash, reqDigest string) (OperationStart, er
 		if b.RequestDigest != reqDigest {
 			return OperationStart{}, errcode.New(errcode.IdempotencyKeyReused, "idempotency/"+keyHash, nil)
 		}
-		op, err := TxGet[*Operation](tx, b.OperationID)
+		op, err := TxGet[*record.Operation](tx, b.OperationID)
 		if err != nil {
 			return OperationStart{}, err
 		}
 		switch {
-		case op != nil && op.State == OperationDone:
+		case op != nil && op.State == record.OperationDone:
 			return OperationStart{Operation: op, Done: true}, nil
 		case op != nil && op.LeaseUntil > now:
 			return OperationStart{}, errcode.New(errcode.IdempotencyInProgress, "operations/"+op.OperationID, nil)
@@ -93,18 +95,18 @@ func (s *Store) planBegin(tx *Tx, keyHash, reqDigest string) (OperationStart, er
 		// The binding's operation is gone: bind afresh below.
 	}
 	if b != nil {
-		if err := tx.Delete(KindIdempotency, keyHash); err != nil {
+		if err := tx.Delete(record.KindIdempotency, keyHash); err != nil {
 			return OperationStart{}, err
 		}
 	}
-	op := &Operation{OperationID: uuid.NewString(), RequestDigest: reqDigest, State: OperationInFlight,
+	op := &record.Operation{OperationID: uuid.NewString(), RequestDigest: reqDigest, State: record.OperationInFlight,
 		CreatedAt: now, LeaseUntil: now + s.leaseMs(), RetainUntil: now + defaultOperationRetention.Milliseconds()}
-	binding := &Binding{KeyHash: keyHash, OperationID: op.OperationID, RequestDigest: reqDigest,
+	binding := &record.Binding{KeyHash: keyHash, OperationID: op.OperationID, RequestDigest: reqDigest,
 		CreatedAt: now, RetainUntil: op.RetainUntil}
 	if err := tx.Put(op); err != nil {
 		return OperationStart{}, err
 	}
-	return OperationStart{Operation: cloneRecord(op).(*Operation)}, tx.putLast(binding)
+	return OperationStart{Operation: record.Clone(op).(*record.Operation)}, tx.putLast(binding)
 }
 
 func (s *Store) leaseMs() int64 { return s.opLease.Milliseconds() }
@@ -113,15 +115,15 @@ func (s *Store) leaseMs() int64 { return s.opLease.Milliseconds() }
 // index answers errIndexStale (IDEMPOTENCY_STORE_BUSY) and BeginOperation prepares it
 // again outside the lock.
 func (s *Store) checkOperationCapacity() error {
-	st, err := s.ListingStamp(KindOperations)
+	st, err := s.ListingStamp(record.KindOperations)
 	if err != nil {
 		return err
 	}
 	now := s.nowMs()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ix := s.indexes[KindOperations]
-	if !s.indexCurrent(KindOperations, ix, st) {
+	ix := s.indexes[record.KindOperations]
+	if !s.indexCurrent(record.KindOperations, ix, st) {
 		return errIndexStale
 	}
 	count, bytes := 0, int64(0)
@@ -141,17 +143,17 @@ func (s *Store) checkOperationCapacity() error {
 // it again with the same response does nothing; with another, DELIVERY_RECORD_CONFLICT.
 func (s *Store) CompleteOperation(ctx context.Context, operationID string, response json.RawMessage) error {
 	return s.PreparedTransaction(ctx, func(tx *Tx) error {
-		op, err := TxGet[*Operation](tx, operationID)
+		op, err := TxGet[*record.Operation](tx, operationID)
 		if err != nil {
 			return err
 		}
 		if op == nil {
 			return errcode.New(errcode.OutboxStoreInvalid, "operations/"+operationID, errors.New("no such operation"))
 		}
-		if op.State == OperationDone && bytes.Equal(op.Response, response) {
+		if op.State == record.OperationDone && bytes.Equal(op.Response, response) {
 			return nil
 		}
-		op.State, op.Response = OperationDone, response
+		op.State, op.Response = record.OperationDone, response
 		return tx.Put(op)
 	})
 }
@@ -178,7 +180,7 @@ func (s *Store) ExpireOperationLeases(ctx context.Context, before time.Time) (in
 	s.mu.Unlock()
 	n := 0
 	for _, id := range ids {
-		ended, err := s.endLease(ctx, id, func(op *Operation) bool { return op.CreatedAt < cut })
+		ended, err := s.endLease(ctx, id, func(op *record.Operation) bool { return op.CreatedAt < cut })
 		if err != nil {
 			return n, err
 		}
@@ -193,20 +195,20 @@ func (s *Store) ExpireOperationLeases(ctx context.Context, before time.Time) (in
 // (its holder gave up, e.g. on a transient failure): a retry with its key takes it
 // over at once. A finished or missing operation is left alone.
 func (s *Store) ReleaseOperation(ctx context.Context, id string) error {
-	_, err := s.endLease(ctx, id, func(*Operation) bool { return true })
+	_, err := s.endLease(ctx, id, func(*record.Operation) bool { return true })
 	return err
 }
 
-func (s *Store) endLease(ctx context.Context, id string, match func(*Operation) bool) (bool, error) {
+func (s *Store) endLease(ctx context.Context, id string, match func(*record.Operation) bool) (bool, error) {
 	ended := false
 	err := s.PreparedTransaction(ctx, func(tx *Tx) error {
 		ended = false
-		op, err := TxGet[*Operation](tx, id)
+		op, err := TxGet[*record.Operation](tx, id)
 		if err != nil || op == nil {
 			return err
 		}
 		now := s.nowMs()
-		if op.State == OperationDone || op.LeaseUntil <= now || !match(op) {
+		if op.State == record.OperationDone || op.LeaseUntil <= now || !match(op) {
 			return nil
 		}
 		op.LeaseUntil = now

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -19,7 +20,7 @@ func begin(t *testing.T, s *store.Store, key, req string) (store.OperationStart,
 func TestIdempotencySameKeySameRequestReturnsStoredResponse(t *testing.T) {
 	s := openStore(t, store.Options{})
 	first, err := begin(t, s, "key-1", `{"to":"bob"}`)
-	if err != nil || first.Done || first.Operation == nil || first.Operation.State != store.OperationInFlight {
+	if err != nil || first.Done || first.Operation == nil || first.Operation.State != record.OperationInFlight {
 		t.Fatalf("first begin: %+v %v", first, err)
 	}
 	resp := json.RawMessage(`{"messageId":"m-1"}`)
@@ -90,12 +91,12 @@ func TestIdempotencyCapacityFullWritesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ops, _ := s.List(store.KindOperations)
-	binds, _ := s.List(store.KindIdempotency)
+	ops, _ := s.List(record.KindOperations)
+	binds, _ := s.List(record.KindIdempotency)
 	_, err := begin(t, s, "c", `{}`)
 	wantCode(t, err, errcode.IdempotencyStoreFull)
-	ops2, _ := s.List(store.KindOperations)
-	binds2, _ := s.List(store.KindIdempotency)
+	ops2, _ := s.List(record.KindOperations)
+	binds2, _ := s.List(record.KindIdempotency)
 	if len(ops2) != len(ops) || len(binds2) != len(binds) {
 		t.Fatalf("a refused operation wrote records: ops %d→%d, bindings %d→%d", len(ops), len(ops2), len(binds), len(binds2))
 	}
@@ -127,21 +128,21 @@ func TestOrphanedOperationCleanedOnlyAfterItsLease(t *testing.T) {
 	first, _ := begin(t, s, "k", `{}`)
 	// Make it an orphan: remove its binding (as an interrupted bind would leave it).
 	if err := s.Transaction(context.Background(), func(tx *store.Tx) error {
-		return tx.Delete(store.KindIdempotency, store.IdempotencyID("k"))
+		return tx.Delete(record.KindIdempotency, record.IdempotencyID("k"))
 	}); err != nil {
 		t.Fatal(err)
 	}
 	bound, _ := begin(t, s, "other", `{}`) // a bound operation, same age
 	maintain(t, s)
-	if op, _ := store.GetAs[*store.Operation](s, first.Operation.OperationID); op == nil {
+	if op, _ := store.GetAs[*record.Operation](s, first.Operation.OperationID); op == nil {
 		t.Fatal("an orphan was removed before its lease ran out")
 	}
 	clock.Advance(2 * time.Minute)
 	rep := maintain(t, s)
-	if op, _ := store.GetAs[*store.Operation](s, first.Operation.OperationID); op != nil || rep.OrphansRemoved != 1 {
+	if op, _ := store.GetAs[*record.Operation](s, first.Operation.OperationID); op != nil || rep.OrphansRemoved != 1 {
 		t.Fatalf("aged orphan kept (report %+v)", rep)
 	}
-	if op, _ := store.GetAs[*store.Operation](s, bound.Operation.OperationID); op == nil {
+	if op, _ := store.GetAs[*record.Operation](s, bound.Operation.OperationID); op == nil {
 		t.Fatal("a bound operation was removed as an orphan")
 	}
 }

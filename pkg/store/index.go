@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // OutboxSummary is the outbox index's metadata of one envelope (no envelope bytes).
@@ -21,7 +22,7 @@ type OutboxSummary struct {
 	DeliveryDeadline int64
 	NextAttemptAt    int64
 	Attempts         int
-	Lease            *Lease
+	Lease            *record.Lease
 	UnreachableSince int64 // the persisted target wait, 0 if none
 	Bytes            int64 // size of the signed envelope
 	RetainUntil      int64
@@ -62,8 +63,8 @@ type operationSummary struct {
 	Bytes       int64 // size of the stored response
 }
 
-func summarizeOutbox(r *Outbox) OutboxSummary {
-	var lease *Lease
+func summarizeOutbox(r *record.Outbox) OutboxSummary {
+	var lease *record.Lease
 	if r.Lease != nil {
 		l := *r.Lease
 		lease = &l
@@ -74,20 +75,20 @@ func summarizeOutbox(r *Outbox) OutboxSummary {
 		Attempts: r.Attempts, Lease: lease, UnreachableSince: r.UnreachableSince, Bytes: int64(len(r.Envelope)), RetainUntil: r.RetainUntil}
 }
 
-func summarizeMessage(r *Message) MessageSummary {
+func summarizeMessage(r *record.Message) MessageSummary {
 	return MessageSummary{MessageID: r.MessageID, Status: r.Status, ClosedBy: r.ClosedBy,
 		PeerOwnerDID: r.PeerOwnerDID, RelayURL: r.RelayURL, DeliveryDeadline: r.DeliveryDeadline,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Attempts: r.Attempts, RetainUntil: r.RetainUntil}
 }
 
-func newIndex(k Kind, st Stamp) *index {
+func newIndex(k record.Kind, st Stamp) *index {
 	ix := &index{stamp: st, fps: map[string]fsx.Fingerprint{}, racy: map[string]bool{}}
 	switch k {
-	case KindOutbox:
+	case record.KindOutbox:
 		ix.outbox = map[string]OutboxSummary{}
-	case KindMessages:
+	case record.KindMessages:
 		ix.messages = map[string]MessageSummary{}
-	case KindOperations:
+	case record.KindOperations:
 		ix.ops = map[string]operationSummary{}
 	}
 	return ix
@@ -95,7 +96,7 @@ func newIndex(k Kind, st Stamp) *index {
 
 // apply records rec (nil: removed), read from the file with fingerprint fp, under id;
 // racy says fp was taken within the racy window of the file's ctime.
-func (ix *index) apply(id string, rec Record, fp fsx.Fingerprint, racy bool) {
+func (ix *index) apply(id string, rec record.Record, fp fsx.Fingerprint, racy bool) {
 	ix.fps[id] = fp
 	if racy {
 		ix.racy[id] = true
@@ -103,11 +104,11 @@ func (ix *index) apply(id string, rec Record, fp fsx.Fingerprint, racy bool) {
 		delete(ix.racy, id)
 	}
 	switch r := rec.(type) {
-	case *Outbox:
+	case *record.Outbox:
 		ix.outbox[id] = summarizeOutbox(r)
-	case *Message:
+	case *record.Message:
 		ix.messages[id] = summarizeMessage(r)
-	case *Operation:
+	case *record.Operation:
 		ix.ops[id] = operationSummary{OperationID: r.OperationID, State: r.State, CreatedAt: r.CreatedAt,
 			LeaseUntil: r.LeaseUntil, RetainUntil: r.RetainUntil, Bytes: int64(len(r.Response))}
 	case nil:
@@ -253,18 +254,18 @@ func (s *Store) indexRound(ctx context.Context, k Kind) (ix *index, current bool
 // alone (the file may have been rewritten within the same tick): it is read and
 // verified again, and trusted from then on once the racy window has passed. old is
 // only read: entries are copied under s.mu.
-func (s *Store) reconcile(ctx context.Context, k Kind, st Stamp, ids []string, old *index) (*index, error) {
+func (s *Store) reconcile(ctx context.Context, k record.Kind, st Stamp, ids []string, old *index) (*index, error) {
 	fresh := newIndex(k, st)
 	for _, id := range ids {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		info, err := s.fs.Lstat(recordPath(k, id))
+		info, err := s.fs.Lstat(record.Path(k, id))
 		if fsx.IsNotExist(err) {
 			continue // removed meanwhile: the stamp check will notice
 		}
 		if err != nil {
-			return nil, invalidAt(recordPath(k, id), err)
+			return nil, invalidAt(record.Path(k, id), err)
 		}
 		fp := info.Fingerprint()
 		if old != nil {
@@ -296,15 +297,15 @@ func (s *Store) reconcile(ctx context.Context, k Kind, st Stamp, ids []string, o
 // directory's times moved (staged temps come and go outside the lock) while the
 // generation shows no publication to k since ix was made: every sealbridge publication
 // appends its kind's mark under the lock. Caller holds s.mu.
-func (s *Store) indexCurrent(k Kind, ix *index, st Stamp) bool {
+func (s *Store) indexCurrent(k record.Kind, ix *index, st Stamp) bool {
 	switch {
 	case ix == nil:
 		return false
 	case ix.stamp == st:
 		return true
-	case st.Absent:
+	case st.absent:
 		return false
-	case ix.stamp.Absent:
+	case ix.stamp.absent:
 		// The directory appeared; without a publication to k it holds only temps.
 	case ix.stamp.Dir.Dev != st.Dir.Dev || ix.stamp.Dir.Ino != st.Dir.Ino:
 		return false

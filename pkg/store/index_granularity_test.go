@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -54,11 +55,11 @@ func outboxSummary(t *testing.T, s *store.Store, id string) (store.OutboxSummary
 
 // oneSecondEnvelope enqueues a one-envelope message with the plain store and returns
 // its outbox record, the record's file and the file's bytes (mtime set to sameSecond).
-func oneSecondEnvelope(t *testing.T, dir string) (*store.Outbox, string, []byte) {
+func oneSecondEnvelope(t *testing.T, dir string) (*record.Outbox, string, []byte) {
 	t.Helper()
 	s := openStore(t, store.Options{Dir: dir})
 	req, _ := enqueue(t, s, 1)
-	o, err := store.GetAs[*store.Outbox](s, req.Envelopes[0].EnvelopeID)
+	o, err := store.GetAs[*record.Outbox](s, req.Envelopes[0].EnvelopeID)
 	if err != nil || o == nil {
 		t.Fatal(o, err)
 	}
@@ -71,9 +72,9 @@ func oneSecondEnvelope(t *testing.T, dir string) (*store.Outbox, string, []byte)
 	return o, path, data
 }
 
-func signedRecord(t *testing.T, r store.Record) []byte {
+func signedRecord(t *testing.T, r record.Record) []byte {
 	t.Helper()
-	data, err := store.EncodeRecord(ownerIdentity(t).Signer(), ownerIdentity(t).DID(), r)
+	data, err := record.Encode(ownerIdentity(t).Signer(), ownerIdentity(t).DID(), r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestOneSecondFSMessagesIndexSeesSameSecondRewrite(t *testing.T) {
 	o := openOneSecond(t, dir, 500*time.Millisecond)
 	writer := openStore(t, store.Options{Dir: dir})
 	for attempts := 1; attempts <= 3; attempts++ {
-		if e, err := messageSummary(t, o.s, m.MessageID); err != nil || e.Attempts != attempts-1 || e.Status != store.StatusQueued {
+		if e, err := messageSummary(t, o.s, m.MessageID); err != nil || e.Attempts != attempts-1 || e.Status != record.StatusQueued {
 			t.Fatalf("index before rewrite %d: %+v, %v; want attempts %d", attempts, e, err, attempts-1)
 		}
 		publishOther(t, writer, dir)
@@ -110,14 +111,14 @@ func TestOneSecondFSOutboxIndexSeesSameSecondRewrite(t *testing.T) {
 	env, path, _ := oneSecondEnvelope(t, dir)
 	o := openOneSecond(t, dir, 500*time.Millisecond)
 	writer := openStore(t, store.Options{Dir: dir})
-	if e, err := outboxSummary(t, o.s, env.EnvelopeID); err != nil || e.State != store.StatePending || e.Attempts != 0 {
+	if e, err := outboxSummary(t, o.s, env.EnvelopeID); err != nil || e.State != record.StatePending || e.Attempts != 0 {
 		t.Fatalf("index before the rewrite: %+v, %v", e, err)
 	}
 	next := *env
-	next.State, next.Attempts = store.StateRelayed, 1
+	next.State, next.Attempts = record.StateRelayed, 1
 	publishOther(t, writer, dir)
 	overwriteSameSecond(t, path, signedRecord(t, &next))
-	if e, err := outboxSummary(t, o.s, env.EnvelopeID); err != nil || e.State != store.StateRelayed || e.Attempts != 1 {
+	if e, err := outboxSummary(t, o.s, env.EnvelopeID); err != nil || e.State != record.StateRelayed || e.Attempts != 1 {
 		t.Fatalf("after a same-second rewrite to relayed: index entry %+v, %v (the old summary was kept)", e, err)
 	}
 }
@@ -126,18 +127,18 @@ func TestOneSecondFSOutboxIndexSeesSameSecondRewrite(t *testing.T) {
 // next reconciling index read with OUTBOX_STORE_INVALID, never summarized from the
 // valid version indexed before; restored, the record is indexed again.
 func TestOneSecondFSIndexRefusesTamperedSameSecondRewrite(t *testing.T) {
-	for _, kind := range []store.Kind{store.KindMessages, store.KindOutbox} {
+	for _, kind := range []record.Kind{record.KindMessages, record.KindOutbox} {
 		t.Run(string(kind), func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "store") // created 0700 by the store
 			var path string
 			var orig []byte
 			var read func(s *store.Store) error
-			if kind == store.KindMessages {
-				var m *store.Message
+			if kind == record.KindMessages {
+				var m *record.Message
 				m, path, orig = oneSecondMessage(t, dir)
 				read = func(s *store.Store) error { _, err := messageSummary(t, s, m.MessageID); return err }
 			} else {
-				var env *store.Outbox
+				var env *record.Outbox
 				env, path, orig = oneSecondEnvelope(t, dir)
 				read = func(s *store.Store) error { _, err := outboxSummary(t, s, env.EnvelopeID); return err }
 			}

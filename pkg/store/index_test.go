@@ -10,6 +10,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -108,21 +109,21 @@ func TestListingCurrentDuringOwnPublication(t *testing.T) {
 	}
 	msgID = m.MessageID
 	err := s.Transaction(context.Background(), func(tx *store.Tx) error {
-		m, err := store.TxGet[*store.Message](tx, msgID)
+		m, err := store.TxGet[*record.Message](tx, msgID)
 		if err != nil {
 			return err
 		}
-		m.Status, m.UpdatedAt = store.StatusRelayed, m.UpdatedAt+1
+		m.Status, m.UpdatedAt = record.StatusRelayed, m.UpdatedAt+1
 		return tx.Put(m)
 	})
 	if err != nil || checkErr != nil {
 		t.Fatal(err, checkErr)
 	}
-	if !checked.Load() || seen != store.StatusRelayed {
+	if !checked.Load() || seen != record.StatusRelayed {
 		t.Fatalf("the check did not run between the rename and the generation mark (seen %q)", seen)
 	}
 	for _, sum := range listed {
-		if sum.MessageID == msgID && sum.Status != store.StatusRelayed {
+		if sum.MessageID == msgID && sum.Status != record.StatusRelayed {
 			t.Fatalf("Message answered %s, then MessageSummaries %s", seen, sum.Status)
 		}
 	}

@@ -8,17 +8,19 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // put writes recs in one transaction.
-func put(t *testing.T, s *store.Store, recs ...store.Record) error {
+func put(t *testing.T, s *store.Store, recs ...record.Record) error {
 	t.Helper()
 	return s.Transaction(context.Background(), func(tx *store.Tx) error { return tx.PutAll(recs...) })
 }
 
-func mustPut(t *testing.T, s *store.Store, recs ...store.Record) {
+func mustPut(t *testing.T, s *store.Store, recs ...record.Record) {
 	t.Helper()
 	if err := put(t, s, recs...); err != nil {
 		t.Fatal(err)
@@ -37,13 +39,13 @@ func ms(tm time.Time) int64 { return tm.UnixMilli() }
 func TestOutboxEnvelopeAndDigestNeverChange(t *testing.T) {
 	s := openStore(t, store.Options{})
 	req, _ := enqueue(t, s, 1)
-	o, err := store.GetAs[*store.Outbox](s, req.Envelopes[0].EnvelopeID)
+	o, err := store.GetAs[*record.Outbox](s, req.Envelopes[0].EnvelopeID)
 	if err != nil || o == nil {
 		t.Fatal(o, err)
 	}
 	changed := *o
 	changed.Envelope = json.RawMessage(`{"other":true}`)
-	changed.EnvelopeDigest = store.Digest(changed.Envelope)
+	changed.EnvelopeDigest = envelope.Digest(changed.Envelope)
 	wantCode(t, put(t, s, &changed), errcode.DeliveryRecordConflict)
 
 	rerouted := *o
@@ -52,14 +54,14 @@ func TestOutboxEnvelopeAndDigestNeverChange(t *testing.T) {
 
 	// A state change with the same envelope is allowed, and a settled state is final.
 	relayed := *o
-	relayed.State = store.StateRelayed
+	relayed.State = record.StateRelayed
 	mustPut(t, s, &relayed)
 	back := relayed
-	back.State = store.StatePending
+	back.State = record.StatePending
 	wantCode(t, put(t, s, &back), errcode.InvalidDeliveryStatus)
 
-	stored, _ := store.GetAs[*store.Outbox](s, o.EnvelopeID)
-	if stored.State != store.StateRelayed || string(stored.Envelope) != string(o.Envelope) {
+	stored, _ := store.GetAs[*record.Outbox](s, o.EnvelopeID)
+	if stored.State != record.StateRelayed || string(stored.Envelope) != string(o.Envelope) {
 		t.Fatalf("refused writes changed the record: %+v", stored)
 	}
 }
@@ -67,9 +69,9 @@ func TestOutboxEnvelopeAndDigestNeverChange(t *testing.T) {
 func TestBatchMarkerNeedsConsistentMembers(t *testing.T) {
 	s := openStore(t, store.Options{})
 	req, _ := enqueue(t, s, 2)
-	first, _ := store.GetAs[*store.Outbox](s, req.Envelopes[0].EnvelopeID)
+	first, _ := store.GetAs[*record.Outbox](s, req.Envelopes[0].EnvelopeID)
 	now := time.Now()
-	base := store.Batch{BatchID: uuid.NewString(), MessageID: first.MessageID, PeerOwnerDID: first.PeerOwnerDID,
+	base := record.Batch{BatchID: uuid.NewString(), MessageID: first.MessageID, PeerOwnerDID: first.PeerOwnerDID,
 		RelayURL: first.RelayURL, DeliveryDeadline: first.DeliveryDeadline, CreatedAt: ms(now), RetainUntil: ms(now.Add(time.Hour))}
 
 	// A marker listing a member that does not exist.
@@ -83,12 +85,12 @@ func TestBatchMarkerNeedsConsistentMembers(t *testing.T) {
 	wantCode(t, put(t, s, &foreign), errcode.DeliveryRecordConflict)
 
 	// Members with a different deadline, or ordinals out of order.
-	mk := func(batch string, ordinal int, deadline int64) *store.Outbox {
+	mk := func(batch string, ordinal int, deadline int64) *record.Outbox {
 		env := json.RawMessage(`{"n":` + string(rune('0'+ordinal)) + `}`)
-		return &store.Outbox{EnvelopeID: uuid.NewString(), MessageID: first.MessageID, BatchID: batch,
-			EnvelopeKind: store.EnvelopeMessage, State: store.StatePending, Ordinal: ordinal, RelayURL: first.RelayURL,
+		return &record.Outbox{EnvelopeID: uuid.NewString(), MessageID: first.MessageID, BatchID: batch,
+			EnvelopeKind: record.EnvelopeMessage, State: record.StatePending, Ordinal: ordinal, RelayURL: first.RelayURL,
 			PeerOwnerDID: first.PeerOwnerDID, DeliveryDeadline: deadline, NextAttemptAt: ms(now), Envelope: env,
-			EnvelopeDigest: store.Digest(env), RetainUntil: ms(now.Add(time.Hour))}
+			EnvelopeDigest: envelope.Digest(env), RetainUntil: ms(now.Add(time.Hour))}
 	}
 	a, b := mk(base.BatchID, 0, first.DeliveryDeadline), mk(base.BatchID, 1, first.DeliveryDeadline+1)
 	mustPut(t, s, a, b)
@@ -109,7 +111,7 @@ func TestBatchMarkerNeedsConsistentMembers(t *testing.T) {
 	changed := ok
 	changed.EnvelopeIDs = []string{a.EnvelopeID}
 	wantCode(t, put(t, s, &changed), errcode.DeliveryRecordConflict)
-	if got, _ := store.GetAs[*store.Batch](s, base.BatchID); got == nil || len(got.EnvelopeIDs) != 2 {
+	if got, _ := store.GetAs[*record.Batch](s, base.BatchID); got == nil || len(got.EnvelopeIDs) != 2 {
 		t.Fatalf("marker changed: %+v", got)
 	}
 }
@@ -127,28 +129,28 @@ func TestMessageStatusOnlyMovesForward(t *testing.T) {
 		}
 		return err
 	}
-	if err := step(store.StatusRelayed, ""); err != nil {
+	if err := step(record.StatusRelayed, ""); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, step(store.StatusQueued, ""), errcode.InvalidDeliveryStatus)
-	if err := step(store.StatusDelivered, ""); err != nil {
+	wantCode(t, step(record.StatusQueued, ""), errcode.InvalidDeliveryStatus)
+	if err := step(record.StatusDelivered, ""); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, step(store.StatusRelayed, ""), errcode.InvalidDeliveryStatus)
-	wantCode(t, step(store.StatusClosed, store.ClosedByRefused), errcode.DeliveryStatusConflict)
+	wantCode(t, step(record.StatusRelayed, ""), errcode.InvalidDeliveryStatus)
+	wantCode(t, step(record.StatusClosed, record.ClosedByRefused), errcode.DeliveryStatusConflict)
 
 	// closed is terminal too, and its closer never changes
 	_, m2 := enqueue(t, s, 1)
 	m = m2
-	if err := step(store.StatusClosed, store.ClosedByDeadline); err != nil {
+	if err := step(record.StatusClosed, record.ClosedByDeadline); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, step(store.StatusClosed, store.ClosedByRefused), errcode.DeliveryStatusConflict)
-	wantCode(t, step(store.StatusDelivered, ""), errcode.DeliveryStatusConflict)
+	wantCode(t, step(record.StatusClosed, record.ClosedByRefused), errcode.DeliveryStatusConflict)
+	wantCode(t, step(record.StatusDelivered, ""), errcode.DeliveryStatusConflict)
 	wantCode(t, step("lost", ""), errcode.OutboxStoreInvalid)
 
 	got, _ := s.Message(m2.MessageID)
-	if got.Status != store.StatusClosed || got.ClosedBy != store.ClosedByDeadline {
+	if got.Status != record.StatusClosed || got.ClosedBy != record.ClosedByDeadline {
 		t.Fatalf("refused writes changed the message: %+v", got)
 	}
 }
@@ -156,23 +158,23 @@ func TestMessageStatusOnlyMovesForward(t *testing.T) {
 func TestReceiptStateOnlyRisesAndIdentityIsFixed(t *testing.T) {
 	s := openStore(t, store.Options{})
 	now := time.Now()
-	r := &store.Receipt{EnvelopeID: uuid.NewString(), SenderDID: string(peerDID(t)), EnvelopeDigest: store.Digest([]byte("e")),
-		State: store.ReceiptProcessed, ReceivedAt: ms(now), RetainUntil: ms(now.Add(time.Hour))}
+	r := &record.Receipt{EnvelopeID: uuid.NewString(), SenderDID: string(peerDID(t)), EnvelopeDigest: envelope.Digest([]byte("e")),
+		State: record.ReceiptProcessed, ReceivedAt: ms(now), RetainUntil: ms(now.Add(time.Hour))}
 	mustPut(t, s, r)
 	lower := *r
-	lower.State = store.ReceiptPersisted
+	lower.State = record.ReceiptPersisted
 	wantCode(t, put(t, s, &lower), errcode.InvalidDeliveryStatus)
 	other := *r
-	other.EnvelopeDigest = store.Digest([]byte("f"))
+	other.EnvelopeDigest = envelope.Digest([]byte("f"))
 	wantCode(t, put(t, s, &other), errcode.DeliveryRecordConflict)
 	sender := *r
 	sender.SenderDID = string(ownerIdentity(t).DID())
 	wantCode(t, put(t, s, &sender), errcode.DeliveryRecordConflict)
 	up := *r
-	up.State = store.ReceiptTerminal
+	up.State = record.ReceiptTerminal
 	mustPut(t, s, &up)
-	got, err := store.GetAs[*store.Receipt](s, store.ReceiptID(r.EnvelopeID))
-	if err != nil || got.State != store.ReceiptTerminal {
+	got, err := store.GetAs[*record.Receipt](s, record.ReceiptID(r.EnvelopeID))
+	if err != nil || got.State != record.ReceiptTerminal {
 		t.Fatal(got, err)
 	}
 }
@@ -180,7 +182,7 @@ func TestReceiptStateOnlyRisesAndIdentityIsFixed(t *testing.T) {
 func TestObservationFixedFieldsAndGrowOnlyLists(t *testing.T) {
 	s := openStore(t, store.Options{})
 	now := time.Now()
-	o := &store.Observation{MessageID: uuid.NewString(), SenderDID: string(peerDID(t)), EnvelopeDigest: store.Digest([]byte("e")),
+	o := &record.Observation{MessageID: uuid.NewString(), SenderDID: string(peerDID(t)), EnvelopeDigest: envelope.Digest([]byte("e")),
 		CreatedAt: ms(now), DeliveryDeadline: ms(now.Add(time.Hour)), RetainUntil: ms(now.Add(2 * time.Hour)),
 		Facts: []json.RawMessage{json.RawMessage(`{"a":1}`)}, Published: []string{uuid.NewString()}}
 	mustPut(t, s, o)
@@ -207,11 +209,11 @@ func TestObservationFixedFieldsAndGrowOnlyLists(t *testing.T) {
 func TestEnqueueCapacityWritesNothing(t *testing.T) {
 	s := openStore(t, store.Options{Limits: store.Limits{PendingEnvelopes: 3}})
 	enqueue(t, s, 2)
-	before, _ := s.List(store.KindOutbox)
+	before, _ := s.List(record.KindOutbox)
 	_, err := s.Enqueue(context.Background(), sendRequest(t, 2))
 	wantCode(t, err, errcode.OutboxFull)
-	after, _ := s.List(store.KindOutbox)
-	msgs, _ := s.List(store.KindMessages)
+	after, _ := s.List(record.KindOutbox)
+	msgs, _ := s.List(record.KindMessages)
 	if len(after) != len(before) || len(msgs) != 1 {
 		t.Fatalf("a refused enqueue wrote records: outbox %d→%d, messages %d", len(before), len(after), len(msgs))
 	}
@@ -229,7 +231,7 @@ func TestEnqueueIsIdempotentPerMessage(t *testing.T) {
 	if _, err := s.Enqueue(context.Background(), req); err != nil {
 		t.Fatalf("re-enqueue of the same message: %v", err)
 	}
-	ids, _ := s.List(store.KindOutbox)
+	ids, _ := s.List(record.KindOutbox)
 	if len(ids) != 2 {
 		t.Fatalf("re-enqueue wrote again: %d outbox records", len(ids))
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 	"golang.org/x/sys/unix"
 )
@@ -34,10 +36,10 @@ func (f frozenFS) Lstat(name string) (fsx.Info, error) {
 	return info, err
 }
 
-func newMessage(t *testing.T, now time.Time) *store.Message {
+func newMessage(t *testing.T, now time.Time) *record.Message {
 	t.Helper()
-	return &store.Message{MessageID: uuid.NewString(), Status: store.StatusQueued, PeerOwnerDID: string(peerDID(t)),
-		RelayURL: "http://127.0.0.1:9/", EnvelopeDigest: store.Digest([]byte("m")), DeliveryDeadline: ms(now.Add(time.Hour)),
+	return &record.Message{MessageID: uuid.NewString(), Status: record.StatusQueued, PeerOwnerDID: string(peerDID(t)),
+		RelayURL: "http://127.0.0.1:9/", EnvelopeDigest: envelope.Digest([]byte("m")), DeliveryDeadline: ms(now.Add(time.Hour)),
 		CreatedAt: ms(now), UpdatedAt: ms(now), RetainUntil: ms(now.Add(2 * time.Hour))}
 }
 
@@ -53,20 +55,20 @@ func TestListingSeesTwoChangesInOneTick(t *testing.T) {
 	now := time.Now()
 	first := newMessage(t, now)
 	mustPut(t, writer, first)
-	ids, err := reader.List(store.KindMessages)
+	ids, err := reader.List(record.KindMessages)
 	if err != nil || !slices.Equal(ids, []string{first.MessageID}) {
 		t.Fatalf("first listing %v %v", ids, err)
 	}
-	stampBefore, _ := reader.ListingStamp(store.KindMessages)
+	stampBefore, _ := reader.ListingStamp(record.KindMessages)
 
 	second, third := newMessage(t, now), newMessage(t, now)
 	mustPut(t, writer, second)
 	mustPut(t, writer, third)
-	stampAfter, _ := reader.ListingStamp(store.KindMessages)
+	stampAfter, _ := reader.ListingStamp(record.KindMessages)
 	if stampAfter.Dir != stampBefore.Dir {
 		t.Fatalf("the frozen file system let the directory stamp move: %+v → %+v", stampBefore.Dir, stampAfter.Dir)
 	}
-	ids, err = reader.List(store.KindMessages)
+	ids, err = reader.List(record.KindMessages)
 	want := []string{first.MessageID, second.MessageID, third.MessageID}
 	slices.Sort(want)
 	if err != nil || !slices.Equal(ids, want) {
@@ -75,11 +77,11 @@ func TestListingSeesTwoChangesInOneTick(t *testing.T) {
 
 	// And a removal in the same tick.
 	if err := writer.Transaction(context.Background(), func(tx *store.Tx) error {
-		return tx.Delete(store.KindMessages, second.MessageID)
+		return tx.Delete(record.KindMessages, second.MessageID)
 	}); err != nil {
 		t.Fatal(err)
 	}
-	ids, _ = reader.List(store.KindMessages)
+	ids, _ = reader.List(record.KindMessages)
 	if slices.Contains(ids, second.MessageID) || len(ids) != 2 {
 		t.Fatalf("removal in the same tick not seen: %v", ids)
 	}
@@ -97,14 +99,14 @@ func TestListingWithMtimeForcedEqual(t *testing.T) {
 	if err := unix.UtimesNano(kindDir, fixed); err != nil {
 		t.Fatal(err)
 	}
-	before, _ := reader.List(store.KindMessages)
+	before, _ := reader.List(record.KindMessages)
 	for i := 0; i < 2; i++ {
 		mustPut(t, writer, newMessage(t, now))
 		if err := unix.UtimesNano(kindDir, fixed); err != nil {
 			t.Fatal(err)
 		}
 	}
-	after, _ := reader.List(store.KindMessages)
+	after, _ := reader.List(record.KindMessages)
 	if len(before) != 1 || len(after) != 3 {
 		t.Fatalf("listing before %d after %d, want 1 and 3", len(before), len(after))
 	}
@@ -122,7 +124,7 @@ func TestRacyListingIsNotTrusted(t *testing.T) {
 	m := newMessage(t, time.Now())
 	mustPut(t, s, m)
 	reader := openStore(t, store.Options{Dir: dir, WrapFS: frozen, Now: clock})
-	if ids, _ := reader.List(store.KindMessages); len(ids) != 1 {
+	if ids, _ := reader.List(record.KindMessages); len(ids) != 1 {
 		t.Fatalf("want 1 id, got %v", ids)
 	}
 	// Another tool copies a record in without touching the generation file.
@@ -135,7 +137,7 @@ func TestRacyListingIsNotTrusted(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "messages", other+".json"), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if ids, _ := reader.List(store.KindMessages); len(ids) != 2 {
+	if ids, _ := reader.List(record.KindMessages); len(ids) != 2 {
 		t.Fatalf("a racy cached listing was trusted: %v", ids)
 	}
 }
@@ -149,11 +151,11 @@ func TestCachedRecordRewrittenInPlaceIsReread(t *testing.T) {
 	m := newMessage(t, time.Now())
 	m.Attempts = 1
 	mustPut(t, s, m)
-	if got, _ := store.GetAs[*store.Message](s, m.MessageID); got == nil || got.Attempts != 1 {
+	if got, _ := store.GetAs[*record.Message](s, m.MessageID); got == nil || got.Attempts != 1 {
 		t.Fatal("first read")
 	}
 	rewriteInPlace(t, filepath.Join(dir, "messages", m.MessageID+".json"), m, 2)
-	got, err := store.GetAs[*store.Message](s, m.MessageID)
+	got, err := store.GetAs[*record.Message](s, m.MessageID)
 	if err != nil || got == nil || got.Attempts != 2 {
 		t.Fatalf("stale cache served after an in-place rewrite: %+v %v", got, err)
 	}
@@ -171,11 +173,11 @@ func TestRacyCacheEntryComparesBytes(t *testing.T) {
 	m := newMessage(t, time.Now())
 	m.Attempts = 1
 	mustPut(t, s, m)
-	if got, _ := store.GetAs[*store.Message](s, m.MessageID); got.Attempts != 1 {
+	if got, _ := store.GetAs[*record.Message](s, m.MessageID); got.Attempts != 1 {
 		t.Fatal("first read")
 	}
 	rewriteInPlace(t, filepath.Join(dir, "messages", m.MessageID+".json"), m, 2)
-	got, err := store.GetAs[*store.Message](s, m.MessageID)
+	got, err := store.GetAs[*record.Message](s, m.MessageID)
 	if err != nil || got == nil || got.Attempts != 2 {
 		t.Fatalf("racy cache entry trusted: %+v %v", got, err)
 	}
@@ -183,7 +185,7 @@ func TestRacyCacheEntryComparesBytes(t *testing.T) {
 
 // rewriteInPlace overwrites path (same inode) with m re-signed with the given
 // attempts (same length), then restores the file's mtime.
-func rewriteInPlace(t *testing.T, path string, m *store.Message, attempts int) {
+func rewriteInPlace(t *testing.T, path string, m *record.Message, attempts int) {
 	t.Helper()
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err != nil {
@@ -191,7 +193,7 @@ func rewriteInPlace(t *testing.T, path string, m *store.Message, attempts int) {
 	}
 	next := *m
 	next.Attempts = attempts
-	data, err := store.EncodeRecord(ownerIdentity(t).Signer(), ownerIdentity(t).DID(), &next)
+	data, err := record.Encode(ownerIdentity(t).Signer(), ownerIdentity(t).DID(), &next)
 	if err != nil {
 		t.Fatal(err)
 	}

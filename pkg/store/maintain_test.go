@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -51,11 +55,11 @@ func TestMaintenanceClosesPastDeadlineAndFinishesBatch(t *testing.T) {
 		t.Fatalf("report %+v, want 2 closed and 1 batch finished", rep)
 	}
 	m, err := s.Message(req.MessageID)
-	if err != nil || m == nil || m.Status != store.StatusClosed || m.ClosedBy != store.ClosedByDeadline ||
+	if err != nil || m == nil || m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByDeadline ||
 		m.LastError != errcode.OutboxDeadlineExpired.String() {
 		t.Fatalf("message after deadline: %+v %v", m, err)
 	}
-	for _, k := range []store.Kind{store.KindOutbox, store.KindBatches} {
+	for _, k := range []record.Kind{record.KindOutbox, record.KindBatches} {
 		if ids, _ := s.List(k); len(ids) != 0 {
 			t.Fatalf("%s left after the batch finished: %v", k, ids)
 		}
@@ -66,8 +70,8 @@ func TestMaintenanceFinishesSettledBatchOnly(t *testing.T) {
 	s := openStore(t, store.Options{})
 	req, _ := enqueue(t, s, 2)
 	relay := func(id string) {
-		o, _ := store.GetAs[*store.Outbox](s, id)
-		o.State = store.StateRelayed
+		o, _ := store.GetAs[*record.Outbox](s, id)
+		o.State = record.StateRelayed
 		mustPut(t, s, o)
 	}
 	relay(req.Envelopes[0].EnvelopeID)
@@ -82,7 +86,7 @@ func TestMaintenanceFinishesSettledBatchOnly(t *testing.T) {
 		t.Fatalf("settled batch not finished: %+v", rep)
 	}
 	// the message record stays (until its retention) with its own status
-	if ids, _ := s.List(store.KindMessages); len(ids) != 1 {
+	if ids, _ := s.List(record.KindMessages); len(ids) != 1 {
 		t.Fatalf("messages: %v", ids)
 	}
 }
@@ -94,14 +98,14 @@ func TestMaintenanceRemovesOrphansExpiredAndOldTemps(t *testing.T) {
 	// An outbox record that no marker lists (an interrupted enqueue).
 	env := json.RawMessage(`{"orphan":true}`)
 	now := clock.Now()
-	orphan := &store.Outbox{EnvelopeID: uuid.NewString(), MessageID: uuid.NewString(), BatchID: uuid.NewString(),
-		EnvelopeKind: store.EnvelopeMessage, State: store.StatePending, RelayURL: "http://127.0.0.1:9/",
+	orphan := &record.Outbox{EnvelopeID: uuid.NewString(), MessageID: uuid.NewString(), BatchID: uuid.NewString(),
+		EnvelopeKind: record.EnvelopeMessage, State: record.StatePending, RelayURL: "http://127.0.0.1:9/",
 		PeerOwnerDID: string(peerDID(t)), DeliveryDeadline: ms(now.Add(time.Hour)), NextAttemptAt: ms(now),
-		Envelope: env, EnvelopeDigest: store.Digest(env), RetainUntil: ms(now.Add(2 * time.Hour))}
+		Envelope: env, EnvelopeDigest: envelope.Digest(env), RetainUntil: ms(now.Add(2 * time.Hour))}
 	mustPut(t, s, orphan)
 	// A receipt whose retention ends in a minute.
-	r := &store.Receipt{EnvelopeID: uuid.NewString(), SenderDID: string(peerDID(t)), EnvelopeDigest: store.Digest(env),
-		State: store.ReceiptTerminal, ReceivedAt: ms(now), RetainUntil: ms(now.Add(time.Minute))}
+	r := &record.Receipt{EnvelopeID: uuid.NewString(), SenderDID: string(peerDID(t)), EnvelopeDigest: envelope.Digest(env),
+		State: record.ReceiptTerminal, ReceivedAt: ms(now), RetainUntil: ms(now.Add(time.Minute))}
 	mustPut(t, s, r)
 	// Two temps: one old, one fresh.
 	dir := filepath.Join(s.Dir(), "outbox")
@@ -121,10 +125,10 @@ func TestMaintenanceRemovesOrphansExpiredAndOldTemps(t *testing.T) {
 	if rep.OrphansRemoved != 1 || rep.ExpiredRemoved != 1 || rep.TempsRemoved != 1 {
 		t.Fatalf("report %+v, want 1 orphan, 1 expired, 1 temp", rep)
 	}
-	if o, _ := s.Get(store.KindOutbox, orphan.EnvelopeID); o != nil {
+	if o, _ := s.Get(record.KindOutbox, orphan.EnvelopeID); o != nil {
 		t.Fatal("orphan kept")
 	}
-	if o, _ := s.Get(store.KindOutbox, req.Envelopes[0].EnvelopeID); o == nil {
+	if o, _ := s.Get(record.KindOutbox, req.Envelopes[0].EnvelopeID); o == nil {
 		t.Fatal("a committed member was removed")
 	}
 	if _, err := os.Stat(oldTemp); !os.IsNotExist(err) {
@@ -142,5 +146,52 @@ func TestMaintenanceStopsOnCancel(t *testing.T) {
 	cancel()
 	if _, err := s.Maintain(ctx); err != context.Canceled {
 		t.Fatalf("Maintain with a cancelled context: %v", err)
+	}
+}
+
+// TestMaintenanceRemovesInBoundedChunks: removing 150 expired records takes one
+// directory fsync per chunk of at most 64 removals, not one per record, and no chunk
+// (one lock hold) removes more than 64. One record a step made 150 fsyncs.
+func TestMaintenanceRemovesInBoundedChunks(t *testing.T) {
+	const n = 150
+	clock := newTestClock(time.Now())
+	var faulty *fsx.Faulty
+	s := openStore(t, store.Options{Now: clock.Now, WrapFS: func(inner fsx.FS) fsx.FS {
+		faulty = fsx.NewFaulty(inner)
+		return faulty
+	}})
+	recs := make([]record.Record, n)
+	for i := range recs {
+		recs[i] = newMessage(t, clock.Now())
+	}
+	if err := s.Transaction(context.Background(), func(tx *store.Tx) error { return tx.PutAll(recs...) }); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(3 * time.Hour) // past RetainUntil
+	faulty.Reset()
+	if rep := maintain(t, s); rep.ExpiredRemoved != n {
+		t.Fatalf("ExpiredRemoved = %d, want %d", rep.ExpiredRemoved, n)
+	}
+	removed, syncs, sinceSync := 0, 0, 0
+	for _, op := range faulty.Log() {
+		switch {
+		case op.Kind == fsx.OpRemove && strings.HasPrefix(op.Path, "messages/"):
+			removed++
+			if sinceSync++; sinceSync > 64 {
+				t.Fatalf("more than 64 removals before a directory fsync (one lock hold)")
+			}
+		case op.Kind == fsx.OpSyncDir && op.Path == "messages":
+			syncs++
+			sinceSync = 0
+		}
+	}
+	if removed != n || sinceSync != 0 {
+		t.Fatalf("%d removals, %d after the last fsync; want %d, 0", removed, sinceSync, n)
+	}
+	if want := (n + 63) / 64; syncs != want {
+		t.Fatalf("%d fsyncs of messages/ for %d removals, want %d (one per chunk)", syncs, n, want)
+	}
+	if ids, err := s.List(record.KindMessages); err != nil || len(ids) != 0 {
+		t.Fatalf("left: %d %v", len(ids), err)
 	}
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // maxPlanRounds bounds how often a prepared transaction's fn runs before the
@@ -121,8 +123,8 @@ func (s *Store) lockedRound(ctx context.Context, fn func(tx *Tx) error, check fu
 
 // planLocked runs fn in prepared mode under the lock the caller holds.
 func (s *Store) planLocked(ctx context.Context, lock *lockfile.Lock, fn func(tx *Tx) error) (*Tx, error) {
-	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]Record{}, prepared: true,
-		deps: map[string]fsx.Fingerprint{}, listed: map[Kind]bool{}}
+	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]record.Record{}, prepared: true,
+		deps: map[string]fsx.Fingerprint{}, listed: map[record.Kind]bool{}}
 	var err error
 	tx.gen0, err = s.generation()
 	if err == nil {
@@ -208,7 +210,7 @@ func (s *Store) leadHold(ctx context.Context) {
 // ordinary writes, then one fsync per directory, then the putLast writes of the plans
 // that succeeded, then one fsync per directory again.
 func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
-	pub := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]Record{}}
+	pub := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]record.Record{}}
 	defer pub.end()
 	for phase := 0; phase < 2; phase++ {
 		touched := map[string][]*publication{}
@@ -282,7 +284,7 @@ func (s *Store) validatePlan(plan *Tx) error {
 	}
 	for p, fp := range plan.deps {
 		kind, _, _ := strings.Cut(p, "/")
-		if !changed[Kind(kind)] {
+		if !changed[record.Kind(kind)] {
 			continue
 		}
 		var now fsx.Fingerprint
@@ -300,8 +302,8 @@ func (s *Store) validatePlan(plan *Tx) error {
 	return nil
 }
 
-var markKind = func() map[byte]Kind {
-	m := map[byte]Kind{}
+var markKind = func() map[byte]record.Kind {
+	m := map[byte]record.Kind{}
 	for k, b := range kindMark {
 		m[b] = k
 	}
@@ -312,7 +314,7 @@ var markKind = func() map[byte]Kind {
 // absent), and durably writes the record fn returns (nil: nothing) — signed and
 // fsynced outside the lock, and published only if the record is still the one fn saw;
 // otherwise fn runs again on the new version. fn must have no side effects.
-func (s *Store) Update(ctx context.Context, k Kind, id string, fn func(cur Record) (Record, error)) error {
+func (s *Store) Update(ctx context.Context, k record.Kind, id string, fn func(cur record.Record) (record.Record, error)) error {
 	return s.PreparedTransaction(ctx, func(tx *Tx) error {
 		cur, err := tx.getCopy(k, id)
 		if err != nil {
@@ -327,4 +329,13 @@ func (s *Store) Update(ctx context.Context, k Kind, id string, fn func(cur Recor
 		}
 		return tx.Put(next)
 	})
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -25,7 +26,7 @@ func incrementCounter(ctx context.Context, s *store.Store, id string, runs *atom
 		if runs != nil {
 			runs.Add(1)
 		}
-		m, err := store.TxGet[*store.Message](tx, id)
+		m, err := store.TxGet[*record.Message](tx, id)
 		if err != nil {
 			return err
 		}
@@ -40,7 +41,7 @@ func incrementCounter(ctx context.Context, s *store.Store, id string, runs *atom
 func counterValue(t *testing.T, dir, id string) int {
 	t.Helper()
 	s := openStore(t, store.Options{Dir: dir, CacheEntries: -1})
-	m, err := store.GetAs[*store.Message](s, id)
+	m, err := store.GetAs[*record.Message](s, id)
 	if err != nil || m == nil {
 		t.Fatalf("counter: %v %v", m, err)
 	}
@@ -147,7 +148,7 @@ func TestPreparedPlanInvalidatedRunsAgain(t *testing.T) {
 		if interfered.CompareAndSwap(false, true) {
 			// Another writer publishes while our plan is being staged.
 			if err := other.Transaction(context.Background(), func(tx *store.Tx) error {
-				cur, _ := store.TxGet[*store.Message](tx, m.MessageID)
+				cur, _ := store.TxGet[*record.Message](tx, m.MessageID)
 				cur.Attempts += 10
 				return tx.Put(cur)
 			}); err != nil {
@@ -178,7 +179,7 @@ func TestPreparedRoundsExhaustedIsBusy(t *testing.T) {
 	mustPut(t, other, m)
 	s := openStore(t, store.Options{Dir: dir, OptimisticOnly: true, WrapFS: stagingHook(func() {
 		if err := other.Transaction(context.Background(), func(tx *store.Tx) error {
-			cur, _ := store.TxGet[*store.Message](tx, m.MessageID)
+			cur, _ := store.TxGet[*record.Message](tx, m.MessageID)
 			cur.Attempts += 10
 			return tx.Put(cur)
 		}); err != nil {
@@ -209,7 +210,7 @@ func TestPreparedLastRoundLockedGuaranteesProgress(t *testing.T) {
 	var busy atomic.Int64
 	s := openStore(t, store.Options{Dir: dir, WrapFS: stagingHook(func() {
 		err := other.Transaction(context.Background(), func(tx *store.Tx) error {
-			cur, _ := store.TxGet[*store.Message](tx, m.MessageID)
+			cur, _ := store.TxGet[*record.Message](tx, m.MessageID)
 			cur.Attempts += 10
 			return tx.Put(cur)
 		})
@@ -255,7 +256,7 @@ func TestPreparedLockNotHeldWhileStaging(t *testing.T) {
 	if got := counterValue(t, dir, m.MessageID); got != 1 {
 		t.Fatalf("counter = %d, want 1", got)
 	}
-	if ids, _ := s.List(store.KindMessages); len(ids) != 2 {
+	if ids, _ := s.List(record.KindMessages); len(ids) != 2 {
 		t.Fatalf("%d messages, want 2 (the other process's write)", len(ids))
 	}
 }
@@ -324,26 +325,26 @@ func TestUpdateStagedSingleWrite(t *testing.T) {
 	var once sync.Once
 	s := openStore(t, store.Options{Dir: dir, WrapFS: stagingHook(func() {
 		once.Do(func() { // a concurrent change while the first version is staged
-			cur, _ := store.GetAs[*store.Message](other, m.MessageID)
+			cur, _ := store.GetAs[*record.Message](other, m.MessageID)
 			cur.Attempts = 5
 			mustPut(t, other, cur)
 		})
 	})})
-	err := s.Update(context.Background(), store.KindMessages, m.MessageID, func(cur store.Record) (store.Record, error) {
-		msg := cur.(*store.Message)
+	err := s.Update(context.Background(), record.KindMessages, m.MessageID, func(cur record.Record) (record.Record, error) {
+		msg := cur.(*record.Message)
 		seen = append(seen, msg.Attempts)
-		msg.Status = store.StatusRelayed
+		msg.Status = record.StatusRelayed
 		return msg, nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, _ := store.GetAs[*store.Message](openStore(t, store.Options{Dir: dir, CacheEntries: -1}), m.MessageID)
-	if len(seen) != 2 || seen[0] != 0 || seen[1] != 5 || got.Attempts != 5 || got.Status != store.StatusRelayed {
+	got, _ := store.GetAs[*record.Message](openStore(t, store.Options{Dir: dir, CacheEntries: -1}), m.MessageID)
+	if len(seen) != 2 || seen[0] != 0 || seen[1] != 5 || got.Attempts != 5 || got.Status != record.StatusRelayed {
 		t.Fatalf("fn saw %v; stored %+v: the stale version was published or the change lost", seen, got)
 	}
 	// Writing another record than the one read is refused.
-	err = s.Update(context.Background(), store.KindMessages, m.MessageID, func(store.Record) (store.Record, error) {
+	err = s.Update(context.Background(), record.KindMessages, m.MessageID, func(record.Record) (record.Record, error) {
 		return newMessage(t, time.Now()), nil
 	})
 	wantCode(t, err, errcode.OutboxStoreInvalid)

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -26,15 +28,15 @@ func TestResumeEnqueueFinishesAnInterruptedEnqueue(t *testing.T) {
 	now := time.Now().UnixMilli()
 	err := s.Transaction(ctx, func(tx *store.Tx) error {
 		for i, e := range req.Envelopes {
-			if err := tx.Put(&store.Outbox{EnvelopeID: e.EnvelopeID, MessageID: req.MessageID, BatchID: "0b8f6a3e-1111-4222-8333-444455556666",
-				EnvelopeKind: e.Kind, State: store.StatePending, Ordinal: i, RelayURL: req.RelayURL,
+			if err := tx.Put(&record.Outbox{EnvelopeID: e.EnvelopeID, MessageID: req.MessageID, BatchID: "0b8f6a3e-1111-4222-8333-444455556666",
+				EnvelopeKind: e.Kind, State: record.StatePending, Ordinal: i, RelayURL: req.RelayURL,
 				PeerOwnerDID: string(req.PeerOwnerDID), DeliveryDeadline: deadline, NextAttemptAt: now,
-				Envelope: e.Envelope, EnvelopeDigest: store.Digest(e.Envelope), RetainUntil: deadline + 1000}); err != nil {
+				Envelope: e.Envelope, EnvelopeDigest: envelope.Digest(e.Envelope), RetainUntil: deadline + 1000}); err != nil {
 				return err
 			}
 		}
-		return tx.Put(&store.Message{MessageID: req.MessageID, Status: store.StatusQueued, PeerOwnerDID: string(req.PeerOwnerDID),
-			RelayURL: req.RelayURL, EnvelopeDigest: store.Digest(req.Envelopes[0].Envelope), DeliveryDeadline: deadline,
+		return tx.Put(&record.Message{MessageID: req.MessageID, Status: record.StatusQueued, PeerOwnerDID: string(req.PeerOwnerDID),
+			RelayURL: req.RelayURL, EnvelopeDigest: envelope.Digest(req.Envelopes[0].Envelope), DeliveryDeadline: deadline,
 			CreatedAt: now, UpdatedAt: now, RetainUntil: deadline + 1000})
 	})
 	if err != nil {
@@ -122,7 +124,7 @@ func TestResumeEnqueueAfterFailedDirSync(t *testing.T) {
 	s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
 		faulty = fsx.NewFaulty(inner)
 		faulty.Inject = func(op fsx.Op) error {
-			if failing.Load() && op.Kind == fsx.OpSyncDir && op.Path == string(store.KindBatches) {
+			if failing.Load() && op.Kind == fsx.OpSyncDir && op.Path == string(record.KindBatches) {
 				return syscall.EIO
 			}
 			return nil
@@ -149,12 +151,12 @@ func TestResumeEnqueueAfterFailedDirSync(t *testing.T) {
 	}
 	synced := false
 	for _, op := range faulty.Log() {
-		synced = synced || (op.Kind == fsx.OpSyncDir && op.Path == string(store.KindBatches) && op.Err == nil)
+		synced = synced || (op.Kind == fsx.OpSyncDir && op.Path == string(record.KindBatches) && op.Err == nil)
 	}
 	if !synced {
 		t.Fatalf("the batches directory was not fsynced before the message was reported: %v", faulty.Log())
 	}
-	if ids, err := s.List(store.KindMessages); err != nil || len(ids) != 1 {
+	if ids, err := s.List(record.KindMessages); err != nil || len(ids) != 1 {
 		t.Fatalf("messages: %v %v", ids, err)
 	}
 }

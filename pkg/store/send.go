@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // OutgoingEnvelope is one signed wire envelope of a message to send.
@@ -37,7 +39,7 @@ type SendRequest struct {
 // the marker that makes the members dispatchable. When Enqueue returns nil the message
 // is accepted: it will be delivered or explicitly expired. Enqueueing the same message
 // again (same id and first envelope) returns the stored message without writing.
-func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*Message, error) {
+func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*record.Message, error) {
 	if err := s.checkSendRequest(req); err != nil {
 		return nil, err
 	}
@@ -47,7 +49,7 @@ func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*Message, error) 
 	if err := s.Prepare(ctx); err != nil && ctx.Err() != nil {
 		return nil, errcode.Ensure(err, errcode.OutboxStoreBusy, s.dir)
 	}
-	var out *Message
+	var out *record.Message
 	err := s.preparedTx(ctx, func(tx *Tx) error {
 		m, err := s.planEnqueue(tx, req)
 		out = m
@@ -66,8 +68,8 @@ func (s *Store) checkSendRequest(req SendRequest) error {
 	switch {
 	case !uuid.Valid(req.MessageID):
 		return bad("message id is not a lower-case UUID")
-	case len(req.Envelopes) == 0 || len(req.Envelopes) > MaxBatchMembers:
-		return bad("a message has 1..%d envelopes", MaxBatchMembers)
+	case len(req.Envelopes) == 0 || len(req.Envelopes) > record.MaxBatchMembers:
+		return bad("a message has 1..%d envelopes", record.MaxBatchMembers)
 	case req.DeliveryDeadline.UnixMilli() <= s.nowMs():
 		return errcode.New(errcode.OutboxDeadlineExpired, "message "+req.MessageID, nil)
 	}
@@ -84,14 +86,14 @@ func (s *Store) checkSendRequest(req SendRequest) error {
 // message was interrupted after some of its records were published but before the
 // marker, the plan finishes it: it keeps the members already there (same envelopes)
 // and their batch id, and writes what is missing, the marker last.
-func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
+func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*record.Message, error) {
 	now := s.nowMs()
 	deadline := req.DeliveryDeadline.UnixMilli()
 	retain := deadline + s.retain.Milliseconds()
-	msg := &Message{MessageID: req.MessageID, Status: StatusQueued, PeerOwnerDID: string(req.PeerOwnerDID),
-		RelayURL: req.RelayURL, EnvelopeDigest: Digest(req.Envelopes[0].Envelope), DeliveryDeadline: deadline,
+	msg := &record.Message{MessageID: req.MessageID, Status: record.StatusQueued, PeerOwnerDID: string(req.PeerOwnerDID),
+		RelayURL: req.RelayURL, EnvelopeDigest: envelope.Digest(req.Envelopes[0].Envelope), DeliveryDeadline: deadline,
 		CreatedAt: now, UpdatedAt: now, RetainUntil: retain}
-	prev, err := TxGet[*Message](tx, req.MessageID)
+	prev, err := TxGet[*record.Message](tx, req.MessageID)
 	if err != nil {
 		return nil, err
 	}
@@ -100,17 +102,17 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
 	}
 	// Members already present (an interrupted enqueue) fix the batch id.
 	batchID := ""
-	existing := make([]*Outbox, len(req.Envelopes))
+	existing := make([]*record.Outbox, len(req.Envelopes))
 	for i, e := range req.Envelopes {
-		r, err := tx.get(KindOutbox, e.EnvelopeID)
+		r, err := tx.get(record.KindOutbox, e.EnvelopeID)
 		if err != nil {
 			return nil, err
 		}
-		o, _ := r.(*Outbox)
+		o, _ := r.(*record.Outbox)
 		if o == nil {
 			continue
 		}
-		if o.MessageID != req.MessageID || o.EnvelopeDigest != Digest(e.Envelope) || o.Ordinal != i ||
+		if o.MessageID != req.MessageID || o.EnvelopeDigest != envelope.Digest(e.Envelope) || o.Ordinal != i ||
 			(batchID != "" && o.BatchID != batchID) {
 			return nil, conflict(o, "envelope id already in the outbox for another message")
 		}
@@ -128,20 +130,20 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
 	if batchID == "" {
 		batchID = uuid.NewString()
 	}
-	var writes []Record
+	var writes []record.Record
 	for i, e := range req.Envelopes {
 		if existing[i] != nil {
 			continue
 		}
-		writes = append(writes, &Outbox{EnvelopeID: e.EnvelopeID, MessageID: req.MessageID, BatchID: batchID,
-			EnvelopeKind: e.Kind, State: StatePending, Ordinal: i, RelayURL: req.RelayURL,
+		writes = append(writes, &record.Outbox{EnvelopeID: e.EnvelopeID, MessageID: req.MessageID, BatchID: batchID,
+			EnvelopeKind: e.Kind, State: record.StatePending, Ordinal: i, RelayURL: req.RelayURL,
 			PeerOwnerDID: string(req.PeerOwnerDID), DeliveryDeadline: deadline, NextAttemptAt: now,
-			Envelope: e.Envelope, EnvelopeDigest: Digest(e.Envelope), RetainUntil: retain})
+			Envelope: e.Envelope, EnvelopeDigest: envelope.Digest(e.Envelope), RetainUntil: retain})
 	}
 	if prev == nil {
 		writes = append(writes, msg)
 	}
-	batch := &Batch{BatchID: batchID, MessageID: req.MessageID, PeerOwnerDID: string(req.PeerOwnerDID),
+	batch := &record.Batch{BatchID: batchID, MessageID: req.MessageID, PeerOwnerDID: string(req.PeerOwnerDID),
 		RelayURL: req.RelayURL, DeliveryDeadline: deadline, CreatedAt: now, RetainUntil: retain}
 	for _, e := range req.Envelopes {
 		batch.EnvelopeIDs = append(batch.EnvelopeIDs, e.EnvelopeID)
@@ -153,7 +155,7 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*Message, error) {
 	if err := tx.putLast(batch); err != nil {
 		return nil, err
 	}
-	return cloneRecord(msg).(*Message), nil
+	return record.Clone(msg).(*record.Message), nil
 }
 
 // checkCapacity checks, under the lock, that req's new message fits the DESIGN §5 limits,
@@ -197,46 +199,46 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 // lists is present and consistent (same message, peer, relay and deadline, ordinals
 // 0..n-1 in order); (nil, nil) if the marker is absent; OUTBOX_STORE_INVALID if the
 // batch is broken.
-func (tx *Tx) Committed(batchID string) ([]*Outbox, error) {
+func (tx *Tx) Committed(batchID string) ([]*record.Outbox, error) {
 	return committed(batchID, tx.get)
 }
 
 // Committed is Tx.Committed outside a transaction. It stays exported for the crash
 // explorer (internal/crashtest), which checks after every crash state, without taking
 // the lock, that each marker's members are present and consistent.
-func (s *Store) Committed(batchID string) ([]*Outbox, error) {
+func (s *Store) Committed(batchID string) ([]*record.Outbox, error) {
 	return committed(batchID, s.read)
 }
 
-func committed(batchID string, get func(Kind, string) (Record, error)) ([]*Outbox, error) {
-	r, err := get(KindBatches, batchID)
+func committed(batchID string, get func(record.Kind, string) (record.Record, error)) ([]*record.Outbox, error) {
+	r, err := get(record.KindBatches, batchID)
 	if err != nil || r == nil {
 		return nil, err
 	}
-	b := r.(*Batch)
-	members := make([]*Outbox, 0, len(b.EnvelopeIDs))
+	b := r.(*record.Batch)
+	members := make([]*record.Outbox, 0, len(b.EnvelopeIDs))
 	for i, id := range b.EnvelopeIDs {
-		r, err := get(KindOutbox, id)
+		r, err := get(record.KindOutbox, id)
 		if err != nil {
 			return nil, err
 		}
-		o, _ := r.(*Outbox)
-		if !memberOf(b, i, o) {
+		o, _ := r.(*record.Outbox)
+		if !record.MemberOf(b, i, o) {
 			return nil, invalidAt("batches/"+batchID, fmt.Errorf("member %d is missing or inconsistent", i))
 		}
-		members = append(members, cloneRecord(o).(*Outbox))
+		members = append(members, record.Clone(o).(*record.Outbox))
 	}
 	return members, nil
 }
 
 // Message returns the status of a sent message, or nil if there is none. A queued
 // message whose batch marker is missing was never accepted and is reported as absent.
-func (s *Store) Message(id string) (*Message, error) {
-	m, err := GetAs[*Message](s, id)
+func (s *Store) Message(id string) (*record.Message, error) {
+	m, err := GetAs[*record.Message](s, id)
 	if err != nil || m == nil {
 		return nil, err
 	}
-	if m.Status == StatusQueued {
+	if m.Status == record.StatusQueued {
 		ok, err := s.messageCommitted(context.Background(), id)
 		if err != nil || !ok {
 			return nil, err
@@ -272,7 +274,7 @@ func (s *Store) batchOf(ctx context.Context, messageID string) (string, error) {
 
 // Pending returns the dispatchable envelopes of a message: pending members of a
 // committed batch, in ordinal order.
-func (s *Store) Pending(ctx context.Context, messageID string) ([]*Outbox, error) {
+func (s *Store) Pending(ctx context.Context, messageID string) ([]*record.Outbox, error) {
 	batch, err := s.batchOf(ctx, messageID)
 	if err != nil || batch == "" {
 		return nil, err
@@ -281,9 +283,9 @@ func (s *Store) Pending(ctx context.Context, messageID string) ([]*Outbox, error
 	if err != nil {
 		return nil, err
 	}
-	var out []*Outbox
+	var out []*record.Outbox
 	for _, m := range members {
-		if m.State == StatePending {
+		if m.State == record.StatePending {
 			out = append(out, m)
 		}
 	}
@@ -296,12 +298,12 @@ func (s *Store) Pending(ctx context.Context, messageID string) ([]*Outbox, error
 // (its Enqueue answered OUTBOX_STORE_UNWRITABLE although the marker was renamed into
 // place), and whoever reports the message as accepted must rest on durable records.
 // A failed fsync is OUTBOX_STORE_UNWRITABLE: the message may be accepted, unknown.
-func (s *Store) AcceptedMessage(id string) (*Message, error) {
+func (s *Store) AcceptedMessage(id string) (*record.Message, error) {
 	m, err := s.Message(id)
 	if err != nil || m == nil {
 		return nil, err
 	}
-	if err := s.syncDirs(map[string]bool{string(KindOutbox): true, string(KindMessages): true, string(KindBatches): true}); err != nil {
+	if err := s.syncDirs(map[string]bool{string(record.KindOutbox): true, string(record.KindMessages): true, string(record.KindBatches): true}); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -317,7 +319,7 @@ func (s *Store) AcceptedMessage(id string) (*Message, error) {
 // fsynced again), so resuming also finishes an enqueue whose last directory fsync
 // failed. Members that do not form ordinals 0..n-1 of one batch answer
 // OUTBOX_STORE_INVALID.
-func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*Message, bool, error) {
+func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*record.Message, bool, error) {
 	if m, err := s.AcceptedMessage(messageID); err != nil || m != nil {
 		return m, m != nil, err
 	}
@@ -325,12 +327,12 @@ func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*Message, 
 	if err != nil {
 		return nil, false, err
 	}
-	var members []*Outbox
+	var members []*record.Outbox
 	for _, e := range sums { // sorted by (message, ordinal)
 		if e.MessageID != messageID {
 			continue
 		}
-		o, err := GetAs[*Outbox](s, e.EnvelopeID)
+		o, err := GetAs[*record.Outbox](s, e.EnvelopeID)
 		if err != nil {
 			return nil, false, err
 		}

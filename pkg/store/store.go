@@ -5,10 +5,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/ed25519"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,6 +20,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/lru"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // Limits are the capacity limits of DESIGN §5, enforced under the lock.
@@ -71,8 +69,8 @@ func (l Limits) withDefaults() Limits {
 }
 
 // MaxBytes returns the file size limit of kind k.
-func (l Limits) MaxBytes(k Kind) int64 {
-	if k == KindOperations {
+func (l Limits) MaxBytes(k record.Kind) int64 {
+	if k == record.KindOperations {
 		return l.OperationBytes
 	}
 	return l.RecordBytes
@@ -80,7 +78,7 @@ func (l Limits) MaxBytes(k Kind) int64 {
 
 // Options configure a Store. The zero value is usable.
 type Options struct {
-	// Home is the data root; empty means DataRoot("") (DESIGN §5 resolution order).
+	// Home is the data root; empty means the default data root (DESIGN §5).
 	Home string
 	// Dir, if set, is the store directory itself (overrides Home).
 	Dir    string
@@ -98,12 +96,19 @@ type Options struct {
 	// Retention is how long settled records are kept (default 7 days).
 	Retention time.Duration
 	// OptimisticOnly makes prepared transactions give up with OUTBOX_STORE_BUSY after
-	// their bounded optimistic rounds instead of running their last round locked.
+	// their bounded optimistic rounds instead of running their last round locked. Only
+	// tests set it, to reach the bound of the optimistic rounds (OUTBOX_STORE_BUSY).
 	OptimisticOnly bool
 	// OperationLease is the lease of an in-flight idempotent operation (default 120 s).
 	OperationLease time.Duration
 	// WrapFS, if set, wraps the store's file system (fault injection in tests).
 	WrapFS func(fsx.FS) fsx.FS
+	// LockHoldObserver, if set, is called after every release of the store lock with
+	// how long this Store held it (from the acquisition to the end of the release).
+	// It runs on the releasing goroutine once the lock is free (to this process's
+	// other goroutines too) and must be safe for concurrent use. Benchmarks use it to
+	// measure lock holds.
+	LockHoldObserver func(time.Duration)
 }
 
 // A file-system timestamp is "racy" (git's rule) while now is less than the racy
@@ -140,6 +145,8 @@ type Store struct {
 	lockHolds atomic.Int64 // lock acquisitions
 	lockWait  atomic.Int64 // nanoseconds spent waiting for them
 
+	lockHeld func(time.Duration) // Options.LockHoldObserver, nil if unset
+
 	pubMu     sync.Mutex     // guards the group-commit queue
 	pubQueue  []*publication // prepared publications waiting for a lock hold
 	pubLeader bool           // a goroutine is taking the lock for the queue
@@ -147,39 +154,13 @@ type Store struct {
 	granMu   sync.Mutex   // serializes the granularity probe
 	racyNs   atomic.Int64 // the racy window once measured, 0 before
 	mu       sync.Mutex   // guards the fields below
-	listings map[Kind]*listing
-	indexes  map[Kind]*index
+	listings map[record.Kind]*listing
+	indexes  map[record.Kind]*index
 	cache    *lru.Cache[string, *cached]
 	// publishing counts, per kind, this process's publications between their rename
 	// (or unlink) and their adoptPublication: meanwhile the directory has changed but
 	// the generation does not say so yet, so no stamp shows an index current.
-	publishing map[Kind]int
-}
-
-// DataRoot resolves the data root: home if set, else $SEALBRIDGE_HOME, else
-// $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge.
-func DataRoot(home string) (string, error) {
-	switch {
-	case home != "":
-	case os.Getenv("SEALBRIDGE_HOME") != "":
-		home = os.Getenv("SEALBRIDGE_HOME")
-	case os.Getenv("XDG_STATE_HOME") != "":
-		home = filepath.Join(os.Getenv("XDG_STATE_HOME"), "sealbridge")
-	default:
-		h, err := os.UserHomeDir()
-		if err != nil {
-			return "", fmt.Errorf("no data root: set --home or SEALBRIDGE_HOME: %w", err)
-		}
-		home = filepath.Join(h, ".local", "state", "sealbridge")
-	}
-	return filepath.Abs(home)
-}
-
-// StoreDirName returns the store directory of did relative to the data root:
-// "delivery/<hex sha256(did)>".
-func StoreDirName(did identity.DID) string {
-	sum := sha256.Sum256([]byte(did))
-	return "delivery/" + hex.EncodeToString(sum[:])
+	publishing map[record.Kind]int
 }
 
 // Open returns the store of the identity whose key signer holds. It has no side
@@ -198,8 +179,8 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 		return nil, errcode.New(errcode.OutboxStoreInvalid, "owner", err)
 	}
 	s := &Store{owner: owner, ownerKey: key, signer: signer, limits: opts.Limits.withDefaults(),
-		now: opts.Now, retain: opts.Retention, listings: map[Kind]*listing{}, indexes: map[Kind]*index{},
-		publishing: map[Kind]int{}, txSem: make(chan struct{}, 1)}
+		now: opts.Now, retain: opts.Retention, listings: map[record.Kind]*listing{}, indexes: map[record.Kind]*index{},
+		publishing: map[record.Kind]int{}, txSem: make(chan struct{}, 1)}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -207,6 +188,7 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 		s.retain = 7 * 24 * time.Hour
 	}
 	s.optimisticOnly = opts.OptimisticOnly
+	s.lockHeld = opts.LockHoldObserver
 	s.opLease = opts.OperationLease
 	if s.opLease <= 0 {
 		s.opLease = defaultOperationLease
@@ -214,8 +196,8 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	if opts.Dir != "" {
 		s.dir, err = filepath.Abs(opts.Dir)
 	} else {
-		s.dataRoot, err = DataRoot(opts.Home)
-		s.dir = filepath.Join(s.dataRoot, filepath.FromSlash(StoreDirName(owner)))
+		s.dataRoot, err = dataroot.Resolve(opts.Home)
+		s.dir = dataroot.StoreDir(s.dataRoot, string(owner))
 	}
 	if err != nil {
 		return nil, errcode.New(errcode.OutboxStoreUnwritable, "data root", err)
@@ -259,8 +241,8 @@ func (s *Store) checkDirs() error {
 			return invalidAt("", err)
 		}
 	}
-	kinds := make([]string, len(Kinds))
-	for i, k := range Kinds {
+	kinds := make([]string, len(record.Kinds))
+	for i, k := range record.Kinds {
 		kinds[i] = string(k)
 	}
 	if err := dataroot.CheckStore(s.dir, kinds); err != nil {
@@ -279,7 +261,7 @@ func (s *Store) ensureStoreDir() error {
 	if base == "" {
 		base, rel = filepath.Dir(s.dir), filepath.Base(s.dir)
 	} else {
-		rel = StoreDirName(s.owner)
+		rel = dataroot.DeliveryDir + "/" + filepath.Base(s.dir)
 	}
 	if err := ensureDataRoot(base); err != nil {
 		return err
@@ -322,7 +304,7 @@ func ensureDataRoot(base string) error {
 }
 
 // ensureKindDir creates the kind's directory (0700, parent fsynced) if needed.
-func (s *Store) ensureKindDir(k Kind) error {
+func (s *Store) ensureKindDir(k record.Kind) error {
 	if _, err := fsx.MkdirPrivate(s.fs, string(k)); err != nil {
 		return unwritable(string(k), err)
 	}
@@ -333,7 +315,7 @@ func (s *Store) ensureKindDir(k Kind) error {
 type cached struct {
 	fp   fsx.Fingerprint
 	data []byte
-	rec  Record
+	rec  record.Record
 	racy bool // cached within the racy window of the file's ctime
 }
 
@@ -371,27 +353,27 @@ func (s *Store) racyWindow() time.Duration {
 
 // remember caches rec, read (or written) as data from the file with fingerprint fp,
 // judged racy or not as of now, a clock reading taken before the file was read.
-func (s *Store) remember(path string, data []byte, fp fsx.Fingerprint, rec Record, now time.Time) {
+func (s *Store) remember(path string, data []byte, fp fsx.Fingerprint, rec record.Record, now time.Time) {
 	s.cache.Add(path, &cached{fp: fp, data: data, rec: rec, racy: s.racyAt(now, fp.CtimeNs)}, int64(len(data)))
 }
 
 // read returns the verified record at kind/id, or nil if absent. Any failure evicts
 // the cache entry and returns OUTBOX_STORE_INVALID.
-func (s *Store) read(k Kind, id string) (Record, error) {
+func (s *Store) read(k record.Kind, id string) (record.Record, error) {
 	r, _, err := s.readFP(k, id)
 	return r, err
 }
 
 // readFP is read that also returns the fingerprint of the file the record came from
 // (the zero Fingerprint when absent). The record is shared: callers must not modify it.
-func (s *Store) readFP(k Kind, id string) (Record, fsx.Fingerprint, error) {
+func (s *Store) readFP(k record.Kind, id string) (record.Record, fsx.Fingerprint, error) {
 	for attempt := 1; ; attempt++ {
 		r, fp, err := s.readFPOnce(k, id)
 		if !errors.Is(err, errReplacedWhileRead) {
 			return r, fp, err
 		}
 		if attempt == maxReplacedReads {
-			return nil, fsx.Fingerprint{}, errcode.New(errcode.OutboxStoreBusy, recordPath(k, id), err)
+			return nil, fsx.Fingerprint{}, errcode.New(errcode.OutboxStoreBusy, record.Path(k, id), err)
 		}
 	}
 }
@@ -405,11 +387,11 @@ var errReplacedWhileRead = errors.New("the record was replaced while it was read
 const maxReplacedReads = 8
 
 // readFPOnce is one attempt of readFP.
-func (s *Store) readFPOnce(k Kind, id string) (Record, fsx.Fingerprint, error) {
-	if err := checkKindID(k, id); err != nil {
+func (s *Store) readFPOnce(k record.Kind, id string) (record.Record, fsx.Fingerprint, error) {
+	if err := record.CheckKindID(k, id); err != nil {
 		return nil, fsx.Fingerprint{}, invalidAt(string(k)+"/"+id, err)
 	}
-	path := recordPath(k, id)
+	path := record.Path(k, id)
 	info, err := s.fs.Lstat(path)
 	if err != nil {
 		s.cache.Remove(path)
@@ -457,7 +439,7 @@ func (s *Store) readFPOnce(k Kind, id string) (Record, fsx.Fingerprint, error) {
 	if err := fsx.CheckPrivateFile(path, rinfo); err != nil {
 		return nil, fsx.Fingerprint{}, invalidAt(path, err)
 	}
-	rec, err := ParseRecord(k, id, data, s.owner, s.ownerKey)
+	rec, err := record.Parse(k, id, data, s.owner, s.ownerKey)
 	if err != nil {
 		return nil, fsx.Fingerprint{}, invalidAt(path, err)
 	}
@@ -469,23 +451,23 @@ func (s *Store) readFPOnce(k Kind, id string) (Record, fsx.Fingerprint, error) {
 }
 
 // Get returns a copy of the verified record kind/id, or (nil, nil) if it is absent.
-func (s *Store) Get(k Kind, id string) (Record, error) {
+func (s *Store) Get(k record.Kind, id string) (record.Record, error) {
 	r, err := s.read(k, id)
 	if r == nil || err != nil {
 		return nil, err
 	}
-	return cloneRecord(r), nil
+	return record.Clone(r), nil
 }
 
 // GetAs returns a copy of the record kind/id as its concrete type T, or the zero T
 // (a nil pointer) if absent.
-func GetAs[T Record](s *Store, id string) (T, error) {
+func GetAs[T record.Record](s *Store, id string) (T, error) {
 	var zero T
 	return typed[T](s.Get(zero.Kind(), id))
 }
 
 // typed converts the result of a Get to the record type T (the zero T when absent).
-func typed[T Record](r Record, err error) (T, error) {
+func typed[T record.Record](r record.Record, err error) (T, error) {
 	var zero T
 	if r == nil || err != nil {
 		return zero, err
@@ -503,7 +485,7 @@ func typed[T Record](r Record, err error) (T, error) {
 // compaction of the generation file no earlier stamp equals a later one.
 type Stamp struct {
 	Dir    fsx.DirStamp
-	Absent bool
+	absent bool // the kind directory does not exist
 	gen    generation
 }
 
@@ -511,14 +493,14 @@ type Stamp struct {
 const generationName = GenerationFile
 
 // ListingStamp returns the current stamp of kind k.
-func (s *Store) ListingStamp(k Kind) (Stamp, error) {
+func (s *Store) ListingStamp(k record.Kind) (Stamp, error) {
 	gen, err := s.generation()
 	if err != nil {
 		return Stamp{}, err
 	}
 	info, err := s.fs.Lstat(string(k))
 	if fsx.IsNotExist(err) {
-		return Stamp{Absent: true, gen: gen}, nil
+		return Stamp{absent: true, gen: gen}, nil
 	}
 	if err != nil {
 		return Stamp{}, invalidAt(string(k), err)
@@ -540,7 +522,7 @@ func (s *Store) StampRacy(st Stamp) bool { return s.stampRacyAt(s.now(), st) }
 // window of its directory's mtime or ctime, so that a later change to the directory
 // may leave the stamp as it is.
 func (s *Store) stampRacyAt(now time.Time, st Stamp) bool {
-	return !st.Absent && (s.racyAt(now, st.Dir.MtimeNs) || s.racyAt(now, st.Dir.CtimeNs))
+	return !st.absent && (s.racyAt(now, st.Dir.MtimeNs) || s.racyAt(now, st.Dir.CtimeNs))
 }
 
 // listing is a cached sorted id list of one kind.
@@ -554,13 +536,13 @@ type listing struct {
 // that is not "<valid id>.json" makes the listing fail with OUTBOX_STORE_INVALID (run
 // sealbridge-fsck). A cached listing is reused while the stamp is unchanged and was not
 // racy when taken.
-func (s *Store) List(k Kind) ([]string, error) {
+func (s *Store) List(k record.Kind) ([]string, error) {
 	ids, _, err := s.list(k)
 	return slices.Clone(ids), err
 }
 
 // list returns the (shared, read-only) ids and the stamp they belong to.
-func (s *Store) list(k Kind) ([]string, Stamp, error) {
+func (s *Store) list(k record.Kind) ([]string, Stamp, error) {
 	if !k.Valid() {
 		return nil, Stamp{}, invalidAt(string(k), errors.New("unknown kind"))
 	}
@@ -574,7 +556,7 @@ func (s *Store) list(k Kind) ([]string, Stamp, error) {
 	if c != nil && c.stamp == st && !c.racy {
 		return c.ids, st, nil
 	}
-	if st.Absent {
+	if st.absent {
 		return nil, st, nil
 	}
 	now := s.now()
@@ -589,7 +571,7 @@ func (s *Store) list(k Kind) ([]string, Stamp, error) {
 	return ids, st, nil
 }
 
-func (s *Store) readDirIDs(k Kind) ([]string, error) {
+func (s *Store) readDirIDs(k record.Kind) ([]string, error) {
 	ents, err := s.fs.ReadDir(string(k))
 	if err != nil {
 		if fsx.IsNotExist(err) {
@@ -603,7 +585,7 @@ func (s *Store) readDirIDs(k Kind) ([]string, error) {
 			continue
 		}
 		id, ok := strings.CutSuffix(e.Name, ".json")
-		if !ok || !ValidID(k, id) {
+		if !ok || !record.ValidID(k, id) {
 			return nil, invalidAt(string(k)+"/"+e.Name, errors.New("unknown file in a record directory"))
 		}
 		ids = append(ids, id)
@@ -617,13 +599,13 @@ func (s *Store) readDirIDs(k Kind) ([]string, error) {
 // that failed (and so changed nothing). A publication whose generation mark failed is
 // never ended: k's directory then changed without a mark, and this process's readers
 // of k's index keep rescanning rather than trust a stamp.
-func (s *Store) beginPublication(k Kind) {
+func (s *Store) beginPublication(k record.Kind) {
 	s.mu.Lock()
 	s.publishing[k]++
 	s.mu.Unlock()
 }
 
-func (s *Store) endPublication(k Kind) {
+func (s *Store) endPublication(k record.Kind) {
 	s.mu.Lock()
 	s.publishing[k]--
 	s.mu.Unlock()
@@ -636,7 +618,7 @@ func (s *Store) endPublication(k Kind) {
 // cached list and index are patched and move to k's new stamp, and every other
 // kind's cached stamp takes the new generation. Anything that was not current before
 // is dropped.
-func (s *Store) adoptPublication(k Kind, id string, rec Record, fp fsx.Fingerprint, racy bool, before Stamp, oldGen, newGen generation) {
+func (s *Store) adoptPublication(k record.Kind, id string, rec record.Record, fp fsx.Fingerprint, racy bool, before Stamp, oldGen, newGen generation) {
 	after, err := s.ListingStamp(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -678,7 +660,7 @@ func (s *Store) adoptGeneration(oldGen, newGen generation) {
 
 // moveGenerationLocked moves the cached listings and indexes of every kind other than
 // except from generation state oldGen to newGen. Caller holds s.mu.
-func (s *Store) moveGenerationLocked(except Kind, oldGen, newGen generation) {
+func (s *Store) moveGenerationLocked(except record.Kind, oldGen, newGen generation) {
 	for kind, c := range s.listings {
 		if kind != except && c.stamp.gen == oldGen {
 			st := c.stamp
@@ -695,7 +677,7 @@ func (s *Store) moveGenerationLocked(except Kind, oldGen, newGen generation) {
 
 // Scan calls fn with a copy of every valid record of kind k, in id order, checking
 // ctx between records. An invalid record stops the scan with its error.
-func (s *Store) Scan(ctx context.Context, k Kind, fn func(Record) error) error {
+func (s *Store) Scan(ctx context.Context, k record.Kind, fn func(record.Record) error) error {
 	ids, err := s.List(k)
 	if err != nil {
 		return err

@@ -29,8 +29,10 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -79,7 +81,7 @@ func tamperFrame(members ...string) []byte {
 }
 
 // tamperSigBytes signs payload as a record of kind/id with signer.
-func tamperSigBytes(t testing.TB, signer crypto.Signer, kind store.Kind, id string, payload []byte) []byte {
+func tamperSigBytes(t testing.TB, signer crypto.Signer, kind record.Kind, id string, payload []byte) []byte {
 	t.Helper()
 	sig, err := identity.SignDomain(signer, identity.DomainRecord, []byte(kind), []byte(id), payload)
 	if err != nil {
@@ -90,7 +92,7 @@ func tamperSigBytes(t testing.TB, signer crypto.Signer, kind store.Kind, id stri
 
 // tamperSigned returns the canonical record line of payload as kind/id, signed by
 // signer, naming signerDID in the header.
-func tamperSigned(t testing.TB, signer crypto.Signer, signerDID identity.DID, kind store.Kind, id string, payload []byte) []byte {
+func tamperSigned(t testing.TB, signer crypto.Signer, signerDID identity.DID, kind record.Kind, id string, payload []byte) []byte {
 	t.Helper()
 	sig := tamperSigBytes(t, signer, kind, id, payload)
 	return tamperFrame("v", "1", "kind", tamperQuote(string(kind)), "id", tamperQuote(id),
@@ -99,7 +101,7 @@ func tamperSigned(t testing.TB, signer crypto.Signer, signerDID identity.DID, ki
 }
 
 // tamperOwnerSigned is tamperSigned by the store's owner.
-func tamperOwnerSigned(t testing.TB, kind store.Kind, id string, payload []byte) []byte {
+func tamperOwnerSigned(t testing.TB, kind record.Kind, id string, payload []byte) []byte {
 	t.Helper()
 	own := ownerIdentity(t)
 	return tamperSigned(t, own.Signer(), own.DID(), kind, id, payload)
@@ -146,14 +148,14 @@ func tamperReplacePrefix(t testing.TB, s, old, new string) string {
 }
 
 // tamperParse parses data as kind/id for the owner.
-func tamperParse(t testing.TB, kind store.Kind, id string, data []byte) (store.Record, error) {
+func tamperParse(t testing.TB, kind record.Kind, id string, data []byte) (record.Record, error) {
 	t.Helper()
 	own := ownerIdentity(t)
-	return store.ParseRecord(kind, id, data, own.DID(), own.Public())
+	return record.Parse(kind, id, data, own.DID(), own.Public())
 }
 
 // tamperMustParse parses data as kind/id and fails the test if it is refused.
-func tamperMustParse(t testing.TB, kind store.Kind, id string, data []byte) store.Record {
+func tamperMustParse(t testing.TB, kind record.Kind, id string, data []byte) record.Record {
 	t.Helper()
 	r, err := tamperParse(t, kind, id, data)
 	if err != nil {
@@ -178,25 +180,25 @@ func tamperWithin(t testing.TB, what string, fn func() error) error {
 }
 
 // tamperGetTyped reads kind/id through Store.GetAs with the kind's concrete type.
-func tamperGetTyped(s *store.Store, k store.Kind, id string) (store.Record, error) {
+func tamperGetTyped(s *store.Store, k record.Kind, id string) (record.Record, error) {
 	var (
-		r   store.Record
+		r   record.Record
 		err error
 	)
 	switch k {
-	case store.KindOutbox:
-		var v *store.Outbox
-		if v, err = store.GetAs[*store.Outbox](s, id); v != nil {
+	case record.KindOutbox:
+		var v *record.Outbox
+		if v, err = store.GetAs[*record.Outbox](s, id); v != nil {
 			r = v
 		}
-	case store.KindMessages:
-		var v *store.Message
-		if v, err = store.GetAs[*store.Message](s, id); v != nil {
+	case record.KindMessages:
+		var v *record.Message
+		if v, err = store.GetAs[*record.Message](s, id); v != nil {
 			r = v
 		}
-	case store.KindBatches:
-		var v *store.Batch
-		if v, err = store.GetAs[*store.Batch](s, id); v != nil {
+	case record.KindBatches:
+		var v *record.Batch
+		if v, err = store.GetAs[*record.Batch](s, id); v != nil {
 			r = v
 		}
 	default:
@@ -207,10 +209,10 @@ func tamperGetTyped(s *store.Store, k store.Kind, id string) (store.Record, erro
 
 // tamperExpectInvalid asserts that Get and GetAs of kind/id are refused with
 // OUTBOX_STORE_INVALID, without blocking.
-func tamperExpectInvalid(t testing.TB, s *store.Store, k store.Kind, id string) {
+func tamperExpectInvalid(t testing.TB, s *store.Store, k record.Kind, id string) {
 	t.Helper()
 	for _, typed := range []bool{false, true} {
-		var r store.Record
+		var r record.Record
 		err := tamperWithin(t, "Get "+string(k)+"/"+id, func() (err error) {
 			if typed {
 				r, err = tamperGetTyped(s, k, id)
@@ -226,9 +228,9 @@ func tamperExpectInvalid(t testing.TB, s *store.Store, k store.Kind, id string) 
 }
 
 // tamperExpectValid asserts that Get and GetAs of kind/id return a valid record.
-func tamperExpectValid(t testing.TB, s *store.Store, k store.Kind, id string) store.Record {
+func tamperExpectValid(t testing.TB, s *store.Store, k record.Kind, id string) record.Record {
 	t.Helper()
-	var r store.Record
+	var r record.Record
 	err := tamperWithin(t, "Get "+string(k)+"/"+id, func() (err error) {
 		r, err = s.Get(k, id)
 		return err
@@ -267,28 +269,28 @@ func tamperSetup(t *testing.T) *tamperEnv {
 	e := &tamperEnv{dir: s.Dir(), limits: lim, e1: req.Envelopes[0].EnvelopeID, e2: req.Envelopes[1].EnvelopeID,
 		msgID: req.MessageID, orig: map[string][]byte{}}
 	now := time.Now().UnixMilli()
-	m := &store.Message{MessageID: e.e2, Status: store.StatusQueued, PeerOwnerDID: string(peerDID(t)),
-		RelayURL: "https://relay.example/in", EnvelopeDigest: store.Digest([]byte(`{}`)),
+	m := &record.Message{MessageID: e.e2, Status: record.StatusQueued, PeerOwnerDID: string(peerDID(t)),
+		RelayURL: "https://relay.example/in", EnvelopeDigest: envelope.Digest([]byte(`{}`)),
 		DeliveryDeadline: now + 3_600_000, CreatedAt: now, UpdatedAt: now, RetainUntil: now + 7_200_000}
 	if err := s.Transaction(context.Background(), func(tx *store.Tx) error { return tx.Put(m) }); err != nil {
 		t.Fatal(err)
 	}
 	for _, ki := range [][2]string{{"outbox", e.e1}, {"outbox", e.e2}, {"messages", e.e2}, {"messages", e.msgID}} {
-		data, err := os.ReadFile(e.path(store.Kind(ki[0]), ki[1]))
+		data, err := os.ReadFile(e.path(record.Kind(ki[0]), ki[1]))
 		if err != nil {
 			t.Fatal(err)
 		}
-		tamperMustParse(t, store.Kind(ki[0]), ki[1], data)
+		tamperMustParse(t, record.Kind(ki[0]), ki[1], data)
 		e.orig[ki[0]+"/"+ki[1]] = data
 	}
 	return e
 }
 
-func (e *tamperEnv) path(k store.Kind, id string) string {
+func (e *tamperEnv) path(k record.Kind, id string) string {
 	return filepath.Join(e.dir, string(k), id+".json")
 }
 
-func (e *tamperEnv) bytes(k store.Kind, id string) []byte { return e.orig[string(k)+"/"+id] }
+func (e *tamperEnv) bytes(k record.Kind, id string) []byte { return e.orig[string(k)+"/"+id] }
 
 // open returns a new Store on the tamper store; cold disables its cache.
 func (e *tamperEnv) open(t testing.TB, cold bool) *store.Store {
@@ -341,9 +343,9 @@ func tamperWriteInPlace(t testing.TB, path string, data []byte) {
 }
 
 // tamperOutbox returns the parsed original outbox record id of e.
-func (e *tamperEnv) outbox(t testing.TB, id string) *store.Outbox {
+func (e *tamperEnv) outbox(t testing.TB, id string) *record.Outbox {
 	t.Helper()
-	return tamperMustParse(t, store.KindOutbox, id, e.bytes(store.KindOutbox, id)).(*store.Outbox)
+	return tamperMustParse(t, record.KindOutbox, id, e.bytes(record.KindOutbox, id)).(*record.Outbox)
 }
 
 // tamperBigOutbox returns a valid, owner-signed outbox record id whose file is larger
@@ -352,30 +354,30 @@ func (e *tamperEnv) bigOutbox(t testing.TB, id string) []byte {
 	t.Helper()
 	o := e.outbox(t, id)
 	o.Envelope = json.RawMessage(`{"envelopeId":"` + id + `","pad":"` + strings.Repeat("x", 2*tamperRecordLimit) + `"}`)
-	o.EnvelopeDigest = store.Digest(o.Envelope)
+	o.EnvelopeDigest = envelope.Digest(o.Envelope)
 	own := ownerIdentity(t)
-	data, err := store.EncodeRecord(own.Signer(), own.DID(), o)
+	data, err := record.Encode(own.Signer(), own.DID(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(data) <= tamperRecordLimit {
 		t.Fatalf("big record is only %d bytes", len(data))
 	}
-	tamperMustParse(t, store.KindOutbox, id, data)
+	tamperMustParse(t, record.KindOutbox, id, data)
 	return data
 }
 
 // tamperPayloadOf returns the exact payload bytes of the original kind/id.
-func (e *tamperEnv) payloadOf(t testing.TB, k store.Kind, id string) string {
+func (e *tamperEnv) payloadOf(t testing.TB, k record.Kind, id string) string {
 	t.Helper()
 	return string(tamperSplit(t, e.bytes(k, id)).Payload)
 }
 
-// tamperResign re-encodes the original kind/id with EncodeRecord by signer, naming did.
-func (e *tamperEnv) resign(t testing.TB, k store.Kind, id string, signer crypto.Signer, did identity.DID) []byte {
+// tamperResign re-encodes the original kind/id with record.Encode by signer, naming did.
+func (e *tamperEnv) resign(t testing.TB, k record.Kind, id string, signer crypto.Signer, did identity.DID) []byte {
 	t.Helper()
 	r := tamperMustParse(t, k, id, e.bytes(k, id))
-	data, err := store.EncodeRecord(signer, did, r)
+	data, err := record.Encode(signer, did, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +386,7 @@ func (e *tamperEnv) resign(t testing.TB, k store.Kind, id string, signer crypto.
 
 // sigOf returns the sig member of the original outbox/e2 file.
 func (e *tamperEnv) sigOf(t testing.TB) string {
-	h := tamperSplit(t, e.bytes(store.KindOutbox, e.e2))
+	h := tamperSplit(t, e.bytes(record.KindOutbox, e.e2))
 	return h.Sig
 }
 
@@ -393,17 +395,17 @@ func (e *tamperEnv) sigOf(t testing.TB) string {
 // tamperContentCase replaces the target file's bytes.
 type tamperContentCase struct {
 	name string
-	kind store.Kind // target kind (default outbox); the target id is e.e2
+	kind record.Kind // target kind (default outbox); the target id is e.e2
 	data func(t *testing.T, e *tamperEnv) []byte
 }
 
 func tamperContentCases() []tamperContentCase {
 	ownerKey := func(t *testing.T, e *tamperEnv, payload string) []byte {
-		return tamperOwnerSigned(t, store.KindOutbox, e.e2, []byte(payload))
+		return tamperOwnerSigned(t, record.KindOutbox, e.e2, []byte(payload))
 	}
 	header := func(t *testing.T, e *tamperEnv, members ...string) []byte {
 		// a header around e2's exact payload and valid signature
-		h := tamperSplit(t, e.bytes(store.KindOutbox, e.e2))
+		h := tamperSplit(t, e.bytes(record.KindOutbox, e.e2))
 		base := map[string]string{"v": "1", "kind": tamperQuote("outbox"), "id": tamperQuote(e.e2),
 			"signer": tamperQuote(string(ownerIdentity(t).DID())), "payload": string(h.Payload), "sig": tamperQuote(h.Sig)}
 		var out []string
@@ -428,23 +430,23 @@ func tamperContentCases() []tamperContentCase {
 	}
 	return []tamperContentCase{
 		{name: "copied-to-another-id", data: func(t *testing.T, e *tamperEnv) []byte {
-			return e.bytes(store.KindOutbox, e.e1)
+			return e.bytes(record.KindOutbox, e.e1)
 		}},
 		{name: "messages-record-moved-into-outbox", data: func(t *testing.T, e *tamperEnv) []byte {
-			return e.bytes(store.KindMessages, e.e2)
+			return e.bytes(record.KindMessages, e.e2)
 		}},
-		{name: "outbox-record-moved-into-messages", kind: store.KindMessages, data: func(t *testing.T, e *tamperEnv) []byte {
-			return e.bytes(store.KindOutbox, e.e2)
+		{name: "outbox-record-moved-into-messages", kind: record.KindMessages, data: func(t *testing.T, e *tamperEnv) []byte {
+			return e.bytes(record.KindOutbox, e.e2)
 		}},
 		{name: "resigned-by-foreign-key-naming-owner", data: func(t *testing.T, e *tamperEnv) []byte {
-			return e.resign(t, store.KindOutbox, e.e2, tamperForeign(t).Signer(), ownerIdentity(t).DID())
+			return e.resign(t, record.KindOutbox, e.e2, tamperForeign(t).Signer(), ownerIdentity(t).DID())
 		}},
 		{name: "resigned-by-foreign-key-naming-foreigner", data: func(t *testing.T, e *tamperEnv) []byte {
 			f := tamperForeign(t)
-			return e.resign(t, store.KindOutbox, e.e2, f.Signer(), f.DID())
+			return e.resign(t, record.KindOutbox, e.e2, f.Signer(), f.DID())
 		}},
 		{name: "truncated-to-half", data: func(t *testing.T, e *tamperEnv) []byte {
-			b := e.bytes(store.KindOutbox, e.e2)
+			b := e.bytes(record.KindOutbox, e.e2)
 			return b[:len(b)/2]
 		}},
 		{name: "empty", data: func(t *testing.T, e *tamperEnv) []byte { return []byte{} }},
@@ -453,18 +455,18 @@ func tamperContentCases() []tamperContentCase {
 		}},
 		{name: "payload-id-differs-from-file-id", data: func(t *testing.T, e *tamperEnv) []byte {
 			// e1's payload, properly signed by the owner as outbox/e2
-			return ownerKey(t, e, e.payloadOf(t, store.KindOutbox, e.e1))
+			return ownerKey(t, e, e.payloadOf(t, record.KindOutbox, e.e1))
 		}},
 		{name: "payload-unknown-field", data: func(t *testing.T, e *tamperEnv) []byte {
-			p := e.payloadOf(t, store.KindOutbox, e.e2)
+			p := e.payloadOf(t, record.KindOutbox, e.e2)
 			return ownerKey(t, e, p[:len(p)-1]+`,"note":"x"}`)
 		}},
 		{name: "payload-duplicate-key", data: func(t *testing.T, e *tamperEnv) []byte {
-			p := e.payloadOf(t, store.KindOutbox, e.e2)
+			p := e.payloadOf(t, record.KindOutbox, e.e2)
 			return ownerKey(t, e, `{"state":"pending",`+p[1:])
 		}},
 		{name: "payload-case-variant-key", data: func(t *testing.T, e *tamperEnv) []byte {
-			p := e.payloadOf(t, store.KindOutbox, e.e2)
+			p := e.payloadOf(t, record.KindOutbox, e.e2)
 			return ownerKey(t, e, tamperReplacePrefix(t, p, `{"envelopeId":`, `{"EnvelopeId":`))
 		}},
 		{name: "header-v2", data: func(t *testing.T, e *tamperEnv) []byte {
@@ -489,15 +491,15 @@ func tamperContentCases() []tamperContentCase {
 			return header(t, e, m...)
 		}},
 		{name: "two-lines-newline-inside", data: func(t *testing.T, e *tamperEnv) []byte {
-			b := string(e.bytes(store.KindOutbox, e.e2))
+			b := string(e.bytes(record.KindOutbox, e.e2))
 			return []byte(tamperReplaceOnce(t, b, `,"payload":`, ",\n"+`"payload":`))
 		}},
 		{name: "two-lines-record-twice", data: func(t *testing.T, e *tamperEnv) []byte {
-			b := e.bytes(store.KindOutbox, e.e2)
+			b := e.bytes(record.KindOutbox, e.e2)
 			return append(append([]byte(nil), b...), b...)
 		}},
 		{name: "missing-trailing-newline", data: func(t *testing.T, e *tamperEnv) []byte {
-			b := e.bytes(store.KindOutbox, e.e2)
+			b := e.bytes(record.KindOutbox, e.e2)
 			return b[:len(b)-1]
 		}},
 		{name: "sig-with-padding", data: func(t *testing.T, e *tamperEnv) []byte {
@@ -553,7 +555,7 @@ func TestTamperedContentRefused(t *testing.T) {
 				e := tamperSetup(t)
 				k := tc.kind
 				if k == "" {
-					k = store.KindOutbox
+					k = record.KindOutbox
 				}
 				id := e.e2
 				data := tc.data(t, e)
@@ -688,17 +690,17 @@ func tamperFileCases() []tamperFileCase {
 			},
 			also: func(t *testing.T, e *tamperEnv) {
 				second := openStore(t, store.Options{Dir: outside, CacheEntries: -1, Limits: e.limits})
-				tamperExpectInvalid(t, second, store.KindOutbox, e.e2)
+				tamperExpectInvalid(t, second, record.KindOutbox, e.e2)
 				// a third name planted in this store under another id
 				planted := uuid.NewString()
-				if err := os.Link(e.path(store.KindOutbox, e.e2), e.path(store.KindOutbox, planted)); err != nil {
+				if err := os.Link(e.path(record.KindOutbox, e.e2), e.path(record.KindOutbox, planted)); err != nil {
 					t.Fatal(err)
 				}
-				tamperExpectInvalid(t, e.open(t, true), store.KindOutbox, planted)
-				if err := os.Remove(e.path(store.KindOutbox, planted)); err != nil {
+				tamperExpectInvalid(t, e.open(t, true), record.KindOutbox, planted)
+				if err := os.Remove(e.path(record.KindOutbox, planted)); err != nil {
 					t.Fatal(err)
 				}
-				tamperExpectInvalid(t, second, store.KindOutbox, e.e2) // still two links
+				tamperExpectInvalid(t, second, record.KindOutbox, e.e2) // still two links
 			},
 			restore: func(t *testing.T, e *tamperEnv, path string) {
 				// the second store's name alone is valid once it has one link
@@ -707,7 +709,7 @@ func tamperFileCases() []tamperFileCase {
 					t.Fatal(err)
 				}
 				second := openStore(t, store.Options{Dir: outside, CacheEntries: -1, Limits: e.limits})
-				tamperExpectValid(t, second, store.KindOutbox, e.e2)
+				tamperExpectValid(t, second, record.KindOutbox, e.e2)
 				if err := os.Rename(link, path); err != nil {
 					t.Fatal(err)
 				}
@@ -733,7 +735,7 @@ func tamperFileCases() []tamperFileCase {
 				if err := os.Remove(path); err != nil {
 					t.Fatal(err)
 				}
-				tamperWriteRename(t, path, e.bytes(store.KindOutbox, e.e2))
+				tamperWriteRename(t, path, e.bytes(record.KindOutbox, e.e2))
 			},
 		},
 		{
@@ -790,7 +792,7 @@ func TestTamperedFileRefused(t *testing.T) {
 			t.Run(tc.name+"/"+mode, func(t *testing.T) {
 				tc := tamperFileCases()[i] // fresh closure state per run
 				e := tamperSetup(t)
-				path := e.path(store.KindOutbox, e.e2)
+				path := e.path(record.KindOutbox, e.e2)
 				var s *store.Store
 				if mode == "cold" {
 					tc.mutate(t, e, path)
@@ -801,26 +803,26 @@ func TestTamperedFileRefused(t *testing.T) {
 					}
 				} else {
 					s = e.open(t, false)
-					tamperExpectValid(t, s, store.KindOutbox, e.e2)
+					tamperExpectValid(t, s, record.KindOutbox, e.e2)
 					tc.mutate(t, e, path)
 				}
 				if s != nil {
-					tamperExpectInvalid(t, s, store.KindOutbox, e.e2)
-					tamperExpectInvalid(t, s, store.KindOutbox, e.e2)
+					tamperExpectInvalid(t, s, record.KindOutbox, e.e2)
+					tamperExpectInvalid(t, s, record.KindOutbox, e.e2)
 				}
 				if tc.refusedAtOpen {
 					tamperExpectOpenRefused(t, e, filepath.Dir(path))
 				} else {
-					tamperExpectInvalid(t, e.open(t, true), store.KindOutbox, e.e2)
+					tamperExpectInvalid(t, e.open(t, true), record.KindOutbox, e.e2)
 				}
 				if tc.also != nil {
 					tc.also(t, e)
 				}
 				tc.restore(t, e, path)
 				if s != nil {
-					tamperExpectValid(t, s, store.KindOutbox, e.e2)
+					tamperExpectValid(t, s, record.KindOutbox, e.e2)
 				}
-				tamperExpectValid(t, e.open(t, true), store.KindOutbox, e.e2)
+				tamperExpectValid(t, e.open(t, true), record.KindOutbox, e.e2)
 			})
 		}
 	}
@@ -861,30 +863,30 @@ func TestOversizeRecordRefusedWithoutReadingIt(t *testing.T) {
 	// make it much larger still: a 1 MiB envelope
 	o := e.outbox(t, e.e2)
 	o.Envelope = json.RawMessage(`{"pad":"` + strings.Repeat("y", 1<<20) + `"}`)
-	o.EnvelopeDigest = store.Digest(o.Envelope)
+	o.EnvelopeDigest = envelope.Digest(o.Envelope)
 	own := ownerIdentity(t)
-	huge, err := store.EncodeRecord(own.Signer(), own.DID(), o)
+	huge, err := record.Encode(own.Signer(), own.DID(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, data := range [][]byte{big, huge} {
-		tamperWriteRename(t, e.path(store.KindOutbox, e.e2), data)
+		tamperWriteRename(t, e.path(record.KindOutbox, e.e2), data)
 		var read atomic.Int64
 		s := openStore(t, store.Options{Dir: e.dir, Limits: e.limits, CacheEntries: -1,
 			WrapFS: func(f fsx.FS) fsx.FS { return tamperCountingFS{FS: f, read: &read} }})
-		tamperExpectInvalid(t, s, store.KindOutbox, e.e2)
+		tamperExpectInvalid(t, s, record.KindOutbox, e.e2)
 		if n := read.Load(); n > tamperRecordLimit {
 			t.Errorf("refusing a %d-byte file read %d bytes; want at most the %d-byte limit", len(data), n, tamperRecordLimit)
 		}
 		// control: the same file under a larger limit is a valid record
 		roomy := openStore(t, store.Options{Dir: e.dir, Limits: store.Limits{RecordBytes: 4 << 20}, CacheEntries: -1})
-		tamperExpectValid(t, roomy, store.KindOutbox, e.e2)
+		tamperExpectValid(t, roomy, record.KindOutbox, e.e2)
 	}
 
 	// Operations have their own, smaller limit.
 	now := time.Now().UnixMilli()
-	op := &store.Operation{OperationID: uuid.NewString(), RequestDigest: store.Digest([]byte("req")),
-		State: store.OperationDone, CreatedAt: now, LeaseUntil: now + 120_000,
+	op := &record.Operation{OperationID: uuid.NewString(), RequestDigest: envelope.Digest([]byte("req")),
+		State: record.OperationDone, CreatedAt: now, LeaseUntil: now + 120_000,
 		Response: json.RawMessage(`{"body":"` + strings.Repeat("z", 6<<10) + `"}`), RetainUntil: now + 86_400_000}
 	lim := store.Limits{RecordBytes: 64 << 10, OperationBytes: 4 << 10}
 	ws := openStore(t, store.Options{Dir: e.dir, Limits: store.Limits{RecordBytes: 64 << 10, OperationBytes: 64 << 10}})
@@ -894,45 +896,45 @@ func TestOversizeRecordRefusedWithoutReadingIt(t *testing.T) {
 	var read atomic.Int64
 	s := openStore(t, store.Options{Dir: e.dir, Limits: lim, CacheEntries: -1,
 		WrapFS: func(f fsx.FS) fsx.FS { return tamperCountingFS{FS: f, read: &read} }})
-	tamperExpectInvalid(t, s, store.KindOperations, op.OperationID)
+	tamperExpectInvalid(t, s, record.KindOperations, op.OperationID)
 	if n := read.Load(); n > lim.OperationBytes {
 		t.Errorf("refusing an oversize operation read %d bytes; want at most %d", n, lim.OperationBytes)
 	}
 	// an outbox record of the same size is within RecordBytes
-	tamperWriteRename(t, e.path(store.KindOutbox, e.e2), big)
-	tamperExpectValid(t, s, store.KindOutbox, e.e2)
+	tamperWriteRename(t, e.path(record.KindOutbox, e.e2), big)
+	tamperExpectValid(t, s, record.KindOutbox, e.e2)
 }
 
 // TestParseRecordRefusesEverySingleByteChange: XOR-ing any one byte of a valid outbox
 // record file with 0x01 or 0x80, or cutting it to any shorter length, makes
-// ParseRecord refuse it.
+// record.Parse refuse it.
 func TestParseRecordRefusesEverySingleByteChange(t *testing.T) {
 	e := tamperSetup(t)
 	// the enqueued record, and one with every optional field set
-	full := tamperRecords(t)[0].(*store.Outbox)
+	full := tamperRecords(t)[0].(*record.Outbox)
 	own := ownerIdentity(t)
-	fullData, err := store.EncodeRecord(own.Signer(), own.DID(), full)
+	fullData, err := record.Encode(own.Signer(), own.DID(), full)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, rc := range []struct {
 		id   string
 		data []byte
-	}{{e.e2, e.bytes(store.KindOutbox, e.e2)}, {full.EnvelopeID, fullData}} {
+	}{{e.e2, e.bytes(record.KindOutbox, e.e2)}, {full.EnvelopeID, fullData}} {
 		orig := rc.data
-		tamperMustParse(t, store.KindOutbox, rc.id, orig)
+		tamperMustParse(t, record.KindOutbox, rc.id, orig)
 		buf := make([]byte, len(orig))
 		for i := range orig {
 			for _, x := range []byte{0x01, 0x80} {
 				copy(buf, orig)
 				buf[i] ^= x
-				if r, err := tamperParse(t, store.KindOutbox, rc.id, buf); err == nil || r != nil {
+				if r, err := tamperParse(t, record.KindOutbox, rc.id, buf); err == nil || r != nil {
 					t.Errorf("byte %d (%q) ^ %#x accepted: %q", i, orig[i], x, buf)
 				}
 			}
 		}
 		for n := 0; n < len(orig); n++ {
-			if r, err := tamperParse(t, store.KindOutbox, rc.id, orig[:n]); err == nil || r != nil {
+			if r, err := tamperParse(t, record.KindOutbox, rc.id, orig[:n]); err == nil || r != nil {
 				t.Errorf("prefix of %d/%d bytes accepted", n, len(orig))
 			}
 		}
@@ -945,19 +947,19 @@ func TestParseRecordRefusesEverySingleByteChange(t *testing.T) {
 // (the change is an in-place rewrite of the same size on the same inode).
 func TestGetRefusesSingleByteChanges(t *testing.T) {
 	e := tamperSetup(t)
-	path := e.path(store.KindOutbox, e.e2)
-	orig := e.bytes(store.KindOutbox, e.e2)
+	path := e.path(record.KindOutbox, e.e2)
+	orig := e.bytes(record.KindOutbox, e.e2)
 	warm := e.open(t, false)
 	try := func(what string, data []byte) {
 		t.Helper()
 		tamperWriteInPlace(t, path, orig)
-		tamperExpectValid(t, warm, store.KindOutbox, e.e2)
+		tamperExpectValid(t, warm, record.KindOutbox, e.e2)
 		tamperWriteInPlace(t, path, data)
 		cold := e.open(t, true)
-		if r, err := cold.Get(store.KindOutbox, e.e2); !errors.Is(err, errcode.OutboxStoreInvalid) || r != nil {
+		if r, err := cold.Get(record.KindOutbox, e.e2); !errors.Is(err, errcode.OutboxStoreInvalid) || r != nil {
 			t.Errorf("%s: cold Get = %v, %v; want OUTBOX_STORE_INVALID", what, r, err)
 		}
-		if r, err := warm.Get(store.KindOutbox, e.e2); !errors.Is(err, errcode.OutboxStoreInvalid) || r != nil {
+		if r, err := warm.Get(record.KindOutbox, e.e2); !errors.Is(err, errcode.OutboxStoreInvalid) || r != nil {
 			t.Errorf("%s: warm Get = %v, %v; want OUTBOX_STORE_INVALID", what, r, err)
 		}
 	}
@@ -972,7 +974,7 @@ func TestGetRefusesSingleByteChanges(t *testing.T) {
 		try(fmt.Sprintf("prefix of %d bytes", n), orig[:n])
 	}
 	tamperWriteInPlace(t, path, orig)
-	tamperExpectValid(t, warm, store.KindOutbox, e.e2)
+	tamperExpectValid(t, warm, record.KindOutbox, e.e2)
 }
 
 // tamperFrozenFS reports every regular file's mtime and ctime as at, as a file system
@@ -1022,18 +1024,18 @@ func TestTamperedInPlaceWithinOneTickRefused(t *testing.T) {
 	s := openStore(t, store.Options{Dir: e.dir, Limits: e.limits,
 		Now:    func() time.Time { return time.Unix(0, tick).Add(time.Millisecond) },
 		WrapFS: func(inner fsx.FS) fsx.FS { return tamperFrozenFS{FS: inner, at: tick} }})
-	path := e.path(store.KindOutbox, e.e2)
-	orig := e.bytes(store.KindOutbox, e.e2)
+	path := e.path(record.KindOutbox, e.e2)
+	orig := e.bytes(record.KindOutbox, e.e2)
 	for _, i := range []int{0, len(orig) / 3, len(orig) / 2, len(orig) - 2} {
 		tamperWriteInPlace(t, path, orig)
-		tamperExpectValid(t, s, store.KindOutbox, e.e2) // cached (racy)
+		tamperExpectValid(t, s, record.KindOutbox, e.e2) // cached (racy)
 		bad := bytes.Clone(orig)
 		bad[i] ^= 0x01
 		tamperWriteInPlace(t, path, bad)
-		tamperExpectInvalid(t, s, store.KindOutbox, e.e2)
+		tamperExpectInvalid(t, s, record.KindOutbox, e.e2)
 	}
 	tamperWriteInPlace(t, path, orig)
-	tamperExpectValid(t, s, store.KindOutbox, e.e2)
+	tamperExpectValid(t, s, record.KindOutbox, e.e2)
 }
 
 // tamperSwapFS runs swap once, right after the first Lstat of target: the file is
@@ -1100,7 +1102,7 @@ func TestTamperedBetweenLstatAndOpenRefused(t *testing.T) {
 	for name, prepare := range cases {
 		t.Run(name, func(t *testing.T) {
 			e := tamperSetup(t)
-			path := e.path(store.KindOutbox, e.e2)
+			path := e.path(record.KindOutbox, e.e2)
 			swap := prepare(t, e, path)
 			var (
 				done    atomic.Bool
@@ -1111,9 +1113,9 @@ func TestTamperedBetweenLstatAndOpenRefused(t *testing.T) {
 					return tamperSwapFS{FS: inner, target: "outbox/" + e.e2 + ".json", done: &done,
 						swap: func() { swapErr = swap() }}
 				}})
-			var r store.Record
+			var r record.Record
 			err := tamperWithin(t, "Get", func() (err error) {
-				r, err = s.Get(store.KindOutbox, e.e2)
+				r, err = s.Get(record.KindOutbox, e.e2)
 				return err
 			})
 			if !done.Load() || swapErr != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // Tx is the view a transaction gives its fn. Reads see the transaction's own writes.
@@ -29,14 +30,14 @@ type Tx struct {
 	s     *Store
 	ctx   context.Context
 	lock  *lockfile.Lock
-	reads map[string]Record // path → record as this transaction sees it (nil: absent)
+	reads map[string]record.Record // path → record as this transaction sees it (nil: absent)
 	done  bool
 
 	// Prepared mode: the plan and what it depends on.
 	prepared bool
 	gen0     generation                 // generation when the plan was made
 	deps     map[string]fsx.Fingerprint // path → fingerprint read (zero: absent)
-	listed   map[Kind]bool              // kinds whose listing the plan read
+	listed   map[record.Kind]bool       // kinds whose listing the plan read
 	writes   []*write
 
 	// Publishing: the generation file, opened at the first publication (genOpen;
@@ -49,15 +50,15 @@ type Tx struct {
 // write is one planned or performed publication: a record to write, or (rec nil) one
 // to remove.
 type write struct {
-	kind   Kind
+	kind   record.Kind
 	id     string
-	rec    Record
+	rec    record.Record
 	last   bool // published only after the transaction's other writes are durable
 	data   []byte
 	staged *fsx.Staged
 }
 
-func (w *write) path() string { return recordPath(w.kind, w.id) }
+func (w *write) path() string { return record.Path(w.kind, w.id) }
 
 // Transaction takes the store lock, runs fn once, and releases the lock. fn may read
 // and write records through tx; each write is durable when its call returns, and the
@@ -72,7 +73,7 @@ func (s *Store) Transaction(ctx context.Context, fn func(tx *Tx) error) error {
 	if err != nil {
 		return err
 	}
-	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]Record{}}
+	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]record.Record{}}
 	err = fn(tx)
 	tx.end()
 	if uerr := unlock(); uerr != nil && err == nil {
@@ -101,10 +102,15 @@ func (s *Store) lockStore(ctx context.Context) (unlock func() error, lock *lockf
 		return nil, nil, lockError(s.dir, err)
 	}
 	s.lockHolds.Add(1)
-	s.lockWait.Add(int64(time.Since(start)))
+	held := time.Now()
+	s.lockWait.Add(int64(held.Sub(start)))
 	return func() error {
-		defer release()
-		if err := lock.Unlock(); err != nil {
+		err := lock.Unlock()
+		release()
+		if s.lockHeld != nil {
+			s.lockHeld(time.Since(held))
+		}
+		if err != nil {
 			return lockError(s.dir, err)
 		}
 		return nil
@@ -135,25 +141,25 @@ func (tx *Tx) check() error {
 }
 
 // getCopy returns a copy of record kind/id as this transaction sees it, or nil.
-func (tx *Tx) getCopy(k Kind, id string) (Record, error) {
+func (tx *Tx) getCopy(k record.Kind, id string) (record.Record, error) {
 	r, err := tx.get(k, id)
 	if r == nil || err != nil {
 		return nil, err
 	}
-	return cloneRecord(r), nil
+	return record.Clone(r), nil
 }
 
 // TxGet returns record id of type T as tx sees it, or the zero T if absent.
-func TxGet[T Record](tx *Tx, id string) (T, error) {
+func TxGet[T record.Record](tx *Tx, id string) (T, error) {
 	var zero T
 	return typed[T](tx.getCopy(zero.Kind(), id))
 }
 
-func (tx *Tx) get(k Kind, id string) (Record, error) {
+func (tx *Tx) get(k record.Kind, id string) (record.Record, error) {
 	if err := tx.check(); err != nil {
 		return nil, err
 	}
-	p := recordPath(k, id)
+	p := record.Path(k, id)
 	if r, ok := tx.reads[p]; ok {
 		return r, nil
 	}
@@ -171,7 +177,7 @@ func (tx *Tx) get(k Kind, id string) (Record, error) {
 // list returns the sorted ids of kind k as this transaction sees them. In a prepared
 // transaction the plan then depends on the whole listing: any publication to k
 // before the plan is published makes it run again.
-func (tx *Tx) list(k Kind) ([]string, error) {
+func (tx *Tx) list(k record.Kind) ([]string, error) {
 	if err := tx.check(); err != nil {
 		return nil, err
 	}
@@ -196,20 +202,20 @@ func (tx *Tx) list(k Kind) ([]string, error) {
 }
 
 // Put writes r, enforcing the write invariants against the version tx sees.
-func (tx *Tx) Put(r Record) error { return tx.PutAll(r) }
+func (tx *Tx) Put(r record.Record) error { return tx.PutAll(r) }
 
 // PutAll writes the records. In a Transaction every file is staged and fsynced, then
 // all are renamed, then each directory touched is fsynced once; on error, records
 // renamed before the failure may or may not be durable and none is acknowledged.
-func (tx *Tx) PutAll(recs ...Record) error { return tx.putAll(false, recs) }
+func (tx *Tx) PutAll(recs ...record.Record) error { return tx.putAll(false, recs) }
 
 // putLast writes r after everything else the transaction writes is durable: in a
 // prepared transaction it is renamed only after the other writes' directories were
 // fsynced (a batch marker after its members). In a Transaction, where each Put is
 // durable on return, it is Put.
-func (tx *Tx) putLast(r Record) error { return tx.putAll(true, []Record{r}) }
+func (tx *Tx) putLast(r record.Record) error { return tx.putAll(true, []record.Record{r}) }
 
-func (tx *Tx) putAll(last bool, recs []Record) error {
+func (tx *Tx) putAll(last bool, recs []record.Record) error {
 	if err := tx.check(); err != nil {
 		return err
 	}
@@ -218,7 +224,7 @@ func (tx *Tx) putAll(last bool, recs []Record) error {
 		if err := tx.checkWrite(r); err != nil {
 			return err
 		}
-		w := &write{kind: r.Kind(), id: r.RecordID(), rec: cloneRecord(r), last: last}
+		w := &write{kind: r.Kind(), id: r.RecordID(), rec: record.Clone(r), last: last}
 		if tx.prepared {
 			tx.writes = append(tx.writes, w)
 			tx.reads[w.path()] = w.rec
@@ -242,22 +248,22 @@ func (tx *Tx) putAll(last bool, recs []Record) error {
 
 // checkWrite validates r and enforces the write invariants against the stored
 // version as tx sees it.
-func (tx *Tx) checkWrite(r Record) error {
+func (tx *Tx) checkWrite(r record.Record) error {
 	k, id := r.Kind(), r.RecordID()
 	if err := r.Validate(); err != nil {
 		return invalidAt(where(r), err)
 	}
-	if err := checkKindID(k, id); err != nil {
+	if err := record.CheckKindID(k, id); err != nil {
 		return invalidAt(where(r), err)
 	}
 	prev, err := tx.get(k, id)
 	if err != nil {
 		return err
 	}
-	if err := checkReplacement(prev, r); err != nil {
+	if err := record.CheckReplacement(prev, r); err != nil {
 		return err
 	}
-	if b, ok := r.(*Batch); ok {
+	if b, ok := r.(*record.Batch); ok {
 		return tx.checkBatchMembers(b)
 	}
 	return nil
@@ -266,13 +272,13 @@ func (tx *Tx) checkWrite(r Record) error {
 // checkBatchMembers refuses a batch marker unless every member it lists is already
 // written and consistent with it: same message, peer, relay and deadline, and ordinals
 // 0..n-1 in the listed order. A marker therefore never commits a missing member.
-func (tx *Tx) checkBatchMembers(b *Batch) error {
+func (tx *Tx) checkBatchMembers(b *record.Batch) error {
 	for i, id := range b.EnvelopeIDs {
-		r, err := tx.get(KindOutbox, id)
+		r, err := tx.get(record.KindOutbox, id)
 		if err != nil {
 			return err
 		}
-		if o, _ := r.(*Outbox); !memberOf(b, i, o) {
+		if o, _ := r.(*record.Outbox); !record.MemberOf(b, i, o) {
 			return conflict(b, "member %d (%s) is missing or inconsistent with the marker", i, id)
 		}
 	}
@@ -283,7 +289,7 @@ func (tx *Tx) checkBatchMembers(b *Batch) error {
 // Transaction the removal is durable when Delete returns. Outside this package only
 // tests call it (the crash explorer and the benchmarks remove records through a
 // Transaction to exercise the removal path); it is kept as the counterpart of Put.
-func (tx *Tx) Delete(k Kind, id string) error {
+func (tx *Tx) Delete(k record.Kind, id string) error {
 	prev, err := tx.get(k, id)
 	if err != nil || prev == nil {
 		return err
@@ -301,19 +307,51 @@ func (tx *Tx) Delete(k Kind, id string) error {
 	return err
 }
 
+// deleteAll removes the records kind/ids of a Transaction together: every unlink,
+// then one fsync of the kind's directory. They are durable when it returns nil; on
+// error some may be removed, none is acknowledged. Absent ids are skipped.
+func (tx *Tx) deleteAll(k record.Kind, ids []string) error {
+	if tx.prepared {
+		for _, id := range ids {
+			if err := tx.Delete(k, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var ws []*write
+	for _, id := range ids {
+		prev, err := tx.get(k, id)
+		if err != nil {
+			return err
+		}
+		if prev != nil {
+			ws = append(ws, &write{kind: k, id: id})
+		}
+	}
+	if len(ws) == 0 {
+		return nil
+	}
+	dirs, err := tx.publish(ws)
+	if serr := tx.s.syncDirs(dirs); err == nil {
+		err = serr
+	}
+	return err
+}
+
 // encode signs w's record and checks its size limit.
 func (s *Store) encode(w *write) error {
-	data, err := EncodeRecord(s.signer, s.owner, w.rec)
+	data, err := record.Encode(s.signer, s.owner, w.rec)
 	if err != nil {
 		code := errcode.OutboxStoreUnwritable
-		if errors.Is(err, errRecordInvalid) {
+		if errors.Is(err, record.ErrInvalid) {
 			code = errcode.OutboxStoreInvalid
 		}
 		return errcode.New(code, where(w.rec), err)
 	}
 	if int64(len(data)) > s.limits.MaxBytes(w.kind) {
 		code := errcode.OutboxFull
-		if w.kind == KindOperations {
+		if w.kind == record.KindOperations {
 			code = errcode.IdempotencyStoreFull
 		}
 		return errcode.New(code, where(w.rec), errors.New("record exceeds its size limit"))
@@ -434,7 +472,7 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 				tx.s.endPublication(w.kind)
 				return dirs, writeError(w.path(), err)
 			}
-		} else if err := w.staged.Publish(fileName(w.id)); err != nil {
+		} else if err := w.staged.Publish(record.FileName(w.id)); err != nil {
 			tx.s.endPublication(w.kind)
 			return dirs, writeError(w.path(), err)
 		}
@@ -482,9 +520,9 @@ func (tx *Tx) published(w *write, before Stamp) error {
 // kindMark is the byte the generation file grows by for a publication of each kind.
 // A prepared transaction reads the bytes appended since its plan to learn which kinds
 // changed; any other byte means "unknown: assume every kind changed".
-var kindMark = map[Kind]byte{
-	KindObservations: 'o', KindMessages: 'm', KindOutbox: 'x', KindBatches: 'b',
-	KindReceipts: 'r', KindOperations: 'p', KindIdempotency: 'i',
+var kindMark = map[record.Kind]byte{
+	record.KindObservations: 'o', record.KindMessages: 'm', record.KindOutbox: 'x', record.KindBatches: 'b',
+	record.KindReceipts: 'r', record.KindOperations: 'p', record.KindIdempotency: 'i',
 }
 
 // removeFile removes a file that is not a record (a staged temp) from dir.

@@ -1,4 +1,4 @@
-package store
+package record
 
 import (
 	"bytes"
@@ -246,10 +246,6 @@ func firstErr(errs ...error) error {
 	return nil
 }
 
-// Digest returns the hex SHA-256 of b (envelope digests, request digests): the
-// envelope package's digest.
-func Digest(b []byte) string { return envelope.Digest(b) }
-
 // maxRawDepth bounds the nesting of raw JSON values (envelopes, facts, responses).
 const maxRawDepth = 48
 
@@ -282,7 +278,7 @@ func (r *Outbox) Validate() error {
 	if r.Ordinal < 0 || r.Attempts < 0 || r.NextAttemptAt < 0 || r.UnreachableSince < 0 {
 		return invalid("ordinal, attempts, nextAttemptAt and unreachableSince must not be negative")
 	}
-	if Digest(r.Envelope) != r.EnvelopeDigest {
+	if envelope.Digest(r.Envelope) != r.EnvelopeDigest {
 		return invalid("envelopeDigest does not match the envelope bytes")
 	}
 	if r.Lease != nil && (r.Lease.Holder == "" || len(r.Lease.Holder) > 256 || r.Lease.Until <= 0) {
@@ -414,9 +410,9 @@ func (r *Binding) Validate() error {
 		checkTime("createdAt", r.CreatedAt), checkTime("retainUntil", r.RetainUntil))
 }
 
-// checkReplacement enforces the write invariants of docs/FORMAT.md §5 when next replaces prev
+// CheckReplacement enforces the write invariants of docs/FORMAT.md §5 when next replaces prev
 // (prev may be nil). It returns a coded error.
-func checkReplacement(prev, next Record) error {
+func CheckReplacement(prev, next Record) error {
 	switch n := next.(type) {
 	case *Outbox:
 		if p, ok := prev.(*Outbox); ok {
@@ -509,16 +505,16 @@ func CheckBatch(b *Batch, members []*Outbox) error {
 		if o == nil {
 			return fmt.Errorf("member %d (%s) is missing", i, b.EnvelopeIDs[i])
 		}
-		if o.EnvelopeID != b.EnvelopeIDs[i] || !memberOf(b, i, o) {
+		if o.EnvelopeID != b.EnvelopeIDs[i] || !MemberOf(b, i, o) {
 			return fmt.Errorf("member %d (%s) is inconsistent with the marker", i, b.EnvelopeIDs[i])
 		}
 	}
 	return nil
 }
 
-// memberOf reports whether o is a consistent i-th member of batch b: same batch,
+// MemberOf reports whether o is a consistent i-th member of batch b: same batch,
 // message, peer, relay and deadline, and ordinal i.
-func memberOf(b *Batch, i int, o *Outbox) bool {
+func MemberOf(b *Batch, i int, o *Outbox) bool {
 	return o != nil && o.BatchID == b.BatchID && o.MessageID == b.MessageID && o.PeerOwnerDID == b.PeerOwnerDID &&
 		o.RelayURL == b.RelayURL && o.DeliveryDeadline == b.DeliveryDeadline && o.Ordinal == i
 }

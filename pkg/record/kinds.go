@@ -1,4 +1,4 @@
-package store
+package record
 
 import (
 	"crypto/sha256"
@@ -51,12 +51,7 @@ func isHex(s string, n int) bool { return envelope.IsHex(s, n) }
 // 8, RFC 9562) made from SHA-256("sealbridge/receipt-id/v1" 0x00 envelopeID). A
 // sender's envelope id therefore never chooses a file name by itself.
 func ReceiptID(envelopeID string) string {
-	sum := sha256.Sum256([]byte("sealbridge/receipt-id/v1\x00" + envelopeID))
-	b := sum[:16]
-	b[6] = b[6]&0x0f | 0x80
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b)
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+	return uuid.FromDomain("sealbridge/receipt-id/v1", envelopeID)
 }
 
 // IdempotencyID returns the file id of an Idempotency-Key: hex SHA-256 of the key.
@@ -65,24 +60,15 @@ func IdempotencyID(key string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Names in a store directory besides the kind directories.
-const (
-	GenerationFile = ".generation"
-	LostAndFound   = "lost+found"
-)
-
-// RecordPath returns the path of record kind/id relative to the store directory:
+// Path returns the path of record kind/id relative to the store directory:
 // "<kind>/<id>.json".
-func RecordPath(k Kind, id string) string { return recordPath(k, id) }
+func Path(k Kind, id string) string { return string(k) + "/" + FileName(id) }
 
-// fileName returns the record file name of id.
-func fileName(id string) string { return id + ".json" }
+// FileName returns the record file name of id.
+func FileName(id string) string { return id + ".json" }
 
-// recordPath returns "<kind>/<id>.json".
-func recordPath(k Kind, id string) string { return string(k) + "/" + fileName(id) }
-
-// checkKindID refuses an unknown kind or a malformed id.
-func checkKindID(k Kind, id string) error {
+// CheckKindID refuses an unknown kind or a malformed id.
+func CheckKindID(k Kind, id string) error {
 	if !k.Valid() {
 		return fmt.Errorf("unknown kind %q", k)
 	}

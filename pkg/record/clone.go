@@ -1,14 +1,13 @@
-package store
+package record
 
 import (
 	"bytes"
 	"encoding/json"
 	"slices"
-	"sort"
 )
 
-// cloneRecord returns a deep copy of r, so callers never share the cache's values.
-func cloneRecord(r Record) Record {
+// Clone returns a deep copy of r, so callers never share the cache's values.
+func Clone(r Record) Record {
 	switch v := r.(type) {
 	case *Outbox:
 		c := *v
@@ -45,13 +44,4 @@ func cloneRecord(r Record) Record {
 		return &c
 	}
 	return r
-}
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

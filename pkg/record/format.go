@@ -1,4 +1,4 @@
-package store
+package record
 
 import (
 	"bytes"
@@ -41,11 +41,11 @@ func marshalPayload(r Record) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// errRecordInvalid is wrapped by EncodeRecord's errors for a record that cannot be
+// ErrInvalid is wrapped by Encode's errors for a record that cannot be
 // written: it fails its validation, or it would not read back as the same record.
-var errRecordInvalid = errors.New("store: record is invalid")
+var ErrInvalid = errors.New("record is invalid")
 
-// EncodeRecord validates r and returns its signed one-line file bytes:
+// Encode validates r and returns its signed one-line file bytes:
 //
 //	{"v":1,"kind":K,"id":I,"signer":DID,"payload":{…},"sig":"<base64url>"}\n
 //
@@ -55,21 +55,21 @@ var errRecordInvalid = errors.New("store: record is invalid")
 // It refuses a record whose encoding would not parse back strictly
 // to the same record — say a string that is not UTF-8 (the encoder would replace it),
 // or raw JSON with duplicate keys — so a write that is acknowledged always reads back.
-func EncodeRecord(signer crypto.Signer, owner identity.DID, r Record) ([]byte, error) {
+func Encode(signer crypto.Signer, owner identity.DID, r Record) ([]byte, error) {
 	if err := r.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", errRecordInvalid, err)
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	kind, id := r.Kind(), r.RecordID()
-	if err := checkKindID(kind, id); err != nil {
-		return nil, fmt.Errorf("%w: %v", errRecordInvalid, err)
+	if err := CheckKindID(kind, id); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	payload, err := marshalPayload(r)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errRecordInvalid, err)
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	back := newRecord(kind)
 	if err := json.Unmarshal(payload, back); err != nil || !reflect.DeepEqual(back, r) {
-		return nil, fmt.Errorf("%w: it does not read back as written (non-UTF-8 text or duplicate keys?)", errRecordInvalid)
+		return nil, fmt.Errorf("%w: it does not read back as written (non-UTF-8 text or duplicate keys?)", ErrInvalid)
 	}
 	sig, err := identity.SignDomain(signer, identity.DomainRecord, []byte(kind), []byte(id), payload)
 	if err != nil {
@@ -117,16 +117,16 @@ func headerError(kind Kind, id string, data []byte, owner identity.DID) error {
 	return invalid("record is not in canonical form")
 }
 
-// ParseRecord checks every content rule of docs/FORMAT.md §4 on the bytes of the file
+// Parse checks every content rule of docs/FORMAT.md §4 on the bytes of the file
 // "<kind>/<id>.json" and returns the typed record. The bytes must be exactly the
-// canonical line EncodeRecord writes: one line ending in '\n', v known, kind and id
+// canonical line Encode writes: one line ending in '\n', v known, kind and id
 // those of the path, signer the owner, the signature verifying over the exact payload
 // bytes, the payload the canonical encoding of the kind's schema (so no unknown,
 // duplicate or case-variant keys) passing its validation, and the record's own id
 // that of the path. File
 // properties (regular file, one link, owner, mode, size) are the reader's to check.
-func ParseRecord(kind Kind, id string, data []byte, owner identity.DID, ownerKey identity.PublicKey) (Record, error) {
-	if err := checkKindID(kind, id); err != nil {
+func Parse(kind Kind, id string, data []byte, owner identity.DID, ownerKey identity.PublicKey) (Record, error) {
+	if err := CheckKindID(kind, id); err != nil {
 		return nil, err
 	}
 	if len(data) == 0 || data[len(data)-1] != '\n' || bytes.IndexByte(data[:len(data)-1], '\n') >= 0 {
