@@ -66,7 +66,7 @@ type workload struct {
 	name  string
 	setup func(t *testing.T, s *store.Store, c *clock)
 	arm   func(f *fsx.Faulty) // if set, called with the recording FS before run (to inject)
-	run   func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string))
+	run   func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string))
 }
 
 // result of exploring one workload.
@@ -516,8 +516,9 @@ func workloads() []workload {
 			ack(done)
 		}},
 		staleLockWorkload(),
+		batchedDeliveryWorkload(),
 		cancelledEnqueueWorkload(),
-		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
 				t.Fatal(err)
 			}
@@ -601,14 +602,14 @@ func cancelledEnqueueWorkload() workload {
 	return workload{name: "cancelled-enqueue", arm: func(f *fsx.Faulty) {
 		f.Inject = func(op fsx.Op) error {
 			dir, base, _ := strings.Cut(op.Path, "/")
-			if op.Kind == fsx.OpSync && store.Kind(dir).Valid() && fsx.IsTempName(base) {
+			if op.Kind == fsx.OpSync && record.Kind(dir).Valid() && fsx.IsTempName(base) {
 				if c := cancel.Swap(nil); c != nil {
 					(*c)()
 				}
 			}
 			return nil
 		}
-	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(store.Record, ...store.Record), gone func(store.Kind, string)) {
+	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 		ctx, stop := context.WithCancel(context.Background())
 		defer stop()
 		cancel.Store(&stop)
@@ -625,9 +626,9 @@ func cancelledEnqueueWorkload() workload {
 			}
 			return nil
 		})
-		gone(store.KindMessages, req.MessageID)
+		gone(record.KindMessages, req.MessageID)
 		for _, e := range req.Envelopes {
-			gone(store.KindOutbox, e.EnvelopeID)
+			gone(record.KindOutbox, e.EnvelopeID)
 		}
 	}}
 }

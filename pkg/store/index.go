@@ -155,7 +155,7 @@ const maxIndexRounds = 8
 // scan it began before a publication that the returned index already holds (its stamp
 // says so, so the next call does not trust it). It must not be called inside a
 // transaction (it may take the lock); under the lock use prepareIndexHeld.
-func (s *Store) prepareIndex(ctx context.Context, k Kind) (*index, error) {
+func (s *Store) prepareIndex(ctx context.Context, k record.Kind) (*index, error) {
 	for round := 0; round < maxIndexRounds; round++ {
 		ix, done, err := s.indexRound(ctx, k)
 		if err != nil {
@@ -181,10 +181,10 @@ func (s *Store) prepareIndex(ctx context.Context, k Kind) (*index, error) {
 
 // indexAnswered, if set (by tests, before the Store is used), runs when an index
 // reader has found the index that answers it and before it reads it.
-var indexAnswered func(k Kind)
+var indexAnswered func(k record.Kind)
 
 // answer returns ix, the index that answers a reader of k (an empty one if none).
-func (s *Store) answer(k Kind, ix *index) *index {
+func (s *Store) answer(k record.Kind, ix *index) *index {
 	if indexAnswered != nil {
 		indexAnswered(k)
 	}
@@ -197,7 +197,7 @@ func (s *Store) answer(k Kind, ix *index) *index {
 // prepareIndexHeld is prepareIndex for a caller holding the store lock: the stamp can
 // then move only by staged temps (which indexCurrent sees through) or by a change
 // that bypasses the store, so a second round finds the index current.
-func (s *Store) prepareIndexHeld(ctx context.Context, k Kind) (*index, error) {
+func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) (*index, error) {
 	var last *index
 	for round := 0; round < maxIndexRounds; round++ {
 		ix, done, err := s.indexRound(ctx, k)
@@ -217,7 +217,7 @@ func (s *Store) prepareIndexHeld(ctx context.Context, k Kind) (*index, error) {
 // the generation), no stamp can show the index current: the scan is made and, if
 // installed, answers the call — every record in it was read after the call began, so
 // it holds every publication a read before the call could have seen.
-func (s *Store) indexRound(ctx context.Context, k Kind) (ix *index, current bool, err error) {
+func (s *Store) indexRound(ctx context.Context, k record.Kind) (ix *index, current bool, err error) {
 	st, err := s.ListingStamp(k)
 	if err != nil {
 		return nil, false, err
@@ -320,17 +320,17 @@ func (s *Store) indexCurrent(k record.Kind, ix *index, st Stamp) bool {
 // Prepare makes the outbox and messages indexes current, in bounded slices that honour
 // ctx, so later operations (and capacity checks under the lock) need no scan.
 func (s *Store) Prepare(ctx context.Context) error {
-	if _, err := s.prepareIndex(ctx, KindMessages); err != nil {
+	if _, err := s.prepareIndex(ctx, record.KindMessages); err != nil {
 		return err
 	}
-	_, err := s.prepareIndex(ctx, KindOutbox)
+	_, err := s.prepareIndex(ctx, record.KindOutbox)
 	return err
 }
 
 // OutboxSummaries returns the outbox index entries sorted by (messageId, ordinal),
 // preparing the index first if its stamp moved.
 func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
-	ix, err := s.prepareIndex(ctx, KindOutbox)
+	ix, err := s.prepareIndex(ctx, record.KindOutbox)
 	if err != nil {
 		return nil, err
 	}
@@ -355,7 +355,7 @@ func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
 
 // MessageSummaries returns the messages index entries sorted by id.
 func (s *Store) MessageSummaries(ctx context.Context) ([]MessageSummary, error) {
-	ix, err := s.prepareIndex(ctx, KindMessages)
+	ix, err := s.prepareIndex(ctx, record.KindMessages)
 	if err != nil {
 		return nil, err
 	}

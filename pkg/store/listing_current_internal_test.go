@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // lstatGate calls hook on every Lstat, before it runs.
@@ -42,8 +44,8 @@ func TestListingAnswersFromTheIndexItFoundCurrent(t *testing.T) {
 	renameHeld, releaseRename := make(chan struct{}), make(chan struct{})
 	rAtB, releaseR := make(chan struct{}), make(chan struct{})
 	rDone := make(chan error, 1)
-	indexAnswered = func(k Kind) {
-		if k == KindMessages && armAnswer.CompareAndSwap(true, false) {
+	indexAnswered = func(k record.Kind) {
+		if k == record.KindMessages && armAnswer.CompareAndSwap(true, false) {
 			close(releaseR)
 			if err := <-rDone; err != nil {
 				t.Error(err)
@@ -54,14 +56,14 @@ func TestListingAnswersFromTheIndexItFoundCurrent(t *testing.T) {
 	s, err := Open(ed25519.NewKeyFromSeed(make([]byte, 32)), Options{Home: t.TempDir(), WrapFS: func(inner fsx.FS) fsx.FS {
 		f := fsx.NewFaulty(inner)
 		f.Inject = func(op fsx.Op) error {
-			if op.Kind == fsx.OpRename && op.Path2 == recordPath(KindMessages, a) && armRename.CompareAndSwap(true, false) {
+			if op.Kind == fsx.OpRename && op.Path2 == record.Path(record.KindMessages, a) && armRename.CompareAndSwap(true, false) {
 				close(renameHeld)
 				<-releaseRename
 			}
 			return nil
 		}
 		return lstatGate{FS: fsx.NewCoarse(f, 2*time.Second), hook: func(name string) {
-			if name == recordPath(KindMessages, b) && armR.CompareAndSwap(true, false) {
+			if name == record.Path(record.KindMessages, b) && armR.CompareAndSwap(true, false) {
 				close(rAtB)
 				<-releaseR
 			}
@@ -74,8 +76,8 @@ func TestListingAnswersFromTheIndexItFoundCurrent(t *testing.T) {
 	peer := identity.FormatDID(ed25519.NewKeyFromSeed(make([]byte, 32)).Public().(ed25519.PublicKey))
 	now := time.Now()
 	for _, id := range []string{a, b} {
-		m := &Message{MessageID: id, Status: StatusQueued, PeerOwnerDID: string(peer), RelayURL: "http://127.0.0.1:9/",
-			EnvelopeDigest: Digest([]byte(id)), DeliveryDeadline: now.Add(time.Hour).UnixMilli(),
+		m := &record.Message{MessageID: id, Status: record.StatusQueued, PeerOwnerDID: string(peer), RelayURL: "http://127.0.0.1:9/",
+			EnvelopeDigest: envelope.Digest([]byte(id)), DeliveryDeadline: now.Add(time.Hour).UnixMilli(),
 			CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli(), RetainUntil: now.Add(2 * time.Hour).UnixMilli()}
 		if err := s.Transaction(ctx, func(tx *Tx) error { return tx.Put(m) }); err != nil {
 			t.Fatal(err)
@@ -85,15 +87,15 @@ func TestListingAnswersFromTheIndexItFoundCurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.mu.Lock()
-	built := s.indexes[KindMessages]
+	built := s.indexes[record.KindMessages]
 	s.mu.Unlock()
 
 	armRename.Store(true)
 	pDone := make(chan error, 1)
 	go func() {
-		pDone <- s.Update(ctx, KindMessages, a, func(cur Record) (Record, error) {
-			m := cur.(*Message)
-			m.Status, m.UpdatedAt = StatusRelayed, m.UpdatedAt+1
+		pDone <- s.Update(ctx, record.KindMessages, a, func(cur record.Record) (record.Record, error) {
+			m := cur.(*record.Message)
+			m.Status, m.UpdatedAt = record.StatusRelayed, m.UpdatedAt+1
 			return m, nil
 		})
 	}()
@@ -105,8 +107,8 @@ func TestListingAnswersFromTheIndexItFoundCurrent(t *testing.T) {
 	if err := <-pDone; err != nil {
 		t.Fatal(err)
 	}
-	if m, err := s.Message(a); err != nil || m == nil || m.Status != StatusRelayed {
-		t.Fatalf("Message(a) after the publication: %+v %v", m, err)
+	if m, err := s.Message(a); err != nil || m == nil || m.Status != record.StatusRelayed {
+		t.Fatalf("record.Message(a) after the publication: %+v %v", m, err)
 	}
 	armAnswer.Store(true)
 	sums, err := s.MessageSummaries(ctx)
@@ -117,7 +119,7 @@ func TestListingAnswersFromTheIndexItFoundCurrent(t *testing.T) {
 		t.Fatal("the reader was not answered through indexAnswered")
 	}
 	s.mu.Lock()
-	replaced := s.indexes[KindMessages] != built
+	replaced := s.indexes[record.KindMessages] != built
 	s.mu.Unlock()
 	if !replaced {
 		t.Fatal("the slower reader did not install its scan: the interleaving did not happen")
@@ -130,11 +132,11 @@ func TestListingAnswersFromTheIndexItFoundCurrent(t *testing.T) {
 		}
 		return "absent"
 	}
-	if got := status(sums); got != StatusRelayed {
-		t.Fatalf("Message answered relayed, then MessageSummaries %s", got)
+	if got := status(sums); got != record.StatusRelayed {
+		t.Fatalf("record.Message answered relayed, then MessageSummaries %s", got)
 	}
 	// The slower reader's scan is not trusted by later calls either.
-	if sums, err := s.MessageSummaries(ctx); err != nil || status(sums) != StatusRelayed {
+	if sums, err := s.MessageSummaries(ctx); err != nil || status(sums) != record.StatusRelayed {
 		t.Fatalf("the next MessageSummaries: %s %v", status(sums), err)
 	}
 }

@@ -162,11 +162,11 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*record.Message, error) {
 // from the outbox and messages indexes: kept current by this process's publications,
 // and reconciled only if another process published to their kind since.
 func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
-	outbox, err := s.prepareIndexHeld(ctx, KindOutbox)
+	outbox, err := s.prepareIndexHeld(ctx, record.KindOutbox)
 	if err != nil {
 		return err
 	}
-	msgs, err := s.prepareIndexHeld(ctx, KindMessages)
+	msgs, err := s.prepareIndexHeld(ctx, record.KindMessages)
 	if err != nil {
 		return err
 	}
@@ -176,13 +176,13 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 	}
 	s.mu.Lock()
 	pending, total := 0, newBytes
-	for _, e := range s.answer(KindOutbox, outbox).outbox {
-		if e.State == StatePending {
+	for _, e := range s.answer(record.KindOutbox, outbox).outbox {
+		if e.State == record.StatePending {
 			pending++
 		}
 		total += e.Bytes
 	}
-	messages := len(s.answer(KindMessages, msgs).messages)
+	messages := len(s.answer(record.KindMessages, msgs).messages)
 	s.mu.Unlock()
 	switch {
 	case pending+len(req.Envelopes) > s.limits.PendingEnvelopes:
@@ -258,7 +258,7 @@ func (s *Store) messageCommitted(ctx context.Context, id string) (bool, error) {
 
 // batchOf returns the batch id of message id's outbox members, or "".
 func (s *Store) batchOf(ctx context.Context, messageID string) (string, error) {
-	ix, err := s.prepareIndex(ctx, KindOutbox)
+	ix, err := s.prepareIndex(ctx, record.KindOutbox)
 	if err != nil {
 		return "", err
 	}

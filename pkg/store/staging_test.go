@@ -11,13 +11,14 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // isStagedTemp reports whether path is a staged temp in a kind directory.
 func isStagedTemp(path string) bool {
 	dir, base, ok := strings.Cut(path, "/")
-	return ok && store.Kind(dir).Valid() && fsx.IsTempName(base)
+	return ok && record.Kind(dir).Valid() && fsx.IsTempName(base)
 }
 
 // blockFirstStage returns a WrapFS whose first create of a staged temp, once armed,
@@ -57,7 +58,7 @@ func TestCancelledStagingLeavesNoTemp(t *testing.T) {
 			_, err := s.Enqueue(ctx, req)
 			return err, func() bool {
 				m, gerr := s.Message(req.MessageID)
-				ids, lerr := s.List(store.KindOutbox)
+				ids, lerr := s.List(record.KindOutbox)
 				return m == nil && gerr == nil && len(ids) == 0 && lerr == nil
 			}
 		}},
@@ -66,19 +67,19 @@ func TestCancelledStagingLeavesNoTemp(t *testing.T) {
 			err := s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 				return tx.PutAll(newMessage(t, time.Now()), newMessage(t, time.Now()), newMessage(t, time.Now()))
 			})
-			return err, func() bool { ids, err := s.List(store.KindMessages); return len(ids) == 0 && err == nil }
+			return err, func() bool { ids, err := s.List(record.KindMessages); return len(ids) == 0 && err == nil }
 		}},
 		{"Update", func(t *testing.T, s *store.Store, arm func(), ctx context.Context) (error, func() bool) {
 			m := newMessage(t, time.Now())
 			mustPut(t, s, m)
 			arm()
-			err := s.Update(ctx, store.KindMessages, m.MessageID, func(cur store.Record) (store.Record, error) {
-				next := cur.(*store.Message)
+			err := s.Update(ctx, record.KindMessages, m.MessageID, func(cur record.Record) (record.Record, error) {
+				next := cur.(*record.Message)
 				next.Attempts++
 				return next, nil
 			})
 			return err, func() bool {
-				got, err := store.GetAs[*store.Message](s, m.MessageID)
+				got, err := store.GetAs[*record.Message](s, m.MessageID)
 				return err == nil && got != nil && got.Attempts == m.Attempts
 			}
 		}},
@@ -87,7 +88,7 @@ func TestCancelledStagingLeavesNoTemp(t *testing.T) {
 			err := s.Transaction(ctx, func(tx *store.Tx) error {
 				return tx.PutAll(newMessage(t, time.Now()), newMessage(t, time.Now()))
 			})
-			return err, func() bool { ids, err := s.List(store.KindMessages); return len(ids) == 0 && err == nil }
+			return err, func() bool { ids, err := s.List(record.KindMessages); return len(ids) == 0 && err == nil }
 		}},
 	}
 	for _, c := range cases {
@@ -184,7 +185,7 @@ func TestStagingPoolIsBounded(t *testing.T) {
 		}
 		return f
 	}})
-	recs := make([]store.Record, n)
+	recs := make([]record.Record, n)
 	for i := range recs {
 		recs[i] = newMessage(t, time.Now())
 	}
@@ -197,7 +198,7 @@ func TestStagingPoolIsBounded(t *testing.T) {
 	if most != bound {
 		t.Fatalf("at most %d staged temps were open at once, want exactly the bound %d (GOMAXPROCS-derived) of %d writes", most, bound, n)
 	}
-	if ids, err := s.List(store.KindMessages); err != nil || len(ids) != n {
+	if ids, err := s.List(record.KindMessages); err != nil || len(ids) != n {
 		t.Fatalf("%d records published, want %d (%v)", len(ids), n, err)
 	}
 }
