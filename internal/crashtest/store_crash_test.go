@@ -65,6 +65,7 @@ type expectation struct {
 type workload struct {
 	name  string
 	setup func(t *testing.T, s *store.Store, c *clock)
+	arm   func(f *fsx.Faulty) // if set, called with the recording FS before run (to inject)
 	run   func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string))
 }
 
@@ -139,6 +140,9 @@ func explore(t *testing.T, w workload, weaken func(*fsx.Faulty)) result {
 		}
 		return faulty
 	})
+	if w.arm != nil {
+		w.arm(faulty)
+	}
 	var exps []expectation
 	ack := func(r record.Record, more ...record.Record) {
 		for _, r := range append([]record.Record{r}, more...) {
@@ -513,6 +517,7 @@ func workloads() []workload {
 		}},
 		staleLockWorkload(),
 		batchedDeliveryWorkload(),
+		cancelledEnqueueWorkload(),
 		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
 				t.Fatal(err)
@@ -587,6 +592,45 @@ func fixedReceipt(c *clock, state string) *record.Receipt {
 	now := time.UnixMilli(1_800_000_000_000)
 	return &record.Receipt{EnvelopeID: "66666666-7777-4888-9999-aaaaaaaaaaaa", SenderDID: string(peer()),
 		EnvelopeDigest: envelope.Digest([]byte("e")), State: state, ReceivedAt: now.UnixMilli(), RetainUntil: now.Add(24 * time.Hour).UnixMilli()}
+}
+
+// cancelledEnqueueWorkload is an enqueue whose context is cancelled at the first
+// fsync of a staged record: it publishes nothing and removes the temps it staged, so
+// no crash state may hold any of its records.
+func cancelledEnqueueWorkload() workload {
+	var cancel atomic.Pointer[context.CancelFunc]
+	return workload{name: "cancelled-enqueue", arm: func(f *fsx.Faulty) {
+		f.Inject = func(op fsx.Op) error {
+			dir, base, _ := strings.Cut(op.Path, "/")
+			if op.Kind == fsx.OpSync && record.Kind(dir).Valid() && fsx.IsTempName(base) {
+				if c := cancel.Swap(nil); c != nil {
+					(*c)()
+				}
+			}
+			return nil
+		}
+	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+		ctx, stop := context.WithCancel(context.Background())
+		defer stop()
+		cancel.Store(&stop)
+		req := sendRequest(c.Now(), 3)
+		if _, err := s.Enqueue(ctx, req); !errors.Is(err, context.Canceled) || !errors.Is(err, errcode.OutboxStoreBusy) {
+			t.Fatalf("enqueue cancelled while staging: %v", err)
+		}
+		if cancel.Load() != nil {
+			t.Fatal("the enqueue staged nothing")
+		}
+		filepath.WalkDir(s.Dir(), func(p string, e os.DirEntry, err error) error {
+			if err == nil && fsx.IsTempName(e.Name()) {
+				t.Errorf("temp left behind: %s", p)
+			}
+			return nil
+		})
+		gone(record.KindMessages, req.MessageID)
+		for _, e := range req.Envelopes {
+			gone(record.KindOutbox, e.EnvelopeID)
+		}
+	}}
 }
 
 // maintenanceSetup leaves work for every maintenance step: a batch past its deadline,
