@@ -501,6 +501,26 @@ func workloads() []workload {
 				gone(record.KindBatches, id)
 			}
 		}},
+		// Expired records removed together: maintenance unlinks a chunk of one kind
+		// and fsyncs its directory once, so a crash may keep any subset of them.
+		{name: "maintenance-bulk-expiry", setup: bulkExpirySetup, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+			ids, _ := s.List(record.KindReceipts)
+			msgs, _ := s.List(record.KindMessages)
+			c.ns.Add(int64(2 * time.Hour)) // past every retainUntil
+			rep, err := s.Maintain(ctx)
+			if err != nil || len(rep.Errors) > 0 {
+				t.Fatal(err, rep.Errors)
+			}
+			if rep.ExpiredRemoved != len(ids)+len(msgs) || len(ids) != bulkExpiry || len(msgs) != bulkExpiry {
+				t.Fatalf("removed %d of %d receipts and %d messages", rep.ExpiredRemoved, len(ids), len(msgs))
+			}
+			for _, id := range ids {
+				gone(record.KindReceipts, id)
+			}
+			for _, id := range msgs {
+				gone(record.KindMessages, id)
+			}
+		}},
 		{name: "idempotency-bind-and-response", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			start, err := s.BeginOperation(ctx, "key", []byte(`{"q":1}`))
 			if err != nil {
@@ -666,6 +686,29 @@ func maintenanceSetup(t *testing.T, s *store.Store, c *clock) {
 	}
 	old := now.Add(-3 * time.Hour)
 	os.Chtimes(temp, old, old)
+}
+
+// bulkExpiry is how many receipts and messages bulkExpirySetup writes: several to a
+// maintenance chunk, few enough that the states of every subset stay cheap.
+const bulkExpiry = 5
+
+// bulkExpirySetup writes bulkExpiry receipts and bulkExpiry settled messages whose
+// retention ends within the hour.
+func bulkExpirySetup(t *testing.T, s *store.Store, c *clock) {
+	now := c.Now()
+	var recs []record.Record
+	for range bulkExpiry {
+		r := fixedReceipt(c, record.ReceiptTerminal)
+		r.EnvelopeID = uuid.NewString()
+		r.ReceivedAt, r.RetainUntil = now.UnixMilli(), now.Add(time.Hour).UnixMilli()
+		m := &record.Message{MessageID: uuid.NewString(), Status: record.StatusDelivered, PeerOwnerDID: string(peer()),
+			RelayURL: "http://127.0.0.1:9/", EnvelopeDigest: envelope.Digest([]byte("m")), DeliveryDeadline: now.Add(time.Minute).UnixMilli(),
+			CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli(), RetainUntil: now.Add(time.Hour).UnixMilli()}
+		recs = append(recs, r, m)
+	}
+	if err := put(context.Background(), s, recs...); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestCrashStates(t *testing.T) {
