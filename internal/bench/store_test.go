@@ -424,6 +424,36 @@ func BenchmarkChurnAfterDelete20k(b *testing.B) {
 	b.ReportMetric(float64(churnRecords)/f.removed.Seconds(), "bulk-removed/s")
 }
 
+// BenchmarkMaintainRemove is the "retention, then bulk removal" cleanup strategy as
+// the store runs it: Store.Maintain removing b.N records past their retainUntil, a
+// chunk of up to 64 per lock hold with one directory fsync each. Compare its rate
+// with StoreRemove1 (one durable removal per transaction).
+func BenchmarkMaintainRemove(b *testing.B) {
+	dir := filepath.Join(benchDir(b), "store")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	recs, err := makeRecords(b.N)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := writeRecords(dir, recs); err != nil {
+		b.Fatal(err)
+	}
+	if err := syncFS(dir); err != nil {
+		b.Fatal(err)
+	}
+	past := func() time.Time { return time.Now().Add(9 * 24 * time.Hour) } // past every retainUntil
+	s := openStore(b, store.Options{Dir: dir, Now: past})
+	b.ResetTimer()
+	rep, err := s.Maintain(context.Background())
+	b.StopTimer()
+	if err != nil || len(rep.Errors) > 0 || rep.ExpiredRemoved != b.N {
+		b.Fatalf("Maintain removed %d of %d: %v %v", rep.ExpiredRemoved, b.N, err, rep.Errors)
+	}
+	reportRate(b, float64(b.N), "records/s")
+}
+
 // BenchmarkStoreRemove1 is the "immediate unlink" cleanup strategy, one record at a
 // time: a Transaction that Deletes one durable record (read it, unlink, generation,
 // directory fsync). Compare its rate with bulk-removed/s of ChurnAfterDelete20k.
