@@ -140,60 +140,87 @@ func (ix *index) copyEntry(old *index, id string) {
 // maxIndexRounds bounds how often an index build repeats because the stamp moved.
 const maxIndexRounds = 8
 
-// prepareIndex brings k's index up to date, outside the lock. If k's stamp moved, it
-// reconciles the index with the directory: one lstat per record, and a verified read
-// only of records whose file fingerprint changed, checking ctx between records.
+// prepareIndex brings k's index up to date, outside the lock, and returns it. If k's
+// stamp moved, it reconciles the index with the directory: one lstat per record, and a
+// verified read only of records whose file fingerprint changed, checking ctx between
+// records.
 //
 // A result is installed under the stamp its listing was taken at, so it never claims
 // to be newer than it is; if writers keep moving the stamp, the scan is repeated (each
 // time only over what changed) at most maxIndexRounds times, and then once more under
-// the lock, where no one else publishes: when it returns nil the index is current as
-// of some moment during the call (or, while a publication of this process is in
-// flight, holds every record as read during the call; see indexRound). It must not be
-// called inside a transaction (it may take the lock); under the lock use
-// prepareIndexHeld.
-func (s *Store) prepareIndex(ctx context.Context, k record.Kind) error {
+// the lock, where no one else publishes: the index returned is current as of some
+// moment during the call (or, while a publication of this process is in flight, holds
+// every record as read during the call; see indexRound). Callers read the index
+// returned, never s.indexes[k] afterwards: a slower reader may meanwhile install a
+// scan it began before a publication that the returned index already holds (its stamp
+// says so, so the next call does not trust it). It must not be called inside a
+// transaction (it may take the lock); under the lock use prepareIndexHeld.
+func (s *Store) prepareIndex(ctx context.Context, k record.Kind) (*index, error) {
 	for round := 0; round < maxIndexRounds; round++ {
-		done, err := s.indexRound(ctx, k)
-		if done || err != nil {
-			return err
+		ix, done, err := s.indexRound(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		if done {
+			return s.answer(k, ix), nil
 		}
 	}
 	unlock, _, err := s.lockStore(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	err = s.prepareIndexHeld(ctx, k)
+	ix, err := s.prepareIndexHeld(ctx, k)
 	if uerr := unlock(); err == nil {
 		err = uerr
 	}
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return s.answer(k, ix), nil
+}
+
+// indexAnswered, if set (by tests, before the Store is used), runs when an index
+// reader has found the index that answers it and before it reads it.
+var indexAnswered func(k record.Kind)
+
+// answer returns ix, the index that answers a reader of k (an empty one if none).
+func (s *Store) answer(k record.Kind, ix *index) *index {
+	if indexAnswered != nil {
+		indexAnswered(k)
+	}
+	if ix == nil {
+		return newIndex(k, Stamp{})
+	}
+	return ix
 }
 
 // prepareIndexHeld is prepareIndex for a caller holding the store lock: the stamp can
 // then move only by staged temps (which indexCurrent sees through) or by a change
 // that bypasses the store, so a second round finds the index current.
-func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) error {
+func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) (*index, error) {
+	var last *index
 	for round := 0; round < maxIndexRounds; round++ {
-		done, err := s.indexRound(ctx, k)
+		ix, done, err := s.indexRound(ctx, k)
 		if done || err != nil {
-			return err
+			return ix, err
 		}
+		last = ix
 	}
-	return nil // a foreign writer keeps changing the directory: keep the last scan
+	return last, nil // a foreign writer keeps changing the directory: keep the last scan
 }
 
-// indexRound reports whether k's index is current; if not, it scans once and installs
-// the result under the stamp its listing was taken at.
+// indexRound reports whether k's index is current and returns it; if not, it scans
+// once, installs the result under the stamp its listing was taken at, and returns the
+// scan.
 //
 // While a publication of k by this process is in flight (renamed, not yet marked in
 // the generation), no stamp can show the index current: the scan is made and, if
 // installed, answers the call — every record in it was read after the call began, so
 // it holds every publication a read before the call could have seen.
-func (s *Store) indexRound(ctx context.Context, k record.Kind) (current bool, err error) {
+func (s *Store) indexRound(ctx context.Context, k record.Kind) (ix *index, current bool, err error) {
 	st, err := s.ListingStamp(k)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	s.mu.Lock()
 	old := s.indexes[k]
@@ -201,15 +228,15 @@ func (s *Store) indexRound(ctx context.Context, k record.Kind) (current bool, er
 	current = !inFlight && s.indexCurrent(k, old, st)
 	s.mu.Unlock()
 	if current {
-		return true, nil
+		return old, true, nil
 	}
 	ids, lst, err := s.list(k)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	fresh, err := s.reconcile(ctx, k, lst, ids, old)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	s.mu.Lock()
 	installed := false
@@ -219,7 +246,7 @@ func (s *Store) indexRound(ctx context.Context, k record.Kind) (current bool, er
 		installed = true
 	}
 	s.mu.Unlock()
-	return installed && inFlight, nil
+	return fresh, installed && inFlight, nil
 }
 
 // reconcile builds k's index for ids, reusing old's entries whose file is unchanged.
@@ -290,33 +317,26 @@ func (s *Store) indexCurrent(k record.Kind, ix *index, st Stamp) bool {
 	return true
 }
 
-// indexOf returns k's index, or an empty one if there is none (only possible if
-// preparing it failed). Caller holds s.mu.
-func (s *Store) indexOf(k record.Kind) *index {
-	if ix := s.indexes[k]; ix != nil {
-		return ix
-	}
-	return newIndex(k, Stamp{})
-}
-
 // Prepare makes the outbox and messages indexes current, in bounded slices that honour
 // ctx, so later operations (and capacity checks under the lock) need no scan.
 func (s *Store) Prepare(ctx context.Context) error {
-	if err := s.prepareIndex(ctx, record.KindMessages); err != nil {
+	if _, err := s.prepareIndex(ctx, record.KindMessages); err != nil {
 		return err
 	}
-	return s.prepareIndex(ctx, record.KindOutbox)
+	_, err := s.prepareIndex(ctx, record.KindOutbox)
+	return err
 }
 
 // OutboxSummaries returns the outbox index entries sorted by (messageId, ordinal),
 // preparing the index first if its stamp moved.
 func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
-	if err := s.prepareIndex(ctx, record.KindOutbox); err != nil {
+	ix, err := s.prepareIndex(ctx, record.KindOutbox)
+	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
-	out := make([]OutboxSummary, 0, len(s.indexOf(record.KindOutbox).outbox))
-	for _, e := range s.indexOf(record.KindOutbox).outbox {
+	out := make([]OutboxSummary, 0, len(ix.outbox))
+	for _, e := range ix.outbox {
 		if e.Lease != nil {
 			l := *e.Lease
 			e.Lease = &l
@@ -335,12 +355,13 @@ func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
 
 // MessageSummaries returns the messages index entries sorted by id.
 func (s *Store) MessageSummaries(ctx context.Context) ([]MessageSummary, error) {
-	if err := s.prepareIndex(ctx, record.KindMessages); err != nil {
+	ix, err := s.prepareIndex(ctx, record.KindMessages)
+	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
-	out := make([]MessageSummary, 0, len(s.indexOf(record.KindMessages).messages))
-	for _, e := range s.indexOf(record.KindMessages).messages {
+	out := make([]MessageSummary, 0, len(ix.messages))
+	for _, e := range ix.messages {
 		out = append(out, e)
 	}
 	s.mu.Unlock()
