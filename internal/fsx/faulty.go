@@ -241,6 +241,25 @@ func (ff *faultyFile) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// WriteAt is recorded as an OpWrite at off; the offset of the next Write is unchanged.
+func (ff *faultyFile) WriteAt(p []byte, off int64) (int, error) {
+	op := Op{Kind: OpWrite, Path: ff.name, Offset: off, Data: append([]byte(nil), p...)}
+	var n int
+	err := ff.fs.doWrite(&op, func(injected error) (err error) {
+		if injected == nil {
+			n, err = ff.File.WriteAt(p, off)
+			if err != nil {
+				op.Data = op.Data[:n]
+			}
+			return err
+		}
+		n, _ = ff.File.WriteAt(p[:len(p)/2], off)
+		op.Data = op.Data[:n]
+		return &fs.PathError{Op: "pwrite", Path: ff.name, Err: io.ErrShortWrite}
+	})
+	return n, err
+}
+
 func (ff *faultyFile) Sync() error {
 	if ff.fs.DropSync {
 		return nil

@@ -72,6 +72,9 @@ type File interface {
 	// ReadAt reads len(p) bytes at offset off (pread); it returns io.EOF at the end.
 	ReadAt(p []byte, off int64) (int, error)
 	Write(p []byte) (int, error)
+	// WriteAt writes all of p at offset off (pwrite), leaving the file offset alone,
+	// or returns an error.
+	WriteAt(p []byte, off int64) (int, error)
 	// Sync fsyncs the file. After an error the file's state on disk is unknown and
 	// the caller must not rely on any earlier write (Linux reports a write-back error
 	// once).

@@ -7,17 +7,36 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// OS is the real FS, rooted at an absolute directory path. The root is opened afresh
-// (O_PATH|O_DIRECTORY|O_NOFOLLOW) by every call, so an OS may be created before its
-// root exists and never holds a descriptor between calls.
+// OS is the real FS, rooted at an absolute directory path. It keeps the root, and up
+// to maxCachedDirs directories beneath it, open as O_PATH descriptors (dirCache) and
+// resolves every name relative to them, so a call on "messages/x.json" is one system
+// call rather than a reopening of the root and the kind directory. An OS may be
+// created before its root exists: descriptors are opened on first use. Close releases
+// them (so does the garbage collector, once the OS is unreachable); the OS stays
+// usable and reopens what it needs.
+//
+// A cached descriptor names a directory inode, never a path, so no symbolic link put
+// in a directory's place after it was opened is ever followed. Before each call in a
+// cached directory of the root, one fstatat beneath the cached root checks that the
+// name still names it; if not (renamed away, replaced by another directory or by a
+// symlink) the descriptor is dropped and the name resolved afresh, so the call acts on
+// what the name names now, and a symlink there is refused as without a cache. The root
+// is checked by every Lstat(".") and SyncDir (an lstat of the root path); SyncDir also
+// checks, after the fsync, that its directory is still at its name, and fails with
+// ESTALE otherwise, so nothing is acknowledged for a directory moved away meanwhile.
+// A call that fails with ENOENT in a directory since removed is retried once, afresh.
+// Mkdir, RemoveDir and Rename drop what they may have changed.
 type OS struct {
 	root string
+	c    *dirCache
 }
 
 var _ FS = (*OS)(nil)
@@ -27,7 +46,16 @@ func NewOS(dir string) *OS {
 	if abs, err := absPath(dir); err == nil {
 		dir = abs
 	}
-	return &OS{root: dir}
+	o := &OS{root: dir, c: &dirCache{dirs: map[string]*dirEnt{}}}
+	runtime.AddCleanup(o, func(c *dirCache) { c.closeAll() }, o.c)
+	return o
+}
+
+// Close closes the cached directory descriptors (those in use by a call in progress
+// once it ends). The OS remains usable.
+func (o *OS) Close() error {
+	o.c.closeAll()
+	return nil
 }
 
 func absPath(dir string) (string, error) {
@@ -65,15 +93,6 @@ func retryEINTR(f func() error) error {
 			return err
 		}
 	}
-}
-
-func (o *OS) openRoot() (int, error) {
-	var fd int
-	err := retryEINTR(func() (err error) {
-		fd, err = unix.Open(o.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		return err
-	})
-	return fd, err
 }
 
 // openBeneath opens name beneath the directory dirfd, refusing symlinks everywhere.
@@ -166,46 +185,88 @@ func splitSlash(s string) []string {
 	return append(out, s[start:])
 }
 
-// withParent opens name's parent directory beneath the root (O_PATH) and calls f with
-// it and name's last component.
+// withParent calls f with a descriptor of name's parent directory (cached) and name's
+// last component. A cached directory in the root is first checked to be still what its
+// name names (valid: one fstatat), so a directory replaced by a symlink is refused by
+// the next call, as without a cache. A failure with ENOENT in a cached directory that has since been
+// removed drops it and is retried once with the directory resolved afresh.
 func (o *OS) withParent(op, name string, f func(pfd int, base string) error) error {
 	if err := CheckName(name); err != nil {
 		return err
 	}
-	rfd, err := o.openRoot()
-	if err != nil {
-		return &fs.PathError{Op: op, Path: o.root, Err: err}
-	}
-	defer unix.Close(rfd)
 	dir, base := path.Split(name)
-	pfd := rfd
-	if dir != "" {
-		pfd, err = openBeneath(rfd, path.Clean(dir), unix.O_PATH|unix.O_DIRECTORY, 0)
+	dir = path.Clean(dir) // "." for a name in the root
+	for attempt := 0; ; attempt++ {
+		e, err := o.c.get(o.root, dir)
+		if err != nil {
+			if dir == "." {
+				return &fs.PathError{Op: op, Path: o.root, Err: err}
+			}
+			return &fs.PathError{Op: op, Path: name, Err: err}
+		}
+		if dir != "." && !o.c.valid(o.root, dir, e) {
+			// Renamed away or replaced since it was opened: resolve it afresh.
+			o.c.put(e)
+			o.c.drop(dir)
+			if attempt == 0 {
+				continue
+			}
+			return &fs.PathError{Op: op, Path: name, Err: unix.ESTALE}
+		}
+		err = retryEINTR(func() error { return f(e.fd, base) })
+		retry := err == unix.ENOENT && attempt == 0 && o.c.dropIfRemoved(e)
+		o.c.put(e)
+		if retry {
+			continue
+		}
 		if err != nil {
 			return &fs.PathError{Op: op, Path: name, Err: err}
 		}
-		defer unix.Close(pfd)
+		return nil
 	}
-	if err := retryEINTR(func() error { return f(pfd, base) }); err != nil {
-		return &fs.PathError{Op: op, Path: name, Err: err}
-	}
-	return nil
 }
 
 func (o *OS) open(op, name string, flag int, perm uint32) (int, error) {
 	if err := CheckName(name); err != nil {
 		return -1, err
 	}
-	rfd, err := o.openRoot()
-	if err != nil {
-		return -1, &fs.PathError{Op: op, Path: o.root, Err: err}
+	if name == "." {
+		fd := -1
+		err := o.withDir(op, ".", func(dfd int) (err error) {
+			fd, err = unix.Openat(dfd, ".", flag|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
+			return err
+		})
+		return fd, err
 	}
-	defer unix.Close(rfd)
-	fd, err := openBeneath(rfd, name, flag, perm)
-	if err != nil {
-		return -1, &fs.PathError{Op: op, Path: name, Err: err}
+	fd := -1
+	err := o.withParent(op, name, func(pfd int, base string) (err error) {
+		fd, err = openBeneath(pfd, base, flag, perm)
+		return err
+	})
+	return fd, err
+}
+
+// withDir calls f with a cached descriptor of directory name itself.
+func (o *OS) withDir(op, name string, f func(dfd int) error) error {
+	for attempt := 0; ; attempt++ {
+		e, err := o.c.get(o.root, name)
+		if err != nil {
+			if name == "." {
+				return &fs.PathError{Op: op, Path: o.root, Err: err}
+			}
+			return &fs.PathError{Op: op, Path: name, Err: err}
+		}
+		err = retryEINTR(func() error { return f(e.fd) })
+		retry := err == unix.ENOENT && attempt == 0 && o.c.dropIfRemoved(e)
+		o.c.put(e)
+		if retry {
+			continue
+		}
+		if err != nil {
+			return &fs.PathError{Op: op, Path: name, Err: err}
+		}
+		return nil
 	}
-	return fd, nil
 }
 
 // OpenFile implements FS.
@@ -217,16 +278,19 @@ func (o *OS) OpenFile(name string, flag int, perm uint32) (File, error) {
 	return &osFile{fd: fd, name: name}, nil
 }
 
-// Lstat implements FS.
+// Lstat implements FS. Lstat of a directory the OS holds open also checks that the
+// name still names it, and drops the descriptor if not (see OS).
 func (o *OS) Lstat(name string) (Info, error) {
 	var st unix.Stat_t
 	if name == "." {
-		fd, err := o.openRoot()
-		if err != nil {
-			return Info{}, &fs.PathError{Op: "lstat", Path: o.root, Err: err}
+		err := retryEINTR(func() error { return unix.Lstat(o.root, &st) })
+		if err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			err = unix.ELOOP // as opening the root with O_NOFOLLOW says
+		} else if err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			err = unix.ENOTDIR
 		}
-		defer unix.Close(fd)
-		if err := unix.Fstat(fd, &st); err != nil {
+		o.c.check(".", &st, err)
+		if err != nil {
 			return Info{}, &fs.PathError{Op: "lstat", Path: o.root, Err: err}
 		}
 		return infoOf(&st), nil
@@ -234,6 +298,7 @@ func (o *OS) Lstat(name string) (Info, error) {
 	err := o.withParent("lstat", name, func(pfd int, base string) error {
 		return unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
 	})
+	o.c.check(name, &st, err)
 	if err != nil {
 		return Info{}, err
 	}
@@ -242,6 +307,7 @@ func (o *OS) Lstat(name string) (Info, error) {
 
 // Mkdir implements FS.
 func (o *OS) Mkdir(name string, perm uint32) error {
+	defer o.c.drop(name)
 	return o.withParent("mkdir", name, func(pfd int, base string) error {
 		return unix.Mkdirat(pfd, base, perm)
 	})
@@ -272,6 +338,8 @@ func (o *OS) twoParents(op, a, b string, f func(pa int, ba string, pb int, bb st
 
 // Rename implements FS.
 func (o *OS) Rename(oldname, newname string) error {
+	defer o.c.drop(oldname)
+	defer o.c.drop(newname)
 	return o.twoParents("rename", oldname, newname, func(pa int, ba string, pb int, bb string) error {
 		return unix.Renameat(pa, ba, pb, bb)
 	})
@@ -281,6 +349,8 @@ func (o *OS) Rename(oldname, newname string) error {
 // renameat2 RENAME_NOREPLACE. A file system without the flag fails with EINVAL.
 // Staged.PublishNoReplace uses it.
 func (o *OS) RenameNoReplace(oldname, newname string) error {
+	defer o.c.drop(oldname)
+	defer o.c.drop(newname)
 	return o.twoParents("rename", oldname, newname, func(pa int, ba string, pb int, bb string) error {
 		return unix.Renameat2(pa, ba, pb, bb, unix.RENAME_NOREPLACE)
 	})
@@ -302,6 +372,7 @@ func (o *OS) Remove(name string) error {
 
 // RemoveDir implements FS.
 func (o *OS) RemoveDir(name string) error {
+	defer o.c.drop(name)
 	return o.withParent("rmdir", name, func(pfd int, base string) error {
 		return unix.Unlinkat(pfd, base, unix.AT_REMOVEDIR)
 	})
@@ -326,17 +397,93 @@ func (o *OS) ReadDir(name string) ([]DirEntry, error) {
 	return out, nil
 }
 
-// SyncDir implements FS.
+// SyncDir implements FS. After the fsync it checks that name still names the
+// directory it synced (from the root path down, without following links); if not, it
+// fails with ESTALE and drops its descriptors: what was just made durable there is not
+// at name any more.
 func (o *OS) SyncDir(name string) error {
-	fd, err := o.open("syncdir", name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
+	if err := CheckName(name); err != nil {
 		return err
 	}
-	defer unix.Close(fd)
-	if err := retryEINTR(func() error { return unix.Fsync(fd) }); err != nil {
+	e, err := o.c.get(o.root, name)
+	if err != nil {
+		if name == "." {
+			return &fs.PathError{Op: "syncdir", Path: o.root, Err: err}
+		}
+		return &fs.PathError{Op: "syncdir", Path: name, Err: err}
+	}
+	defer o.c.put(e)
+	fd := e.fd
+	if !e.readable {
+		fd, err = retryEINTR2(func() (int, error) {
+			return unix.Openat(e.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		})
+		if err != nil {
+			return &fs.PathError{Op: "syncdir", Path: name, Err: err}
+		}
+		defer unix.Close(fd)
+	}
+	err = retryEINTR(func() error { return unix.Fsync(fd) })
+	if err != nil {
 		return &fs.PathError{Op: "fsync", Path: name, Err: err}
 	}
+	if !o.stillNamed(name, e) {
+		o.c.drop(".")
+		return &fs.PathError{Op: "syncdir", Path: name, Err: unix.ESTALE}
+	}
 	return nil
+}
+
+// stillNamed reports whether name, resolved from the root path without following a
+// link, is still the directory e was opened on. For the root, or a name in it (the
+// common case), that is an lstat of the root path and an fstatat beneath the cached
+// root; a deeper name is resolved afresh.
+func (o *OS) stillNamed(name string, e *dirEnt) bool {
+	var st unix.Stat_t
+	if err := retryEINTR(func() error { return unix.Lstat(o.root, &st) }); err != nil {
+		return false
+	}
+	if name == "." {
+		return st.Dev == e.dev && st.Ino == e.ino
+	}
+	if !strings.Contains(name, "/") {
+		r, err := o.c.get(o.root, ".")
+		if err != nil {
+			return false
+		}
+		defer o.c.put(r)
+		if r.dev != st.Dev || r.ino != st.Ino {
+			return false
+		}
+		err = retryEINTR(func() error { return unix.Fstatat(r.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) })
+		return err == nil && st.Dev == e.dev && st.Ino == e.ino
+	}
+	rfd, err := retryEINTR2(func() (int, error) {
+		return unix.Open(o.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	})
+	if err != nil {
+		return false
+	}
+	defer unix.Close(rfd)
+	var rst unix.Stat_t
+	if unix.Fstat(rfd, &rst) != nil || rst.Dev != st.Dev || rst.Ino != st.Ino {
+		return false
+	}
+	dfd, err := openBeneath(rfd, name, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(dfd)
+	return unix.Fstat(dfd, &st) == nil && st.Dev == e.dev && st.Ino == e.ino
+}
+
+func retryEINTR2(f func() (int, error)) (int, error) {
+	for {
+		fd, err := f()
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
 }
 
 func infoOf(st *unix.Stat_t) Info {
@@ -403,6 +550,24 @@ func (f *osFile) Write(p []byte) (int, error) {
 		}
 		if n == 0 {
 			return done, &fs.PathError{Op: "write", Path: f.name, Err: io.ErrShortWrite}
+		}
+		done += n
+	}
+	return done, nil
+}
+
+func (f *osFile) WriteAt(p []byte, off int64) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := unix.Pwrite(f.fd, p[done:], off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, &fs.PathError{Op: "pwrite", Path: f.name, Err: err}
+		}
+		if n == 0 {
+			return done, &fs.PathError{Op: "pwrite", Path: f.name, Err: io.ErrShortWrite}
 		}
 		done += n
 	}

@@ -86,7 +86,7 @@ func relayStub(b *testing.B) *httptest.Server {
 }
 
 // wireRequest is a message of n real envelopes (so the stub's receipts match).
-func wireRequest(b *testing.B, url string, n int) store.SendRequest {
+func wireRequest(b testing.TB, url string, n int) store.SendRequest {
 	req := store.SendRequest{MessageID: uuid.NewString(), PeerOwnerDID: peer(), RelayURL: url, DeliveryDeadline: time.Now().Add(time.Hour)}
 	for i := range n {
 		e, data, err := envelope.NewMessage(owner(b), peer(), req.MessageID, bytes.Repeat([]byte("x"), 512), time.Now().Add(time.Hour), time.Now())
@@ -150,4 +150,91 @@ func BenchmarkDelivery(b *testing.B) {
 	b.ReportMetric(raw, "raw-env/s")
 	b.ReportMetric(carrier, "carrier-env/s")
 	b.ReportMetric(carrier/raw, "ratio")
+}
+
+// singleOnly hides a transport's batches: the carrier sends one envelope at a time,
+// as before batched delivery.
+type singleOnly struct{ t Transport }
+
+func (s singleOnly) Send(ctx context.Context, url string, env []byte) Result {
+	return s.t.Send(ctx, url, env)
+}
+
+// deliverOneRelay measures, in one run, n envelopes delivered by the carrier through
+// tr to a fresh reference relay (send → relayed in the store) against the same
+// relay's raw accept rate: n other envelopes posted back to back to
+// /v1/envelopes over one connection, on a fresh relay of its own.
+func deliverOneRelay(b *testing.B, n int, wrap func(*HTTPTransport) Transport) {
+	tr := NewHTTPTransport(HTTPOptions{})
+	rawRelay := newLocalRelay(b, 0)
+	var raw float64
+	{
+		var wires [][]byte
+		for range n / 64 {
+			for _, e := range wireRequest(b, rawRelay.srv.URL, 64).Envelopes {
+				wires = append(wires, e.Envelope)
+			}
+		}
+		start := time.Now()
+		for _, w := range wires {
+			if res := tr.Send(context.Background(), rawRelay.srv.URL, w); res.Outcome != Accepted {
+				b.Fatalf("raw: %v %v", res.Outcome, res.Err)
+			}
+		}
+		raw = float64(len(wires)) / time.Since(start).Seconds()
+	}
+	var total time.Duration
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		lr := newLocalRelay(b, 0)
+		s := openStore(b, b.TempDir(), store.Options{})
+		var ids []string
+		for range n / 64 {
+			req := wireRequest(b, lr.srv.URL, 64)
+			if _, err := s.Enqueue(context.Background(), req); err != nil {
+				b.Fatal(err)
+			}
+			for _, e := range req.Envelopes {
+				ids = append(ids, e.EnvelopeID)
+			}
+		}
+		c := New(s, wrap(tr), Options{Watch: WatchOff})
+		ctx, cancel := context.WithCancel(context.Background())
+		b.StartTimer()
+		t0 := time.Now()
+		done := make(chan struct{})
+		go func() { c.Run(ctx); close(done) }()
+		waitFor(b, "every envelope relayed", func() bool {
+			if c.Stats().Attempts["accepted"] < uint64(len(ids)) {
+				return false
+			}
+			o, err := store.GetAs[*record.Outbox](s, ids[len(ids)-1])
+			return err == nil && o != nil && o.State == record.StateRelayed
+		})
+		total += time.Since(t0)
+		b.StopTimer()
+		cancel()
+		<-done
+		if st := lr.relay.Stats(); st.Accepted != int64(len(ids)) {
+			b.Fatalf("relay stats %+v", st)
+		}
+	}
+	carrier := float64(n*b.N) / total.Seconds()
+	b.ReportMetric(raw, "raw-env/s")
+	b.ReportMetric(carrier, "carrier-env/s")
+	b.ReportMetric(carrier/raw, "ratio")
+}
+
+// BenchmarkDeliverOneRelayBatched: 512 envelopes delivered by the carrier to one
+// local reference relay in batches (lease, send and settle a run of up to 64 at a
+// time), against the relay's raw single-envelope accept rate in the same run.
+func BenchmarkDeliverOneRelayBatched(b *testing.B) {
+	deliverOneRelay(b, 512, func(t *HTTPTransport) Transport { return t })
+}
+
+// BenchmarkDeliverOneRelaySingle: the same, one envelope at a time (two prepared
+// transactions and one request per envelope): the delivery path before batches.
+func BenchmarkDeliverOneRelaySingle(b *testing.B) {
+	deliverOneRelay(b, 512, func(t *HTTPTransport) Transport { return singleOnly{t} })
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -46,11 +47,19 @@ type HTTPOptions struct {
 type HTTPTransport struct {
 	client  *http.Client
 	timeout time.Duration
+
+	mu      sync.Mutex
+	noBatch map[string]time.Time // relay URL → until when it is sent single envelopes
 }
+
+// noBatchFor is how long a relay that answered a batch with 404 or 405 (or with an
+// answer that is not a batch answer) is sent single envelopes before a batch is
+// tried again: it may have been upgraded meanwhile.
+const noBatchFor = time.Hour
 
 // NewHTTPTransport returns a transport for relays at http(s) URLs.
 func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
-	t := &HTTPTransport{client: opts.Client, timeout: opts.SendTimeout}
+	t := &HTTPTransport{client: opts.Client, timeout: opts.SendTimeout, noBatch: map[string]time.Time{}}
 	if t.timeout <= 0 {
 		t.timeout = defaultSendTimeout
 	}
@@ -137,6 +146,106 @@ func (t *HTTPTransport) Send(ctx context.Context, relayURL string, env []byte) R
 	return res
 }
 
+// Batches reports whether relayURL is to be sent batches: true unless it showed it
+// has no batch endpoint within the last hour.
+func (t *HTTPTransport) Batches(relayURL string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	until, ok := t.noBatch[relayURL]
+	if ok && time.Now().After(until) {
+		delete(t.noBatch, relayURL)
+		return true
+	}
+	return !ok
+}
+
+// SendBatch posts envs to relayURL + "/v1/envelopes/batch" with relayproto.Client
+// and classifies the answer of each envelope as Send classifies a single answer.
+// Whole-request answers: 404, 405 or a 200 that is not a batch answer → nil (the
+// relay lacks the endpoint; remembered for an hour); any other 4xx but 408 and 429 →
+// nil (the request, not an envelope, was refused); otherwise every envelope gets the
+// request's outcome (Failed for 408, 429, 5xx and broken exchanges, Unreachable as
+// Send says).
+func (t *HTTPTransport) SendBatch(ctx context.Context, relayURL string, envs [][]byte) []Result {
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	c := &relayproto.Client{BaseURL: relayURL, HTTP: t.client}
+	answers, err := c.PostBatch(ctx, envs)
+	all := func(r Result) []Result {
+		out := make([]Result, len(envs))
+		for i := range out {
+			out[i] = r
+		}
+		return out
+	}
+	var re *relayproto.Error
+	switch {
+	case errors.As(err, &re):
+		code := re.Status
+		res := Result{Status: code, RetryAfter: time.Duration(re.RetryAfter) * time.Second}
+		switch {
+		case code == http.StatusNotFound || code == http.StatusMethodNotAllowed:
+			t.remember(relayURL)
+			return nil
+		case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
+			res.Outcome, res.Err = Failed, fmt.Errorf("HTTP %d%s (batch)", code, spaced(safeCode(re.Code)))
+			return all(res)
+		case code >= 400 && code < 500:
+			return nil
+		}
+		res.Outcome, res.Err = Failed, fmt.Errorf("unexpected HTTP %d (batch)", code)
+		return all(res)
+	case errors.Is(err, relayproto.ErrNotBatchAnswer):
+		t.remember(relayURL)
+		return nil
+	case err != nil:
+		return all(Result{Outcome: classifyError(ctx, err), Err: err})
+	}
+	out := make([]Result, len(envs))
+	for i, a := range answers {
+		r := Result{Status: http.StatusOK}
+		switch {
+		case a.Err != nil:
+			r.Outcome, r.Err = Failed, fmt.Errorf("HTTP 200 (batch): %w", a.Err)
+		case a.Refusal != nil:
+			r.Status = a.Refusal.Status
+			if code := a.Refusal.Status; code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500 {
+				r.Outcome = Failed
+			} else {
+				r.Outcome = Refused
+			}
+			r.Err = fmt.Errorf("HTTP %d%s (batch)", a.Refusal.Status, spaced(safeCode(a.Refusal.Code)))
+		default:
+			r.Outcome, r.Receipt, r.ParsedReceipt = Accepted, a.Receipt, a.Parsed
+		}
+		out[i] = r
+	}
+	return out
+}
+
+func spaced(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " " + s
+}
+
+func (t *HTTPTransport) remember(relayURL string) {
+	t.mu.Lock()
+	t.noBatch[relayURL] = time.Now().Add(noBatchFor)
+	t.mu.Unlock()
+}
+
+// safeCode is a relay's error code for lastError, if it is a short token.
+func safeCode(c string) string {
+	if c == "" || len(c) > 64 || strings.ContainsFunc(c, func(r rune) bool {
+		return !(r == '_' || r == '-' || r == '.' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9')
+	}) {
+		return ""
+	}
+	return c
+}
+
 // envelopeIdentity returns the id and digest the relay's receipt must name.
 func envelopeIdentity(env []byte) (id, digest string) {
 	digest = envelope.Digest(env)
@@ -169,9 +278,7 @@ func errorCode(body []byte) string {
 	if c == "" {
 		c = e.Error.Code
 	}
-	if c == "" || len(c) > 64 || strings.ContainsFunc(c, func(r rune) bool {
-		return !(r == '_' || r == '-' || r == '.' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9')
-	}) {
+	if c = safeCode(c); c == "" {
 		return ""
 	}
 	return " " + c

@@ -3,12 +3,14 @@ package carrier
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -19,8 +21,14 @@ const (
 	sent           // leased and sent; outcome says how it went
 )
 
-// pass is one dispatch of a target: its due envelopes in (message, ordinal) order,
-// one attempt at a time. In a target wait, only one envelope is sent (the probe).
+// runChunk bounds the envelopes of a target leased, sent and settled together: one
+// lease transaction, one batch request, one settlement transaction.
+const runChunk = relayproto.MaxBatchEnvelopes
+
+// pass is one dispatch of a target: its due envelopes in (message, ordinal) order, in
+// runs of up to runChunk leased together, sent in one batch request when the
+// transport has batches for the target (else one envelope at a time) and settled
+// together. In a target wait, only one envelope is sent (the probe).
 // It runs in its own goroutine; it touches no loop state.
 func (c *Carrier) pass(ctx context.Context, tp *targetPlan) passResult {
 	r := passResult{target: tp.url}
@@ -33,33 +41,44 @@ func (c *Carrier) pass(ctx context.Context, tp *targetPlan) passResult {
 		r.progress, r.err = n > 0, err
 		return r
 	}
+	bt, _ := c.t.(BatchTransport)
+	single := bt == nil // this pass sends one envelope at a time
 	sends := 0
-	for i := range tp.envs {
+	for i := 0; i < len(tp.envs); {
 		if ctx.Err() != nil || sends >= c.o.MaxPerPass || (tp.waiting && sends > 0) {
 			break
 		}
-		if tp.dues[i] > start {
-			continue
+		batch := !single && !tp.waiting && bt.Batches(tp.url)
+		limit := 1
+		if batch {
+			limit = min(runChunk, c.o.MaxPerPass-sends)
 		}
-		verdict, outcome, err := c.attempt(ctx, tp, &tp.envs[i])
+		var run []int
+		for ; i < len(tp.envs) && len(run) < limit; i++ {
+			if tp.dues[i] <= start {
+				run = append(run, i)
+			}
+		}
+		if len(run) == 0 {
+			break
+		}
+		rr, err := c.attemptRun(ctx, tp, run, batch)
 		if err != nil {
 			r.err = err
 			return r
 		}
-		switch verdict {
-		case skipped:
-			c.st.leaseSkips.Add(1)
-			continue
-		case closed:
-			r.progress = true
-			continue
+		if rr.consumed < len(run) {
+			i = run[rr.consumed] // the rest did not fit the batch (or it must go singly)
 		}
-		r.progress = true
-		sends++
-		if outcome == Unreachable {
+		if rr.unbatched {
+			single = true
+		}
+		r.progress = r.progress || rr.progress
+		sends += rr.sends
+		if rr.unreachable {
 			return r // the target waits; the rest of its envelopes were told so
 		}
-		if tp.waiting {
+		if tp.waiting && rr.sends > 0 {
 			// The probe was answered: the wait is over and the rest are due now.
 			r.err = c.clearWait(ctx, tp)
 			return r
@@ -70,197 +89,370 @@ func (c *Carrier) pass(ctx context.Context, tp *targetPlan) passResult {
 
 func (c *Carrier) nowMs() int64 { return c.o.Clock.Now().UnixMilli() }
 
-// attempt leases e, sends it outside any lock, and settles the outcome.
-func (c *Carrier) attempt(ctx context.Context, tp *targetPlan, e *store.OutboxSummary) (verdict int, outcome Outcome, err error) {
+// runResult is what one run of a pass did.
+type runResult struct {
+	consumed    int  // how many of the run went through the lease step
+	sends       int  // envelopes sent
+	progress    bool // something was sent or closed
+	unreachable bool // the target did not answer: it now waits
+	unbatched   bool // the relay took no batch: the run was released, to go singly
+}
+
+// leased is an envelope this holder leased for a send.
+type leased struct {
+	e   *store.OutboxSummary
+	env []byte
+}
+
+// attemptRun leases the envelopes run (indexes into tp.envs, in order) in one
+// transaction, sends the leased ones outside any lock — in one batch request if
+// batch — and settles their outcomes in one transaction. The lease stops early when
+// the next envelope would not fit the batch body: consumed says how far it got.
+func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, batch bool) (runResult, error) {
+	var rr runResult
 	now := c.nowMs()
-	var env []byte
-	err = c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
-		verdict, env = skipped, nil
-		o, err := store.TxGet[*record.Outbox](tx, e.EnvelopeID)
-		if err != nil || o == nil || o.State != record.StatePending {
-			return err
+	var taken []leased
+	var verdicts []int
+	err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
+		taken, verdicts, rr.consumed = nil, make([]int, len(run)), 0
+		markers := map[string][]*record.Outbox{}
+		size := relayproto.BatchBodySize()
+		for k, i := range run {
+			e := &tp.envs[i]
+			v, o, err := c.leaseTx(tx, e, now, markers)
+			if err != nil {
+				return err
+			}
+			if v == sent {
+				if batch && len(taken) > 0 && size+1+len(o.Envelope) > relayproto.MaxBatchBodySize {
+					break
+				}
+				size += 1 + len(o.Envelope)
+				o.Lease = &record.Lease{Holder: c.o.HolderID, Until: now + c.o.LeaseFor.Milliseconds()}
+				if err := tx.Put(o); err != nil {
+					return err
+				}
+				taken = append(taken, leased{e: e, env: o.Envelope})
+			}
+			verdicts[k] = v
+			rr.consumed = k + 1
 		}
-		if l := o.Lease; l != nil && l.Until > now && l.Holder != c.o.HolderID {
-			return nil
-		}
-		members, err := tx.Committed(o.BatchID)
-		if err != nil {
-			return err
-		}
-		if o.Ordinal >= len(members) || members[o.Ordinal].EnvelopeID != o.EnvelopeID {
-			return nil // its marker does not list it: not dispatchable
-		}
-		if o.DeliveryDeadline <= now {
-			verdict = closed
-			return c.closeTx(tx, o, now, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String())
-		}
-		if o.NextAttemptAt > now {
-			return nil
-		}
-		o.Lease = &record.Lease{Holder: c.o.HolderID, Until: now + c.o.LeaseFor.Milliseconds()}
-		verdict, env = sent, o.Envelope
-		return tx.Put(o)
+		return nil
 	})
 	if c.onLease != nil {
-		c.onLease(e.EnvelopeID, err == nil && verdict == sent)
+		for k, i := range run[:max(rr.consumed, 1)] {
+			c.onLease(tp.envs[i].EnvelopeID, err == nil && k < len(verdicts) && verdicts[k] == sent)
+		}
 	}
-	if err != nil || verdict != sent {
-		if err == nil && verdict == closed {
+	if err != nil {
+		return runResult{}, err
+	}
+	for _, v := range verdicts[:rr.consumed] {
+		switch v {
+		case skipped:
+			c.st.leaseSkips.Add(1)
+		case closed:
+			rr.progress = true
 			c.st.close(record.ClosedByDeadline)
 		}
-		return verdict, 0, err
 	}
-	sendCtx, cancel := context.WithTimeout(ctx, c.o.SendTimeout)
-	res := c.t.Send(sendCtx, tp.url, env)
-	cancel()
+	if len(taken) == 0 {
+		return rr, nil
+	}
+	var results []Result
+	if batch && len(taken) > 1 {
+		envs := make([][]byte, len(taken))
+		for k, l := range taken {
+			envs[k] = l.env
+		}
+		sendCtx, cancel := context.WithTimeout(ctx, c.o.SendTimeout)
+		results = c.t.(BatchTransport).SendBatch(sendCtx, tp.url, envs)
+		cancel()
+		if results == nil {
+			// Nothing was accepted as a batch: release the run and send it singly.
+			rr.unbatched = true
+			rr.consumed = slices.Index(verdicts, sent) // the ones before were skipped or closed
+			sctx, stop := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+			defer stop()
+			_, err := c.settleRun(sctx, tp, taken, nil, false)
+			return rr, err
+		}
+		if len(results) != len(taken) {
+			results = nil // a transport's bug: count nothing as sent
+		}
+	} else {
+		for _, l := range taken {
+			sendCtx, cancel := context.WithTimeout(ctx, c.o.SendTimeout)
+			res := c.t.Send(sendCtx, tp.url, l.env)
+			cancel()
+			results = append(results, res)
+			if res.Outcome == Unreachable || ctx.Err() != nil {
+				break // the rest are released unsent
+			}
+		}
+	}
 	// Settle even if Run is being stopped: an accepted envelope must be recorded.
-	sctx := ctx
-	if ctx.Err() != nil {
+	sctx, stopping := ctx, ctx.Err() != nil
+	if stopping {
 		var stop context.CancelFunc
 		sctx, stop = context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 		defer stop()
-		if res.Outcome != Accepted {
-			// Interrupted by our own shutdown: no verdict; just release the lease.
-			return sent, res.Outcome, c.release(sctx, e.EnvelopeID)
+	}
+	rr.sends, rr.progress = len(results), rr.progress || len(results) > 0
+	for k, res := range results {
+		if stopping && res.Outcome != Accepted {
+			continue // interrupted by our own shutdown: no verdict
+		}
+		c.st.attempt(res.Outcome)
+		c.o.Logger.Debug("carrier: attempt", "target", tp.url, "envelope", taken[k].e.EnvelopeID, "outcome", res.Outcome.String(),
+			"status", res.Status, "err", res.Err, "run", len(taken))
+		if res.Outcome == Unreachable {
+			rr.unreachable = true
 		}
 	}
-	c.st.attempt(res.Outcome)
-	c.o.Logger.Debug("carrier: attempt", "target", tp.url, "envelope", e.EnvelopeID, "outcome", res.Outcome.String(), "status", res.Status, "err", res.Err)
-	next, err := c.settle(sctx, tp, e, res)
-	if err == nil {
-		c.event(Event{Kind: EventAttempt, Target: tp.url, EnvelopeID: e.EnvelopeID, Outcome: res.Outcome,
-			Status: res.Status, Reason: describe(res), NextAttempt: next})
+	nexts, err := c.settleRun(sctx, tp, taken, results, stopping)
+	if err != nil {
+		return rr, err
 	}
-	return sent, res.Outcome, err
-}
-
-// release clears this holder's lease on id without counting an attempt.
-func (c *Carrier) release(ctx context.Context, id string) error {
-	return c.s.Update(ctx, record.KindOutbox, id, func(cur record.Record) (record.Record, error) {
-		o, _ := cur.(*record.Outbox)
-		if o == nil || o.State != record.StatePending || o.Lease == nil || o.Lease.Holder != c.o.HolderID {
-			return nil, nil
+	for k, res := range results {
+		if stopping && res.Outcome != Accepted {
+			continue
 		}
-		o.Lease = nil
-		return o, nil
-	})
+		c.event(Event{Kind: EventAttempt, Target: tp.url, EnvelopeID: taken[k].e.EnvelopeID, Outcome: res.Outcome,
+			Status: res.Status, Reason: describe(res), NextAttempt: dueTime(nexts[k])})
+	}
+	if rr.unreachable {
+		settled := map[string]bool{}
+		for k := range results {
+			settled[taken[k].e.EnvelopeID] = true
+		}
+		err = c.markWaiting(sctx, tp, now, settled)
+	}
+	return rr, err
 }
 
-// settle records an attempt's outcome: under the lock, on the record as it is now.
-// It returns when the envelope is due again (zero if it is not pending any more).
-func (c *Carrier) settle(ctx context.Context, tp *targetPlan, e *store.OutboxSummary, res Result) (time.Time, error) {
+// dueTime is a due time in ms as a time (zero for 0).
+func dueTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// leaseTx is the lease step of e inside a lease transaction: skipped (changed,
+// settled, not dispatchable, not due, or leased by another live holder), closed (its
+// deadline passed: closed here), or sent with the record to lease (not yet put).
+// markers caches the batch markers read in this transaction.
+func (c *Carrier) leaseTx(tx *store.Tx, e *store.OutboxSummary, now int64, markers map[string][]*record.Outbox) (int, *record.Outbox, error) {
+	o, err := store.TxGet[*record.Outbox](tx, e.EnvelopeID)
+	if err != nil || o == nil || o.State != record.StatePending {
+		return skipped, nil, err
+	}
+	if l := o.Lease; l != nil && l.Until > now && l.Holder != c.o.HolderID {
+		return skipped, nil, nil
+	}
+	members, ok := markers[o.BatchID]
+	if !ok {
+		if members, err = tx.Committed(o.BatchID); err != nil {
+			return skipped, nil, err
+		}
+		markers[o.BatchID] = members
+	}
+	if o.Ordinal >= len(members) || members[o.Ordinal].EnvelopeID != o.EnvelopeID {
+		return skipped, nil, nil // its marker does not list it: not dispatchable
+	}
+	if o.DeliveryDeadline <= now {
+		return closed, nil, c.closeTx(tx, o, now, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String())
+	}
+	if o.NextAttemptAt > now {
+		return skipped, nil, nil
+	}
+	return sent, o, nil
+}
+
+// settleRun records the outcomes of a run in one transaction, under the lock, on the
+// records as they are now: results[k] is taken[k]'s; an envelope without a result
+// (not sent), or with one other than Accepted while stopping, only has its lease
+// released. It returns when each envelope is due again (zero if it is not pending
+// any more or was only released).
+func (c *Carrier) settleRun(ctx context.Context, tp *targetPlan, taken []leased, results []Result, stopping bool) ([]int64, error) {
 	now := c.nowMs()
-	var delay time.Duration
-	if res.Outcome == Failed {
-		delay = c.backoff(e.Attempts+1, res.RetryAfter)
-	}
-	why := describe(res)
-	deadlineClosed := false
-	var next int64
-	err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
-		deadlineClosed, next = false, 0
-		o, err := store.TxGet[*record.Outbox](tx, e.EnvelopeID)
-		if err != nil || o == nil || o.State != record.StatePending {
-			return err
-		}
-		if l := o.Lease; res.Outcome != Accepted && l != nil && l.Holder != c.o.HolderID && l.Until > now {
-			return nil // another holder took it over after our lease ran out
-		}
-		o.Attempts++
-		o.Lease = nil
-		switch res.Outcome {
-		case Accepted:
-			o.State, o.LastError, o.UnreachableSince = record.StateRelayed, "", 0
-			if err := tx.Put(o); err != nil {
-				return err
-			}
-			return c.messageTx(tx, o, now, record.StatusRelayed, "", "")
-		case Refused:
-			return c.closeTx(tx, o, now, record.ClosedByRefused, clip("refused by the relay: "+why))
-		}
-		if o.DeliveryDeadline <= now {
-			deadlineClosed = true
-			return c.closeTx(tx, o, now, record.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why))
-		}
+	delays := make([]time.Duration, len(taken))
+	for k, res := range results {
 		if res.Outcome == Failed {
-			o.NextAttemptAt, o.LastError, o.UnreachableSince = now+delay.Milliseconds(), clip(why), 0
-			next = o.NextAttemptAt
-			if err := tx.Put(o); err != nil {
-				return err
-			}
-			return c.messageTx(tx, o, now, "", "", "")
+			delays[k] = c.backoff(taken[k].e.Attempts+1, res.RetryAfter)
 		}
-		// Unreachable: the target waits. This envelope carries the next probe; the
-		// others that do not know of the wait yet learn it, without an attempt.
-		since := now
-		if tp.waiting {
-			since = tp.since
-		}
-		if o.UnreachableSince == 0 {
-			o.UnreachableSince = since
-		}
-		o.NextAttemptAt, o.LastError = now+c.o.ProbeEvery.Milliseconds(), clip("relay unreachable: "+why)
-		next = o.NextAttemptAt
-		if err := tx.Put(o); err != nil {
-			return err
-		}
-		if err := c.messageTx(tx, o, now, "", "", ""); err != nil {
-			return err
-		}
-		for i := range tp.envs {
-			other := &tp.envs[i]
-			if other.EnvelopeID == o.EnvelopeID || other.UnreachableSince != 0 {
-				continue
-			}
-			x, err := store.TxGet[*record.Outbox](tx, other.EnvelopeID)
+	}
+	var nexts []int64
+	deadlineClosed := 0
+	err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
+		nexts, deadlineClosed = make([]int64, len(taken)), 0
+		for k, l := range taken {
+			o, err := store.TxGet[*record.Outbox](tx, l.e.EnvelopeID)
 			if err != nil {
 				return err
 			}
-			if x == nil || x.State != record.StatePending || x.UnreachableSince != 0 {
+			if o == nil || o.State != record.StatePending {
 				continue
 			}
-			x.UnreachableSince, x.NextAttemptAt = since, now+c.o.ProbeEvery.Milliseconds()
-			if err := tx.Put(x); err != nil {
+			if k >= len(results) || (stopping && results[k].Outcome != Accepted) {
+				if o.Lease == nil || o.Lease.Holder != c.o.HolderID {
+					continue
+				}
+				o.Lease = nil
+				if err := tx.Put(o); err != nil {
+					return err
+				}
+				continue
+			}
+			closedNow, next, err := c.settleTx(tx, tp, o, results[k], now, delays[k])
+			if err != nil {
 				return err
 			}
+			if closedNow {
+				deadlineClosed++
+			}
+			nexts[k] = next
 		}
 		return nil
 	})
-	if err == nil && deadlineClosed {
+	if err != nil {
+		return nil, err
+	}
+	for range deadlineClosed {
 		c.st.close(record.ClosedByDeadline)
 	}
-	if err != nil || next == 0 {
-		return time.Time{}, err
-	}
-	return time.UnixMilli(next), nil
+	return nexts, nil
 }
 
-// clearWait ends tp's target wait: every waiting envelope is due now.
-func (c *Carrier) clearWait(ctx context.Context, tp *targetPlan) error {
-	now := c.nowMs()
-	return c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
-		for i := range tp.envs {
-			if tp.envs[i].UnreachableSince == 0 {
-				continue
-			}
-			o, err := store.TxGet[*record.Outbox](tx, tp.envs[i].EnvelopeID)
-			if err != nil {
-				return err
-			}
-			if o == nil || o.State != record.StatePending || o.UnreachableSince == 0 {
-				continue
-			}
-			o.UnreachableSince = 0
-			o.NextAttemptAt = min(o.NextAttemptAt, now)
-			if err := tx.Put(o); err != nil {
-				return err
-			}
+// settleTx records one attempt's outcome on o. It reports whether the deadline closed
+// o and when o is due again (0 if not pending any more).
+func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res Result, now int64, delay time.Duration) (bool, int64, error) {
+	if l := o.Lease; res.Outcome != Accepted && l != nil && l.Holder != c.o.HolderID && l.Until > now {
+		return false, 0, nil // another holder took it over after our lease ran out
+	}
+	why := describe(res)
+	o.Attempts++
+	o.Lease = nil
+	switch res.Outcome {
+	case Accepted:
+		o.State, o.LastError, o.UnreachableSince = record.StateRelayed, "", 0
+		if err := tx.Put(o); err != nil {
+			return false, 0, err
 		}
-		return nil
+		return false, 0, c.messageTx(tx, o, now, record.StatusRelayed, "", "")
+	case Refused:
+		return false, 0, c.closeTx(tx, o, now, record.ClosedByRefused, clip("refused by the relay: "+why))
+	}
+	if o.DeliveryDeadline <= now {
+		return true, 0, c.closeTx(tx, o, now, record.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why))
+	}
+	if res.Outcome == Failed {
+		o.NextAttemptAt, o.LastError, o.UnreachableSince = now+delay.Milliseconds(), clip(why), 0
+		if err := tx.Put(o); err != nil {
+			return false, 0, err
+		}
+		return false, o.NextAttemptAt, c.messageTx(tx, o, now, "", "", "")
+	}
+	// Unreachable: the target waits. This envelope carries the next probe; the
+	// others that do not know of the wait yet learn it afterwards (markWaiting).
+	if o.UnreachableSince == 0 {
+		o.UnreachableSince = c.waitSince(tp, now)
+	}
+	o.NextAttemptAt, o.LastError = now+c.o.ProbeEvery.Milliseconds(), clip("relay unreachable: "+why)
+	if err := tx.Put(o); err != nil {
+		return false, 0, err
+	}
+	return false, o.NextAttemptAt, c.messageTx(tx, o, now, "", "", "")
+}
+
+// waitSince is when tp's wait began: now, unless it was waiting already.
+func (c *Carrier) waitSince(tp *targetPlan, now int64) int64 {
+	if tp.waiting {
+		return tp.since
+	}
+	return now
+}
+
+// markWaiting tells tp's other pending envelopes (all but settled) that do not know
+// of the target's wait yet, without an attempt, in transactions of at most
+// expireChunk envelopes: no lock hold grows with the target's backlog. A crash
+// between two leaves some unmarked; the wait still holds them back (the plan sees
+// the target waiting), and the next probe marks them.
+func (c *Carrier) markWaiting(ctx context.Context, tp *targetPlan, now int64, settled map[string]bool) error {
+	since := c.waitSince(tp, now)
+	var ids []string
+	for i := range tp.envs {
+		if e := &tp.envs[i]; !settled[e.EnvelopeID] && e.UnreachableSince == 0 {
+			ids = append(ids, e.EnvelopeID)
+		}
+	}
+	return c.inChunks(ctx, ids, func(tx *store.Tx, x *record.Outbox) (bool, error) {
+		if x.UnreachableSince != 0 {
+			return false, nil
+		}
+		x.UnreachableSince, x.NextAttemptAt = since, now+c.o.ProbeEvery.Milliseconds()
+		return true, nil
 	})
 }
 
-// expireChunk bounds the envelopes one expiry transaction closes.
+// clearWait ends tp's target wait: every waiting envelope is due now. It works in
+// transactions of at most expireChunk envelopes; a crash between two leaves the rest
+// waiting until the next probe, which clears them.
+func (c *Carrier) clearWait(ctx context.Context, tp *targetPlan) error {
+	now := c.nowMs()
+	var ids []string
+	for i := range tp.envs {
+		if tp.envs[i].UnreachableSince != 0 {
+			ids = append(ids, tp.envs[i].EnvelopeID)
+		}
+	}
+	return c.inChunks(ctx, ids, func(tx *store.Tx, o *record.Outbox) (bool, error) {
+		if o.UnreachableSince == 0 {
+			return false, nil
+		}
+		o.UnreachableSince = 0
+		o.NextAttemptAt = min(o.NextAttemptAt, now)
+		return true, nil
+	})
+}
+
+// inChunks runs change on the pending outbox records of ids, in transactions of at
+// most expireChunk records each; a record change reports changed is written.
+func (c *Carrier) inChunks(ctx context.Context, ids []string, change func(tx *store.Tx, o *record.Outbox) (bool, error)) error {
+	for len(ids) > 0 {
+		chunk := ids[:min(expireChunk, len(ids))]
+		ids = ids[len(chunk):]
+		err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
+			for _, id := range chunk {
+				o, err := store.TxGet[*record.Outbox](tx, id)
+				if err != nil {
+					return err
+				}
+				if o == nil || o.State != record.StatePending {
+					continue
+				}
+				changed, err := change(tx, o)
+				if err != nil {
+					return err
+				}
+				if changed {
+					if err := tx.Put(o); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// expireChunk bounds the envelopes one expiry transaction closes, and those one
+// transaction of markWaiting or clearWait changes.
 const expireChunk = 64
 
 // expireTarget closes every waiting envelope of a target that stayed unreachable for

@@ -54,3 +54,20 @@ type Result struct {
 type Transport interface {
 	Send(ctx context.Context, relayURL string, envelope []byte) Result
 }
+
+// BatchTransport is a Transport that can also deliver a run of envelopes for one relay
+// in one request (relayproto.PathEnvelopesBatch). The carrier uses it when the
+// transport has it and Batches says so, and sends one envelope at a time otherwise.
+type BatchTransport interface {
+	Transport
+	// Batches reports whether runs for relayURL are to be sent as batches: false for
+	// a relay known to lack the batch endpoint.
+	Batches(relayURL string) bool
+	// SendBatch delivers envs (1 to relayproto.MaxBatchEnvelopes of them, whose
+	// batch body fits relayproto.MaxBatchBodySize) in one request and returns one
+	// Result per envelope, in their order. It returns nil when the relay cannot take
+	// this batch (no batch endpoint, or it refused the request as a whole): nothing
+	// was accepted as a batch, and the carrier sends the envelopes one at a time.
+	// Like Send it must honour ctx and be safe for concurrent use.
+	SendBatch(ctx context.Context, relayURL string, envs [][]byte) []Result
+}

@@ -22,6 +22,8 @@ func (r *Relay) Handler() http.Handler {
 		switch req.URL.Path {
 		case relayproto.PathEnvelopes:
 			status, err = r.only(w, req, http.MethodPost, r.serveEnvelope)
+		case relayproto.PathEnvelopesBatch:
+			status, err = r.only(w, req, http.MethodPost, r.serveBatch)
 		case relayproto.PathInbox:
 			status, err = r.only(w, req, http.MethodGet, r.serveInbox)
 		case relayproto.PathInboxAck:

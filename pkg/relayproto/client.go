@@ -20,6 +20,8 @@ import (
 const (
 	maxPageAnswer = 64 << 20
 	maxAckAnswer  = 4 << 10
+	// A batch answer is at most one receipt and a short refusal per envelope.
+	maxBatchAnswer = MaxBatchEnvelopes*(envelope.MaxReceiptSize+1024) + 1024
 )
 
 // Client talks to one relay. The zero HTTP client means http.DefaultClient;
@@ -65,6 +67,100 @@ func (c *Client) Post(ctx context.Context, wire []byte) ([]byte, *envelope.Relay
 		return nil, nil, errors.New("relay: receipt is for another envelope")
 	}
 	return body, rc, nil
+}
+
+// BatchAnswer is what PostBatch reports for one envelope.
+type BatchAnswer struct {
+	// Outcome is BatchAccepted, BatchDuplicate or BatchRefused.
+	Outcome string
+	// Receipt and Parsed are the receipt of an accepted or duplicate envelope,
+	// verified to match it.
+	Receipt []byte
+	Parsed  *envelope.RelayReceipt
+	// Refusal is the relay's refusal of this envelope (BatchRefused only).
+	Refusal *Error
+	// Err is set, and the other fields are not, when the relay's answer for
+	// this envelope is unusable: an unknown outcome, a receipt that does not
+	// verify or is for another envelope.
+	Err error
+}
+
+// ErrNotBatchAnswer is what PostBatch returns (wrapped) for a 200 that is not a
+// batch answer for the envelopes sent: what a relay without the endpoint may
+// answer.
+var ErrNotBatchAnswer = errors.New("relay: the answer is not a batch answer")
+
+// PostBatch sends 1 to MaxBatchEnvelopes wire envelopes, which must fit
+// MaxBatchBodySize (BatchBodySize), in one request, and returns one answer per
+// envelope in their order. An error is about the whole request: a relay's
+// refusal of it comes back as an *Error (404 or 405: the relay has no batch
+// endpoint; send each envelope with Post), and a 200 without one result per
+// envelope as ErrNotBatchAnswer.
+func (c *Client) PostBatch(ctx context.Context, wires [][]byte) ([]BatchAnswer, error) {
+	if len(wires) == 0 || len(wires) > MaxBatchEnvelopes {
+		return nil, fmt.Errorf("relay: a batch holds 1 to %d envelopes, not %d", MaxBatchEnvelopes, len(wires))
+	}
+	sizes := make([]int, len(wires))
+	for i, w := range wires {
+		sizes[i] = len(w)
+	}
+	size := BatchBodySize(sizes...)
+	if size > MaxBatchBodySize {
+		return nil, fmt.Errorf("relay: batch body would be %d bytes, limit %d", size, MaxBatchBodySize)
+	}
+	// The envelopes are embedded byte for byte: they are canonical JSON
+	// (envelope.Parse refuses anything else), and encoding/json would
+	// re-encode a json.RawMessage only by compacting it.
+	buf := make([]byte, 0, size)
+	buf = append(buf, `{"envelopes":[`...)
+	for i, w := range wires {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, w...)
+	}
+	buf = append(buf, "]}"...)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+PathEnvelopesBatch, bytes.NewReader(buf))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	body, err := c.do(req, maxBatchAnswer)
+	if err != nil {
+		return nil, err
+	}
+	var resp BatchResponse
+	if err := json.Unmarshal(body, &resp); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotBatchAnswer, err)
+	}
+	if len(resp.Results) != len(wires) {
+		return nil, fmt.Errorf("%w: %d results for %d envelopes", ErrNotBatchAnswer, len(resp.Results), len(wires))
+	}
+	out := make([]BatchAnswer, len(wires))
+	for i, r := range resp.Results {
+		out[i] = batchAnswer(wires[i], r)
+	}
+	return out, nil
+}
+
+func batchAnswer(wire []byte, r BatchResult) BatchAnswer {
+	switch r.Outcome {
+	case BatchAccepted, BatchDuplicate:
+		rc, err := envelope.ParseRelayReceipt(r.Receipt)
+		if err != nil {
+			return BatchAnswer{Err: fmt.Errorf("relay: bad receipt: %w", err)}
+		}
+		if !rc.Matches(envelopeIDOf(wire), envelope.Digest(wire)) {
+			return BatchAnswer{Err: errors.New("relay: receipt is for another envelope")}
+		}
+		return BatchAnswer{Outcome: r.Outcome, Receipt: []byte(r.Receipt), Parsed: rc}
+	case BatchRefused:
+		if r.Status < 400 || r.Status > 599 || r.Code == "" {
+			return BatchAnswer{Err: fmt.Errorf("relay: refusal without an error status and code (%d)", r.Status)}
+		}
+		return BatchAnswer{Outcome: r.Outcome, Refusal: &Error{Status: r.Status, Code: r.Code, Message: r.Message}}
+	}
+	return BatchAnswer{Err: errors.New("relay: unknown batch outcome")}
 }
 
 func envelopeIDOf(wire []byte) string {

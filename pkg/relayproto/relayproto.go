@@ -1,8 +1,8 @@
 // Package relayproto is the relay protocol (docs/RELAY.md), defined once for
 // both of its sides: the paths, limits and wire types, the error answer, the
 // signed inbox request (SignInboxRequest for a client, VerifyInboxRequest for
-// the relay), and a Client for the three endpoints (POST /v1/envelopes, GET
-// /v1/inbox, POST /v1/inbox/ack). pkg/relay serves it; the daemon's inbox
+// the relay), and a Client for the four endpoints (POST /v1/envelopes, POST
+// /v1/envelopes/batch, GET /v1/inbox, POST /v1/inbox/ack). pkg/relay serves it; the daemon's inbox
 // follower speaks it.
 package relayproto
 
@@ -14,8 +14,12 @@ import (
 // Paths of the protocol.
 const (
 	PathEnvelopes = "/v1/envelopes"
-	PathInbox     = "/v1/inbox"
-	PathInboxAck  = "/v1/inbox/ack"
+	// PathEnvelopesBatch accepts up to MaxBatchEnvelopes envelopes in one
+	// request; a relay without it answers 404 or 405, and a sender falls back
+	// to PathEnvelopes.
+	PathEnvelopesBatch = "/v1/envelopes/batch"
+	PathInbox          = "/v1/inbox"
+	PathInboxAck       = "/v1/inbox/ack"
 )
 
 // Limits of the protocol.
@@ -30,6 +34,12 @@ const (
 	MaxAckIDs = 1024
 	// MaxAckBodySize bounds an acknowledgement's body (and any signed request's).
 	MaxAckBodySize = 64 << 10
+	// MaxBatchEnvelopes bounds the envelopes of one batch accept.
+	MaxBatchEnvelopes = 64
+	// MaxBatchBodySize bounds a batch accept's body. It holds any single
+	// envelope (at most envelope.MaxSize) with room to spare; a sender packs
+	// as many as fit (BatchBodySize).
+	MaxBatchBodySize = 4 << 20
 )
 
 // InboxEnvelope is one envelope of an inbox page.
@@ -62,4 +72,54 @@ type AckRequest struct {
 // AckResponse is its answer: how many of the ids were removed.
 type AckResponse struct {
 	Acknowledged int `json:"acknowledged"`
+}
+
+// BatchRequest is the body of POST /v1/envelopes/batch: 1 to MaxBatchEnvelopes
+// wire envelopes, each byte for byte as POST /v1/envelopes would carry it.
+type BatchRequest struct {
+	Envelopes []json.RawMessage `json:"envelopes"`
+}
+
+// BatchBodySize is the size of the BatchRequest body holding envelopes of
+// these sizes, as Client.PostBatch encodes it.
+func BatchBodySize(sizes ...int) int {
+	n := len(`{"envelopes":[]}`)
+	for i, s := range sizes {
+		if i > 0 {
+			n++ // the comma
+		}
+		n += s
+	}
+	return n
+}
+
+// Outcomes of one envelope of a batch accept.
+const (
+	// BatchAccepted: a new envelope, now durable; Receipt is its receipt.
+	BatchAccepted = "accepted"
+	// BatchDuplicate: an envelope the relay already holds (same id and
+	// digest); Receipt is the same receipt bytes as the first time.
+	BatchDuplicate = "duplicate"
+	// BatchRefused: refused as POST /v1/envelopes would refuse it alone;
+	// Status, Code and Message say how.
+	BatchRefused = "refused"
+)
+
+// BatchResult is the answer for one envelope of a batch accept.
+type BatchResult struct {
+	Outcome string `json:"outcome"`
+	// Receipt is the signed relay receipt (accepted and duplicate only).
+	Receipt json.RawMessage `json:"receipt,omitempty"`
+	// Status, Code and Message are the refusal (refused only): the HTTP status
+	// and error body POST /v1/envelopes would have answered for the envelope.
+	Status  int    `json:"status,omitempty"`
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// BatchResponse is the answer to POST /v1/envelopes/batch: one result per
+// envelope, in the request's order. The accepted envelopes of one batch get
+// inbox positions in the request's order.
+type BatchResponse struct {
+	Results []BatchResult `json:"results"`
 }

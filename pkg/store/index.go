@@ -187,51 +187,77 @@ const maxIndexRounds = 8
 // process whose rename came before the call (one still in flight then is waited for).
 // If writers keep moving the stamp under a reconciliation, it is repeated at most
 // maxIndexRounds times, and then once more under the lock, where no one else
-// publishes. It must not be called inside a transaction (it may take the lock); under
-// the lock use prepareIndexHeld.
-func (s *Store) prepareIndex(ctx context.Context, k record.Kind) error {
+// publishes. It returns the index that answers the call: callers read it, never
+// s.indexes[k] afterwards (another reader may install a newer index meanwhile, which
+// is fine, but the one returned is the one found current). It must not be called
+// inside a transaction (it may take the lock); under the lock use prepareIndexHeld.
+func (s *Store) prepareIndex(ctx context.Context, k record.Kind) (*index, error) {
 	for round := 0; round < maxIndexRounds; round++ {
-		done, err := s.indexRound(ctx, k)
-		if done || err != nil {
-			return err
+		ix, done, err := s.indexRound(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		if done {
+			return s.answer(k, ix), nil
 		}
 	}
 	unlock, _, err := s.lockStore(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	err = s.prepareIndexHeld(ctx, k)
+	ix, err := s.prepareIndexHeld(ctx, k)
 	if uerr := unlock(); err == nil {
 		err = uerr
 	}
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return s.answer(k, ix), nil
+}
+
+// indexAnswered, if set (by tests, before the Store is used), runs when an index
+// reader has found the index that answers it and before it reads it.
+var indexAnswered func(k record.Kind)
+
+// answer returns ix, the index that answers a reader of k (an empty one if none).
+func (s *Store) answer(k record.Kind, ix *index) *index {
+	if indexAnswered != nil {
+		indexAnswered(k)
+	}
+	if ix == nil {
+		return newIndex(k, Stamp{})
+	}
+	return ix
 }
 
 // prepareIndexHeld is prepareIndex for a caller holding the store lock: the stamp can
 // then move only by staged temps (which indexCurrent sees through) or by a change
 // that bypasses the store, so a second round finds the index current.
-func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) error {
+func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) (*index, error) {
+	var last *index
 	for round := 0; round < maxIndexRounds; round++ {
-		done, err := s.indexRound(ctx, k)
+		ix, done, err := s.indexRound(ctx, k)
 		if done || err != nil {
-			return err
+			return ix, err
 		}
+		last = ix
 	}
-	return nil // a foreign writer keeps changing the directory: keep the last scan
+	return last, nil // a foreign writer keeps changing the directory: keep the last scan
 }
 
-// indexRound reports whether k's index is current; if not, it brings it up to date
-// once and reports whether that result was installed.
+// indexRound reports whether k's index is current, and returns it; if not, it brings
+// it up to date once and returns the result and whether it was installed (then it is
+// current as of the call: its stamp was taken when the round began).
 //
 // While a publication of this process is in flight (renamed or unlinked, not yet
 // adopted), no stamp can show the index current: the index is refreshed with that
 // publication's record read again (refreshChanged), so it holds every publication a
 // read before the call could have seen. A kind with a publication whose mark failed
 // (unmarked) is reconciled with a full scan every time.
-func (s *Store) indexRound(ctx context.Context, k record.Kind) (current bool, err error) {
+func (s *Store) indexRound(ctx context.Context, k record.Kind) (ix *index, current bool, err error) {
 	st, err := s.ListingStamp(k)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	s.mu.Lock()
 	old := s.indexes[k]
@@ -239,7 +265,7 @@ func (s *Store) indexRound(ctx context.Context, k record.Kind) (current bool, er
 	inFlight, flying := s.inFlight[k]
 	if !flying && !unmarked && s.indexCurrent(k, old, st) {
 		s.mu.Unlock()
-		return true, nil
+		return old, true, nil
 	}
 	var ver uint64
 	var own int
@@ -322,33 +348,26 @@ func (s *Store) indexCurrent(k record.Kind, ix *index, st Stamp) bool {
 	return true
 }
 
-// indexOf returns k's index, or an empty one if there is none (only possible if
-// preparing it failed). Caller holds s.mu.
-func (s *Store) indexOf(k record.Kind) *index {
-	if ix := s.indexes[k]; ix != nil {
-		return ix
-	}
-	return newIndex(k, Stamp{})
-}
-
 // Prepare makes the outbox and messages indexes current, in bounded slices that honour
 // ctx, so later operations (and capacity checks under the lock) need no scan.
 func (s *Store) Prepare(ctx context.Context) error {
-	if err := s.prepareIndex(ctx, record.KindMessages); err != nil {
+	if _, err := s.prepareIndex(ctx, record.KindMessages); err != nil {
 		return err
 	}
-	return s.prepareIndex(ctx, record.KindOutbox)
+	_, err := s.prepareIndex(ctx, record.KindOutbox)
+	return err
 }
 
 // OutboxSummaries returns the outbox index entries sorted by (messageId, ordinal),
 // preparing the index first if its stamp moved.
 func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
-	if err := s.prepareIndex(ctx, record.KindOutbox); err != nil {
+	ix, err := s.prepareIndex(ctx, record.KindOutbox)
+	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
-	out := make([]OutboxSummary, 0, len(s.indexOf(record.KindOutbox).outbox))
-	for _, e := range s.indexOf(record.KindOutbox).outbox {
+	out := make([]OutboxSummary, 0, len(ix.outbox))
+	for _, e := range ix.outbox {
 		if e.Lease != nil {
 			l := *e.Lease
 			e.Lease = &l
@@ -367,12 +386,13 @@ func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
 
 // MessageSummaries returns the messages index entries sorted by id.
 func (s *Store) MessageSummaries(ctx context.Context) ([]MessageSummary, error) {
-	if err := s.prepareIndex(ctx, record.KindMessages); err != nil {
+	ix, err := s.prepareIndex(ctx, record.KindMessages)
+	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
-	out := make([]MessageSummary, 0, len(s.indexOf(record.KindMessages).messages))
-	for _, e := range s.indexOf(record.KindMessages).messages {
+	out := make([]MessageSummary, 0, len(ix.messages))
+	for _, e := range ix.messages {
 		out = append(out, e)
 	}
 	s.mu.Unlock()

@@ -58,27 +58,39 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	// 2. Orphan outbox records and operations, and 3. records past retainUntil, one
-	// record a step.
+	// 2. Orphan outbox records and operations, and 3. records past retainUntil: up to
+	// maintainChunk records of one kind a step, removed together with one directory
+	// fsync, so that neither a lock hold nor the fsyncs grow with the store.
 	for _, k := range record.Kinds {
 		ids, err := s.listLenient(k, &rep)
 		if err != nil {
 			return rep, err
 		}
-		for _, id := range ids {
-			if err := step(func(tx *Tx) error { return s.maintainRecord(tx, k, id, bound, &rep) }); err != nil {
+		for chunk := range slices.Chunk(ids, maintainChunk) {
+			if err := step(func(tx *Tx) error { return s.maintainRecords(tx, k, chunk, bound, &rep) }); err != nil {
 				return rep, err
 			}
 		}
 	}
-	// 4. Leftover temps.
+	// 4. Leftover temps: found outside the lock, removed under it in chunks.
 	for _, k := range record.Kinds {
-		if err := step(func(tx *Tx) error { return s.removeOldTemps(tx, k, &rep) }); err != nil {
-			return rep, err
+		old, err := s.oldTemps(k)
+		if err != nil {
+			rep.Errors = append(rep.Errors, err)
+			continue
+		}
+		for chunk := range slices.Chunk(old, maintainChunk) {
+			if err := step(func(tx *Tx) error { return s.removeOldTemps(tx, k, chunk, &rep) }); err != nil {
+				return rep, err
+			}
 		}
 	}
 	return rep, nil
 }
+
+// maintainChunk bounds the records one maintenance step examines and removes under
+// one lock hold.
+const maintainChunk = 64
 
 // listLenient lists a kind, recording (not returning) an invalid directory.
 func (s *Store) listLenient(k record.Kind, rep *MaintenanceReport) ([]string, error) {
@@ -164,34 +176,60 @@ func (s *Store) boundOperations(ctx context.Context, rep *MaintenanceReport) (ma
 	return bound, nil
 }
 
-// maintainRecord removes kind/id if it is an orphan or past its retention. An
-// operation is an orphan when no binding pointed to it (bound, listed before the
-// steps) and its lease has run out since its creation: new bindings only ever point
-// to operations created with them, so an aged operation cannot gain one later.
-func (s *Store) maintainRecord(tx *Tx, k record.Kind, id string, bound map[string]bool, rep *MaintenanceReport) error {
+// maintainRecords removes, together, those of the records kind/ids that are orphans
+// or past their retention. An operation is an orphan when no binding pointed to it
+// (bound, listed before the steps) and its lease has run out since its creation: new
+// bindings only ever point to operations created with them, so an aged operation
+// cannot gain one later. The records are independent of one another, so a crash that
+// keeps any subset of the removals leaves a store as valid as one removal at a time.
+func (s *Store) maintainRecords(tx *Tx, k record.Kind, ids []string, bound map[string]bool, rep *MaintenanceReport) error {
+	var doomed []string
+	for _, id := range ids {
+		why, err := s.removable(tx, k, id, bound)
+		if err != nil {
+			return err
+		}
+		switch why {
+		case removeOrphan:
+			rep.OrphansRemoved++
+		case removeExpired:
+			rep.ExpiredRemoved++
+		default:
+			continue
+		}
+		doomed = append(doomed, id)
+	}
+	return tx.deleteAll(k, doomed)
+}
+
+const (
+	keep = iota
+	removeOrphan
+	removeExpired
+)
+
+// removable says whether kind/id is to be removed, and why.
+func (s *Store) removable(tx *Tx, k record.Kind, id string, bound map[string]bool) (int, error) {
 	r, err := tx.get(k, id)
 	if err != nil || r == nil {
-		return err
+		return keep, err
 	}
 	if op, ok := r.(*record.Operation); ok && !bound[id] && op.CreatedAt+s.leaseMs() <= s.nowMs() {
-		rep.OrphansRemoved++
-		return tx.Delete(k, id)
+		return removeOrphan, nil
 	}
 	if o, ok := r.(*record.Outbox); ok {
 		b, err := TxGet[*record.Batch](tx, o.BatchID)
 		if err != nil {
-			return err
+			return keep, err
 		}
 		if b == nil || !slices.Contains(b.EnvelopeIDs, id) {
-			rep.OrphansRemoved++
-			return tx.Delete(k, id)
+			return removeOrphan, nil
 		}
 	}
 	if retainUntil(r) <= s.nowMs() {
-		rep.ExpiredRemoved++
-		return tx.Delete(k, id)
+		return removeExpired, nil
 	}
-	return nil
+	return keep, nil
 }
 
 func retainUntil(r record.Record) int64 {
@@ -214,25 +252,39 @@ func retainUntil(r record.Record) int64 {
 	return 0
 }
 
-func (s *Store) removeOldTemps(tx *Tx, k record.Kind, rep *MaintenanceReport) error {
+// oldTemps lists, without the lock, the staged temps of kind k older than TempMaxAge.
+func (s *Store) oldTemps(k record.Kind) ([]string, error) {
 	ents, err := s.fs.ReadDir(string(k))
 	if fsx.IsNotExist(err) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return invalidAt(string(k), err)
+		return nil, invalidAt(string(k), err)
 	}
-	now := s.now().UnixNano()
-	removed := false
+	var old []string
 	for _, e := range ents {
-		if !fsx.IsTempName(e.Name) {
+		if fsx.IsTempName(e.Name) && s.tempIsOld(k, e.Name) {
+			old = append(old, e.Name)
+		}
+	}
+	return old, nil
+}
+
+func (s *Store) tempIsOld(k record.Kind, name string) bool {
+	info, err := s.fs.Lstat(path.Join(string(k), name))
+	return err == nil && s.now().UnixNano()-info.MtimeNs >= int64(TempMaxAge)
+}
+
+// removeOldTemps removes, under the lock, those of the temps names of kind k that are
+// still older than TempMaxAge (checked again: a name may have been reused meanwhile),
+// then fsyncs the directory once.
+func (s *Store) removeOldTemps(tx *Tx, k record.Kind, names []string, rep *MaintenanceReport) error {
+	removed := false
+	for _, name := range names {
+		if !s.tempIsOld(k, name) {
 			continue
 		}
-		info, err := s.fs.Lstat(path.Join(string(k), e.Name))
-		if err != nil || now-info.MtimeNs < int64(TempMaxAge) {
-			continue
-		}
-		if err := tx.removeFile(string(k), e.Name); err != nil {
+		if err := tx.removeFile(string(k), name); err != nil {
 			return err
 		}
 		removed = true

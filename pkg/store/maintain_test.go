@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
@@ -144,5 +146,52 @@ func TestMaintenanceStopsOnCancel(t *testing.T) {
 	cancel()
 	if _, err := s.Maintain(ctx); err != context.Canceled {
 		t.Fatalf("Maintain with a cancelled context: %v", err)
+	}
+}
+
+// TestMaintenanceRemovesInBoundedChunks: removing 150 expired records takes one
+// directory fsync per chunk of at most 64 removals, not one per record, and no chunk
+// (one lock hold) removes more than 64. One record a step made 150 fsyncs.
+func TestMaintenanceRemovesInBoundedChunks(t *testing.T) {
+	const n = 150
+	clock := newTestClock(time.Now())
+	var faulty *fsx.Faulty
+	s := openStore(t, store.Options{Now: clock.Now, WrapFS: func(inner fsx.FS) fsx.FS {
+		faulty = fsx.NewFaulty(inner)
+		return faulty
+	}})
+	recs := make([]record.Record, n)
+	for i := range recs {
+		recs[i] = newMessage(t, clock.Now())
+	}
+	if err := s.Transaction(context.Background(), func(tx *store.Tx) error { return tx.PutAll(recs...) }); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(3 * time.Hour) // past RetainUntil
+	faulty.Reset()
+	if rep := maintain(t, s); rep.ExpiredRemoved != n {
+		t.Fatalf("ExpiredRemoved = %d, want %d", rep.ExpiredRemoved, n)
+	}
+	removed, syncs, sinceSync := 0, 0, 0
+	for _, op := range faulty.Log() {
+		switch {
+		case op.Kind == fsx.OpRemove && strings.HasPrefix(op.Path, "messages/"):
+			removed++
+			if sinceSync++; sinceSync > 64 {
+				t.Fatalf("more than 64 removals before a directory fsync (one lock hold)")
+			}
+		case op.Kind == fsx.OpSyncDir && op.Path == "messages":
+			syncs++
+			sinceSync = 0
+		}
+	}
+	if removed != n || sinceSync != 0 {
+		t.Fatalf("%d removals, %d after the last fsync; want %d, 0", removed, sinceSync, n)
+	}
+	if want := (n + 63) / 64; syncs != want {
+		t.Fatalf("%d fsyncs of messages/ for %d removals, want %d (one per chunk)", syncs, n, want)
+	}
+	if ids, err := s.List(record.KindMessages); err != nil || len(ids) != 0 {
+		t.Fatalf("left: %d %v", len(ids), err)
 	}
 }

@@ -17,27 +17,33 @@ import (
 // (refreshChanged); otherwise — no old index, a kind with an unmarked publication, a
 // replaced directory or generation file, a file system that cannot list inode numbers,
 // or more changes than it can attribute — it reconciles every entry.
-func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *index, ver uint64, own int, unmarked, flying bool, inFlight string) (bool, error) {
+func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *index, ver uint64, own int, unmarked, flying bool, inFlight string) (*index, bool, error) {
 	if !unmarked && old != nil {
 		installed, handled, err := s.refreshChanged(ctx, k, st, old, ver, own, flying, inFlight)
 		if err != nil || handled {
-			return installed, err
+			if !installed {
+				return nil, false, err
+			}
+			return old, true, err
 		}
 	}
 	ids, lst, err := s.list(k)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	fresh, err := s.reconcile(ctx, k, lst, ids, old)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
-	// fresh is installed under lst, taken before its scan; a publication of this
-	// process patched into old meanwhile is marked after lst, so the next round looks
-	// at its entry again.
+	// fresh is installed under lst, taken before its scan, and only over the index it
+	// started from, unpatched: a publication of this process patched into old meanwhile
+	// (old.ver moved) may be missing from fresh, and installing fresh then would let a
+	// reader that already found old current read a scan older than what it saw. Such a
+	// round is repeated. The caller answers from the index returned, never from
+	// s.indexes[k] afterwards.
 	s.mu.Lock()
 	installed := false
-	if cur := s.indexes[k]; cur == old || cur == nil {
+	if cur := s.indexes[k]; cur == nil || cur == old && old.ver == ver {
 		if old != nil {
 			fresh.ver = old.ver + 1
 		}
@@ -45,7 +51,7 @@ func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *
 		installed = true
 	}
 	s.mu.Unlock()
-	return installed, nil
+	return fresh, installed, nil
 }
 
 // refreshChanged updates old in place for the entries of k that changed since its

@@ -103,6 +103,12 @@ type Options struct {
 	OperationLease time.Duration
 	// WrapFS, if set, wraps the store's file system (fault injection in tests).
 	WrapFS func(fsx.FS) fsx.FS
+	// LockHoldObserver, if set, is called after every release of the store lock with
+	// how long this Store held it (from the acquisition to the end of the release).
+	// It runs on the releasing goroutine once the lock is free (to this process's
+	// other goroutines too) and must be safe for concurrent use. Benchmarks use it to
+	// measure lock holds.
+	LockHoldObserver func(time.Duration)
 }
 
 // A file-system timestamp is "racy" (git's rule) while now is less than the racy
@@ -138,6 +144,8 @@ type Store struct {
 
 	lockHolds atomic.Int64 // lock acquisitions
 	lockWait  atomic.Int64 // nanoseconds spent waiting for them
+
+	lockHeld func(time.Duration) // Options.LockHoldObserver, nil if unset
 
 	pubMu     sync.Mutex     // guards the group-commit queue
 	pubQueue  []*publication // prepared publications waiting for a lock hold
@@ -185,6 +193,7 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 		s.retain = 7 * 24 * time.Hour
 	}
 	s.optimisticOnly = opts.OptimisticOnly
+	s.lockHeld = opts.LockHoldObserver
 	s.opLease = opts.OperationLease
 	if s.opLease <= 0 {
 		s.opLease = defaultOperationLease
