@@ -175,13 +175,8 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 		newBytes += int64(len(e.Envelope))
 	}
 	s.mu.Lock()
-	pending, total := 0, newBytes
-	for _, e := range s.answer(record.KindOutbox, outbox).outbox {
-		if e.State == record.StatePending {
-			pending++
-		}
-		total += e.Bytes
-	}
+	ob := s.answer(record.KindOutbox, outbox)
+	pending, total := ob.pending, newBytes+ob.bytes
 	messages := len(s.answer(record.KindMessages, msgs).messages)
 	s.mu.Unlock()
 	switch {

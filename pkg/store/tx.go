@@ -186,16 +186,22 @@ func (tx *Tx) list(k record.Kind) ([]string, error) {
 		return ids, err
 	}
 	tx.listed[k] = true
+	shared := true // ids is the store's shared listing: copy before changing it
 	for _, w := range tx.writes {
 		if w.kind != k {
 			continue
 		}
 		i, found := slices.BinarySearch(ids, w.id)
-		switch {
-		case w.rec != nil && !found:
-			ids = slices.Insert(ids, i, w.id)
-		case w.rec == nil && found:
+		if found == (w.rec != nil) {
+			continue
+		}
+		if shared {
+			ids, shared = slices.Clone(ids), false
+		}
+		if found {
 			ids = slices.Delete(ids, i, i+1)
+		} else {
+			ids = slices.Insert(ids, i, w.id)
 		}
 	}
 	return ids, nil
@@ -466,7 +472,7 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 		if err != nil {
 			return dirs, err
 		}
-		tx.s.beginPublication(w.kind)
+		tx.s.beginPublication(w.kind, w.id)
 		if w.rec == nil {
 			if err := tx.s.fs.Remove(w.path()); err != nil && !fsx.IsNotExist(err) {
 				tx.s.endPublication(w.kind)
@@ -478,7 +484,8 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 		}
 		dirs[string(w.kind)] = true
 		if err := tx.published(w, before); err != nil {
-			return dirs, err // left in flight: see beginPublication
+			tx.s.failPublication(w.kind) // changed without a mark: see beginPublication
+			return dirs, err
 		}
 		tx.s.endPublication(w.kind)
 	}
