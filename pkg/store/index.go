@@ -267,13 +267,16 @@ func (s *Store) indexRound(ctx context.Context, k record.Kind) (ix *index, curre
 		s.mu.Unlock()
 		return old, true, nil
 	}
+	// What refreshIndex needs of old is read here, under s.mu: publications patch old
+	// in place. (If old changes meanwhile, its ver says so.)
 	var ver uint64
 	var own int
+	var oldStamp Stamp
 	if old != nil {
-		ver, own = old.ver, old.own
+		ver, own, oldStamp = old.ver, old.own, old.stamp
 	}
 	s.mu.Unlock()
-	return s.refreshIndex(ctx, k, st, old, ver, own, unmarked, flying, inFlight)
+	return s.refreshIndex(ctx, k, st, old, oldStamp, ver, own, unmarked, flying, inFlight)
 }
 
 // reconcile builds k's index for ids, reusing old's entries whose file is unchanged.

@@ -17,9 +17,9 @@ import (
 // (refreshChanged); otherwise — no old index, a kind with an unmarked publication, a
 // replaced directory or generation file, a file system that cannot list inode numbers,
 // or more changes than it can attribute — it reconciles every entry.
-func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *index, ver uint64, own int, unmarked, flying bool, inFlight string) (*index, bool, error) {
+func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *index, oldStamp Stamp, ver uint64, own int, unmarked, flying bool, inFlight string) (*index, bool, error) {
 	if !unmarked && old != nil {
-		installed, handled, err := s.refreshChanged(ctx, k, st, old, ver, own, flying, inFlight)
+		installed, handled, err := s.refreshChanged(ctx, k, st, old, oldStamp, ver, own, flying, inFlight)
 		if err != nil || handled {
 			if !installed {
 				return nil, false, err
@@ -82,9 +82,9 @@ func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *
 //
 // The result is installed under st (taken before the listing): marks appended while
 // the listing was read are counted again by the next refresh, which then reconciles.
-func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old *index, ver uint64, own int, flying bool, inFlight string) (installed, handled bool, err error) {
+func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old *index, oldStamp Stamp, ver uint64, own int, flying bool, inFlight string) (installed, handled bool, err error) {
 	lister, ok := s.fs.(fsx.InoLister)
-	if !ok || st.absent || old.stamp.absent || old.stamp.Dir.Dev != st.Dir.Dev || old.stamp.Dir.Ino != st.Dir.Ino {
+	if !ok || st.absent || oldStamp.absent || oldStamp.Dir.Dev != st.Dir.Dev || oldStamp.Dir.Ino != st.Dir.Ino {
 		return false, false, nil
 	}
 	now := s.now()
@@ -99,7 +99,7 @@ func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old
 	if err != nil {
 		return false, false, err
 	}
-	marks, known := s.kindMarks(old.stamp.gen, gen, k)
+	marks, known := s.kindMarks(oldStamp.gen, gen, k)
 	if !known {
 		return false, false, nil
 	}
