@@ -26,7 +26,7 @@ fuzz time="30s":
 
 # the benchmark report (docs/PERFORMANCE.md): floors, ours, SQLite and bbolt run
 # interleaved for 5+ rounds, then a table of medians and ratios. `just bench quick` (or
-# `just bench --quick`) takes under a minute; SEALBRIDGE_BENCH_RUNS=N for more rounds.
+# `just bench --quick`) takes a few minutes; SEALBRIDGE_BENCH_RUNS=N for more rounds.
 # Every benchmark once, as CI may: go test -run '^$' -bench . -benchtime 1x ./...
 bench mode="full":
     SEALBRIDGE_BENCH_REPORT=1 SEALBRIDGE_BENCH_QUICK={{ if mode =~ '^-*quick$' { "1" } else { "" } }} go test -run '^TestBenchReport$' -v -count=1 -timeout 60m ./internal/bench

@@ -49,8 +49,8 @@ files. Read-only unless --repair is given. Never needs the private key.
                      $SEALBRIDGE_IDENTITY, else "default"); with STORE-DIR the
                      directory's name must be the SHA-256 of its DID
   --repair           repair what can be repaired: files it does not keep are moved
-                     (never deleted) into lost+found/ with a note; stale temps and
-                     a stale lock are removed. Refused while the store's lock or
+                     (never deleted) into lost+found/ with a note; stale temps are
+                     removed and a stale lock is marked free. Refused while the store's lock or
                      its daemon (the flock of its pid file) is live
   --json             print one JSON document (schema in docs/FSCK.md)
   --progress         report progress on stderr even when it is not a terminal

@@ -2,7 +2,8 @@
 // figure of the store is measured in the same run, on the same disk, beside its
 // physical floor (raw temp+write+fsync+rename+fsync-dir, Ed25519, a raw warm scan) and
 // beside SQLite (WAL, synchronous=FULL) and bbolt doing the same durable work on the
-// same signed record bytes.
+// same signed record bytes; the carrier's delivery to a reference relay in this
+// process is measured beside that relay's raw accept rate.
 //
 // Everything lives in _test.go files, so SQLite and bbolt are test-only dependencies
 // and the package adds no import edge to the package map:

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -238,8 +239,11 @@ var (
 // scanStore returns the shared 10,000-record store, building it on first use.
 func scanStore(tb testing.TB) *scanFixture {
 	scanOnce.Do(func() {
-		f := &scanFixture{dir: filepath.Join(cacheRoot, "scan10k")}
-		if err := os.Mkdir(f.dir, 0o700); err != nil {
+		// Laid out as in a data root (delivery/<hex sha256(owner DID)>): fsck checks
+		// only a directory that looks like a store.
+		o, _, _ := owner()
+		f := &scanFixture{dir: dataroot.StoreDir(filepath.Join(cacheRoot, "scan10k"), string(o.DID()))}
+		if err := os.MkdirAll(f.dir, 0o700); err != nil {
 			scanErr = err
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -24,7 +25,7 @@ import (
 // Environment:
 //
 //	SEALBRIDGE_BENCH_REPORT=1   run the report (otherwise the test is skipped)
-//	SEALBRIDGE_BENCH_QUICK=1    short benchtime, optional benchmarks left out: under a minute
+//	SEALBRIDGE_BENCH_QUICK=1    short benchtime, smaller backlogs, optional benchmarks left out: a few minutes
 //	SEALBRIDGE_BENCH_RUNS=N     rounds (default 5, at least 5 for the table)
 //	SEALBRIDGE_BENCH_TIME=d     benchtime of each benchmark (default 1s; quick 30ms)
 //	SEALBRIDGE_BENCH_OUT=file   also write the markdown table to file
@@ -36,6 +37,10 @@ type bench struct {
 	unit string // a metric the benchmark reports (b.ReportMetric)
 	// optional benchmarks are left out of quick reports.
 	optional bool
+	// minTime, if set, is the shortest benchtime the benchmark runs for in any report:
+	// what it measures only shows under a sustained load (the senders on a store with
+	// history reconcile their indexes only once publications keep coming).
+	minTime time.Duration
 }
 
 func (b bench) with(unit string) bench { b.unit = unit; return b }
@@ -52,8 +57,11 @@ var (
 	storeWrite1    = bench{name: "StoreWrite1", fn: BenchmarkStoreWrite1, unit: "records/s"}
 	storePrepared  = bench{name: "StorePrepared16", fn: BenchmarkStorePrepared16, unit: "records/s"}
 	storeEnqueue2  = bench{name: "StoreEnqueue2", fn: BenchmarkStoreEnqueue2, unit: "msgs/s"}
-	storeSenders8  = bench{name: "StoreSenders8", fn: BenchmarkStoreSenders8, unit: "msgs/s"}
-	storeFull8     = bench{name: "StoreSenders8Full10k", fn: BenchmarkStoreSenders8Full10k, unit: "msgs/s", optional: true}
+	storeSenders8  = bench{name: "StoreSenders8", fn: BenchmarkStoreSenders8, unit: "msgs/s", minTime: sendersMinTime}
+	storeFull8     = bench{name: "StoreSenders8Full10k", fn: BenchmarkStoreSenders8Full10k, unit: "msgs/s", minTime: sendersMinTime}
+	storeFull100k  = bench{name: "StoreSenders8Full100k", fn: BenchmarkStoreSenders8Full100k, unit: "msgs/s", minTime: sendersMinTime}
+	deliverRelay   = bench{name: "CarrierDeliverOneRelay", fn: BenchmarkCarrierDeliverOneRelay, unit: "env/s"}
+	lockCycle      = bench{name: "LockHoldUnreachable", fn: BenchmarkLockHoldUnreachable, unit: "max-hold-ms"}
 	storePut8      = bench{name: "StorePut8", fn: BenchmarkStorePut8, unit: "records/s"}
 	storeTx8       = bench{name: "StoreTx8", fn: BenchmarkStoreTx8, unit: "records/s", optional: true}
 	storeCached    = bench{name: "StoreReadCached", fn: BenchmarkStoreReadCached, unit: "reads/s"}
@@ -88,6 +96,10 @@ var (
 	partRawLstat   = bench{name: "PartRawLstat", fn: BenchmarkPartRawLstat, unit: "lstats/s", optional: true}
 )
 
+// sendersMinTime is the shortest benchtime of the 8-senders benchmarks: with the quick
+// report's 30 ms they enqueue a handful of messages, too few to show what history costs.
+const sendersMinTime = 500 * time.Millisecond
+
 // row is one line of the table: ours beside a baseline (a floor, or the other side of
 // a target), SQLite and bbolt. Every value is a rate (higher is better) unless
 // lowerBetter, and every ratio is ours / other.
@@ -102,6 +114,12 @@ type row struct {
 	bolt      *bench
 	// lowerBetter marks a latency row (ms): the ratio is still ours / base.
 	lowerBetter bool
+	// absMax is a target on ours itself (a latency in ms, 0: none), for what has no
+	// baseline to divide by.
+	absMax float64
+	// size, if set, is the fixture size the row measures; the row says when the
+	// quick report measures a smaller one.
+	size *sized
 }
 
 func ref(b bench) *bench { return &b }
@@ -114,12 +132,13 @@ var rows = []row{
 		sqlite: ref(sqliteTx1), bolt: ref(boltPut1)},
 	{what: "durable single-record write vs a log append (records/s)", ours: storeWrite1, base: ref(floorAppend1), baseWhat: "append + fdatasync to one open file: no inode, no directory"},
 	{what: "durable single-record write, p99 latency (ms)", ours: storeWrite1.with("p99-ms"), base: ref(floorCreate1.with("p99-ms")), baseWhat: "raw create p99", max: 2, lowerBetter: true},
-	{what: "8 concurrent senders, 1-envelope Enqueue (msgs/s; 2 records each)", ours: storeSenders8, base: ref(floorCreate8), baseWhat: "raw creates, 8 writers, no lock (records/s)", min: 0.8,
-		sqlite: ref(sqlite8), sqliteMin: 1.0, bolt: ref(bolt8)},
-	{what: "8 concurrent senders, counted in records (records/s; 2 per message)", ours: storeSenders8.with("records/s"), base: ref(floorCreate8), baseWhat: "raw creates, 8 writers, no lock",
+	{what: "8 concurrent senders, 1-envelope Enqueue, empty store (msgs/s; 2 records each)", ours: storeSenders8, base: ref(floorCreate8), baseWhat: "raw creates, 8 writers, no lock (records/s)",
+		sqlite: ref(sqlite8), bolt: ref(bolt8)},
+	{what: "8 concurrent senders, counted in records (records/s; 2 per message)", ours: storeSenders8.with("records/s"), base: ref(floorCreate8), baseWhat: "raw creates, 8 writers, no lock", min: 0.8,
 		sqlite: ref(sqlite8Msg.with("records/s"))},
-	{what: "8 concurrent senders vs SQLite doing the same 3 rows per message (msgs/s)", ours: storeSenders8, sqlite: ref(sqlite8Msg)},
-	{what: "8 concurrent senders on a store already holding 10,000 messages (msgs/s)", ours: storeFull8, base: ref(storeSenders8), baseWhat: "same senders, empty store"},
+	{what: "8 concurrent senders vs SQLite doing the same 3 rows per message from 8 goroutines (msgs/s)", ours: storeSenders8, sqlite: ref(sqlite8Msg), sqliteMin: 1.0},
+	{what: "8 concurrent senders on a store already holding 10,000 messages (msgs/s)", ours: storeFull8, base: ref(storeSenders8), baseWhat: "same senders, empty store", min: 0.9, size: &history10k},
+	{what: "8 concurrent senders on a store already holding 100,000 messages (msgs/s)", ours: storeFull100k, base: ref(storeSenders8), baseWhat: "same senders, empty store", min: 0.8, size: &history100k},
 	{what: "8 goroutines, PreparedTransaction of 1 record (records/s)", ours: storePut8, base: ref(floorCreate8), baseWhat: "raw creates, 8 writers, no lock",
 		sqlite: ref(sqlite8), bolt: ref(bolt8)},
 	{what: "8 goroutines, Transaction of 1 record (records/s)", ours: storeTx8, base: ref(floorCreate8), baseWhat: "raw creates, 8 writers, no lock",
@@ -145,6 +164,12 @@ var rows = []row{
 	{what: "part: EncodeRecord = validate + encode + sign (records/s)", ours: partEncode},
 	{what: "part: fsx.WriteFile, durable create via fsx (records/s)", ours: partFsxWrite, base: ref(floorCreate1), baseWhat: "raw create, 1 writer"},
 	{what: "part: fsx.OS.Lstat of a record (lstats/s)", ours: partFsxLstat, base: ref(partRawLstat), baseWhat: "fstatat on an open dir fd"},
+	// Late in every round: delivery replaces (and so frees) two records per envelope,
+	// which slows creates near them for a minute or more, like the churn rows.
+	{what: "delivery of 10,000 envelopes to one local relay, send → relayed (env/s)", ours: deliverRelay, base: ref(deliverRelay.with("raw-env/s")),
+		baseWhat: "the same relay's raw accept rate, same run: one client posting back to back", min: 0.5, size: &deliverSize},
+	{what: "longest store-lock hold, 10,000 pending envelopes whose relay goes unreachable and comes back (ms)", ours: lockCycle, absMax: 50, lowerBetter: true, size: &cycleSize},
+	{what: "… p99 store-lock hold in that cycle (ms)", ours: lockCycle.with("p99-hold-ms"), absMax: 10, lowerBetter: true, size: &cycleSize},
 	// Last in every round: the mass delete slows creates near it for a minute or more.
 	{what: "creates after delivering+removing 20,000 (records/s)", ours: churnDeleted, base: ref(churnFresh), baseWhat: "same creates, fresh store", min: 0.8},
 	{what: "cleanup: immediate durable unlink, 1 per tx (records/s)", ours: storeRemove1, base: ref(churnDeleted.with("bulk-removed/s")), baseWhat: "bulk unlink of 20,000 + 1 dir fsync"},
@@ -167,6 +192,11 @@ func TestBenchReport(t *testing.T) {
 		t.Skip("set SEALBRIDGE_BENCH_REPORT=1 (just bench) to run the interleaved benchmark report")
 	}
 	quick := os.Getenv("SEALBRIDGE_BENCH_QUICK") != ""
+	reportMode = "full"
+	if quick {
+		reportMode = "quick"
+	}
+	defer func() { reportMode = "" }()
 	runs := max(envInt("SEALBRIDGE_BENCH_RUNS", 5), 5)
 	benchtime := "1s"
 	if quick {
@@ -191,7 +221,15 @@ func TestBenchReport(t *testing.T) {
 					continue
 				}
 				ran[bp.name] = true
+				if d, err := time.ParseDuration(benchtime); err == nil && d < bp.minTime {
+					if err := flag.Set("test.benchtime", bp.minTime.String()); err != nil {
+						t.Fatal(err)
+					}
+				}
 				res := testing.Benchmark(bp.fn)
+				if err := flag.Set("test.benchtime", benchtime); err != nil {
+					t.Fatal(err)
+				}
 				if res.N == 0 {
 					t.Errorf("round %d: Benchmark%s failed (run it alone: go test -run '^$' -bench '^Benchmark%s$' ./internal/bench)", round+1, bp.name, bp.name)
 					got[bp.name] = append(got[bp.name], nil)
@@ -332,8 +370,11 @@ func writeReport(w io.Writer, s samples, info reportInfo) {
 	fmt.Fprintf(w, "\n## sealbridge benchmarks: %s report, %d rounds, benchtime %s, %s/%s, %d cores, %s, took %s\n\n",
 		mode, info.runs, info.benchtime, runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.Version(), info.elapsed.Round(time.Second))
 	fmt.Fprintf(w, "File system of the benchmark directories: %s\n\n", describeFS(cacheRoot))
+	if info.quick {
+		fmt.Fprintf(w, "The 8-senders benchmarks run for at least %s each, even in a quick report.\n\n", sendersMinTime)
+	}
 	fmt.Fprintln(w, "Medians over the rounds (± = largest distance of a round from the median). Ratios are ours / other,")
-	fmt.Fprintln(w, "the median of per-round ratios (pairs measured seconds apart). Higher is better except for the p99 row.")
+	fmt.Fprintln(w, "the median of per-round ratios (pairs measured seconds apart). Higher is better except in the rows in ms.")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| what | ours | baseline | ours / baseline | target | SQLite | ours / SQLite | bbolt | ours / bbolt |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
@@ -353,6 +394,14 @@ func writeReport(w io.Writer, s samples, info reportInfo) {
 				target = fmt.Sprintf("≤ %s %s", trimRatio(r.max), verdict(rt <= r.max))
 			}
 		}
+		if r.absMax > 0 {
+			m, _ := median(s.values(r.ours.name, r.ours.unit))
+			target = fmt.Sprintf("≤ %s ms %s", strconv.FormatFloat(r.absMax, 'f', -1, 64), verdict(m <= r.absMax))
+		}
+		what := r.what
+		if r.size != nil && info.quick && r.size.quick != r.size.full {
+			what += fmt.Sprintf(" — quick report: %s", thousands(r.size.quick))
+		}
 		if r.sqlite != nil && !(info.quick && r.sqlite.optional) {
 			sqlCell = s.cell(r.sqlite)
 			rt := s.pairedRatio(r.ours, *r.sqlite)
@@ -366,7 +415,7 @@ func writeReport(w io.Writer, s samples, info reportInfo) {
 			boltRatio = ratio(s.pairedRatio(r.ours, *r.bolt))
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			r.what, s.cell(&r.ours), baseCell, baseRatio, target, sqlCell, sqlRatio, boltCell, boltRatio)
+			what, s.cell(&r.ours), baseCell, baseRatio, target, sqlCell, sqlRatio, boltCell, boltRatio)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Every benchmark (median, min, max over rounds):")
@@ -406,6 +455,21 @@ func writeReport(w io.Writer, s samples, info reportInfo) {
 		fmt.Fprintf(w, "\nChurn fixture (last round): 20,000 records written and syncfs'd in %s; removed in bulk (unlink each, one dir fsync) in %s.\n",
 			churnFix.built.Round(time.Millisecond), churnFix.removed.Round(time.Millisecond))
 	}
+	historyMu.Lock()
+	for _, n := range slices.Sorted(maps.Keys(histories)) {
+		fmt.Fprintf(w, "\nHistory fixture: %s delivered messages signed, written, syncfs'd and indexed (Prepare) in %s, once per process.\n",
+			thousands(n), histories[n].built.Round(time.Millisecond))
+	}
+	historyMu.Unlock()
+}
+
+// thousands formats n with a comma every three digits (10,000).
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 // describeFS names the file system holding dir (from /proc/self/mounts) and, for

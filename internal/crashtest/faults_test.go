@@ -215,10 +215,11 @@ func tolerated(op *fsx.Op) bool {
 	if op.Kind == fsx.OpClose && !strings.HasSuffix(op.Path, ".tmp") {
 		return true // a read-only descriptor
 	}
-	if op.Kind == fsx.OpRemove && op.Path == ".lock" {
-		// Releasing the lock failed in a round whose plan was to be retried anyway;
-		// the retry breaks the leftover lock (its holder is this very process) and
-		// succeeds. Only a failure in the round that published is reported.
+	if op.Kind == fsx.OpWrite && op.Path == ".lock" && strings.HasPrefix(string(op.Data), `{"free":true`) {
+		// Releasing the lock (writing the free record) failed in a round whose plan
+		// was to be retried anyway; the retry takes over the leftover lock (its
+		// holder is this very process) and succeeds. Only a failure in the round
+		// that published is reported.
 		return true
 	}
 	return false

@@ -144,8 +144,9 @@ func sharedFaulty(f **fsx.Faulty, inject func(fsx.Op) error) func(fsx.FS) fsx.FS
 	}
 }
 
-// A stale lock broken by the next writer, crashed at every point of the break and of
-// the write after it: covered by the stale-lock-break workload of TestCrashStates.
+// A stale lock taken over in place by the next writer (free record, then its own
+// details), crashed at every point of the take-over and of the write after it:
+// covered by the stale-lock-break workload of TestCrashStates.
 func staleLockWorkload() workload {
 	return workload{name: "stale-lock-break", setup: func(t *testing.T, s *store.Store, c *clock) {
 		// A lock left by a process that died: its pid no longer exists.

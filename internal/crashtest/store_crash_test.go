@@ -65,6 +65,7 @@ type expectation struct {
 type workload struct {
 	name  string
 	setup func(t *testing.T, s *store.Store, c *clock)
+	arm   func(f *fsx.Faulty) // if set, called with the recording FS before run (to inject)
 	run   func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string))
 }
 
@@ -139,6 +140,9 @@ func explore(t *testing.T, w workload, weaken func(*fsx.Faulty)) result {
 		}
 		return faulty
 	})
+	if w.arm != nil {
+		w.arm(faulty)
+	}
 	var exps []expectation
 	ack := func(r record.Record, more ...record.Record) {
 		for _, r := range append([]record.Record{r}, more...) {
@@ -531,6 +535,26 @@ func workloads() []workload {
 				gone(record.KindBatches, id)
 			}
 		}},
+		// Expired records removed together: maintenance unlinks a chunk of one kind
+		// and fsyncs its directory once, so a crash may keep any subset of them.
+		{name: "maintenance-bulk-expiry", setup: bulkExpirySetup, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+			ids, _ := s.List(record.KindReceipts)
+			msgs, _ := s.List(record.KindMessages)
+			c.ns.Add(int64(2 * time.Hour)) // past every retainUntil
+			rep, err := s.Maintain(ctx)
+			if err != nil || len(rep.Errors) > 0 {
+				t.Fatal(err, rep.Errors)
+			}
+			if rep.ExpiredRemoved != len(ids)+len(msgs) || len(ids) != bulkExpiry || len(msgs) != bulkExpiry {
+				t.Fatalf("removed %d of %d receipts and %d messages", rep.ExpiredRemoved, len(ids), len(msgs))
+			}
+			for _, id := range ids {
+				gone(record.KindReceipts, id)
+			}
+			for _, id := range msgs {
+				gone(record.KindMessages, id)
+			}
+		}},
 		{name: "idempotency-bind-and-response", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			start, err := s.BeginOperation(ctx, "key", []byte(`{"q":1}`))
 			if err != nil {
@@ -547,9 +571,14 @@ func workloads() []workload {
 		}},
 		staleLockWorkload(),
 		batchedDeliveryWorkload(),
+		cancelledEnqueueWorkload(),
 		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
-			if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
-				t.Fatal(err)
+			// The first hold makes .lock (temp with the free record, link, unlink);
+			// the second only writes the holder's details and the free record over it.
+			for range 2 {
+				if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}},
 		{name: "generation-compaction", setup: compactionSetup, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
@@ -623,6 +652,45 @@ func fixedReceipt(c *clock, state string) *record.Receipt {
 		EnvelopeDigest: envelope.Digest([]byte("e")), State: state, ReceivedAt: now.UnixMilli(), RetainUntil: now.Add(24 * time.Hour).UnixMilli()}
 }
 
+// cancelledEnqueueWorkload is an enqueue whose context is cancelled at the first
+// fsync of a staged record: it publishes nothing and removes the temps it staged, so
+// no crash state may hold any of its records.
+func cancelledEnqueueWorkload() workload {
+	var cancel atomic.Pointer[context.CancelFunc]
+	return workload{name: "cancelled-enqueue", arm: func(f *fsx.Faulty) {
+		f.Inject = func(op fsx.Op) error {
+			dir, base, _ := strings.Cut(op.Path, "/")
+			if op.Kind == fsx.OpSync && record.Kind(dir).Valid() && fsx.IsTempName(base) {
+				if c := cancel.Swap(nil); c != nil {
+					(*c)()
+				}
+			}
+			return nil
+		}
+	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+		ctx, stop := context.WithCancel(context.Background())
+		defer stop()
+		cancel.Store(&stop)
+		req := sendRequest(c.Now(), 3)
+		if _, err := s.Enqueue(ctx, req); !errors.Is(err, context.Canceled) || !errors.Is(err, errcode.OutboxStoreBusy) {
+			t.Fatalf("enqueue cancelled while staging: %v", err)
+		}
+		if cancel.Load() != nil {
+			t.Fatal("the enqueue staged nothing")
+		}
+		filepath.WalkDir(s.Dir(), func(p string, e os.DirEntry, err error) error {
+			if err == nil && fsx.IsTempName(e.Name()) {
+				t.Errorf("temp left behind: %s", p)
+			}
+			return nil
+		})
+		gone(record.KindMessages, req.MessageID)
+		for _, e := range req.Envelopes {
+			gone(record.KindOutbox, e.EnvelopeID)
+		}
+	}}
+}
+
 // maintenanceSetup leaves work for every maintenance step: a batch past its deadline,
 // a settled single (DESIGN §7), a settled one-envelope batch with a marker (as stores
 // written before singles hold), an orphan outbox record, a record past retention, an
@@ -671,6 +739,29 @@ func maintenanceSetup(t *testing.T, s *store.Store, c *clock) {
 	}
 	old := now.Add(-3 * time.Hour)
 	os.Chtimes(temp, old, old)
+}
+
+// bulkExpiry is how many receipts and messages bulkExpirySetup writes: several to a
+// maintenance chunk, few enough that the states of every subset stay cheap.
+const bulkExpiry = 5
+
+// bulkExpirySetup writes bulkExpiry receipts and bulkExpiry settled messages whose
+// retention ends within the hour.
+func bulkExpirySetup(t *testing.T, s *store.Store, c *clock) {
+	now := c.Now()
+	var recs []record.Record
+	for range bulkExpiry {
+		r := fixedReceipt(c, record.ReceiptTerminal)
+		r.EnvelopeID = uuid.NewString()
+		r.ReceivedAt, r.RetainUntil = now.UnixMilli(), now.Add(time.Hour).UnixMilli()
+		m := &record.Message{MessageID: uuid.NewString(), Status: record.StatusDelivered, PeerOwnerDID: string(peer()),
+			RelayURL: "http://127.0.0.1:9/", EnvelopeDigest: envelope.Digest([]byte("m")), DeliveryDeadline: now.Add(time.Minute).UnixMilli(),
+			CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli(), RetainUntil: now.Add(time.Hour).UnixMilli()}
+		recs = append(recs, r, m)
+	}
+	if err := put(context.Background(), s, recs...); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestCrashStates(t *testing.T) {

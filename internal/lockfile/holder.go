@@ -3,6 +3,7 @@ package lockfile
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -28,12 +29,52 @@ type Holder struct {
 func newHolder(o Options) Holder {
 	self := selfInfo()
 	return Holder{
-		Pid:       os.Getpid(),
+		Pid:       self.pid,
 		Host:      o.Host,
 		Boot:      self.boot,
 		ProcStart: self.start,
 		Time:      o.Now().UTC(), // no monotonic reading: Time is what the file says
 	}
+}
+
+// recordSize is the size of a lock record: one 512-byte sector. Every write of ".lock"
+// covers the whole file (at least recordSize bytes) in one pwrite at offset 0.
+const recordSize = 512
+
+// freeRecord is what ".lock" says when nobody holds it. Its time is the Unix epoch so
+// that a writer of the earlier protocol (which unlinks ".lock" on release and takes
+// the name alone to mean "held") finds a free lock stale at once and breaks it,
+// instead of waiting out the stale bound.
+var freeRecord = []byte(`{"free":true,"time":"1970-01-01T00:00:00Z"}`)
+
+// encodeRecord returns rec padded with spaces and a final newline to the largest of
+// recordSize, min (the size of the file it overwrites, so that no byte of an earlier
+// record is left behind) and len(rec)+1 rounded up to a multiple of recordSize.
+func encodeRecord(rec []byte, min int64) ([]byte, error) {
+	size := max(int64(recordSize), min)
+	if need := int64(len(rec)) + 1; need > size {
+		size = (need + recordSize - 1) / recordSize * recordSize
+	}
+	if size > maxHolderSize {
+		return nil, fmt.Errorf("lockfile: a lock record of %d bytes is larger than %d", size, maxHolderSize)
+	}
+	out := make([]byte, size)
+	copy(out, rec)
+	for i := len(rec); i < len(out)-1; i++ {
+		out[i] = ' '
+	}
+	out[len(out)-1] = '\n'
+	return out, nil
+}
+
+// parseRecord parses the content of a lock file: the free record (free), holder info
+// (h), or neither — empty, torn, or not ours (false, nil).
+func parseRecord(data []byte) (free bool, h *Holder) {
+	data = bytes.Trim(data, " \t\r\n")
+	if bytes.Equal(data, freeRecord) {
+		return true, nil
+	}
+	return false, parseHolder(data)
 }
 
 // parseHolder parses holder info; nil if empty or not ours.
@@ -50,6 +91,8 @@ func parseHolder(data []byte) *Holder {
 }
 
 type self struct {
+	pid      int
+	euid     int
 	boot     string
 	start    uint64
 	procOK   bool // /proc/self/stat was readable: /proc is mounted
@@ -57,7 +100,7 @@ type self struct {
 }
 
 var selfOnce = sync.OnceValue(func() self {
-	var s self
+	s := self{pid: os.Getpid(), euid: os.Geteuid()}
 	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
 		s.boot = string(bytes.TrimSpace(b))
 	}

@@ -1,25 +1,41 @@
 // Package lockfile is the store's writer lock (DESIGN §6): a file named ".lock" in the
-// root of an fsx.FS that is present only while a writer holds the store.
+// root of an fsx.FS, created once and never removed, whose exclusive flock(2) is held by
+// the writer that holds the store and whose content says who that is.
+//
+// # The lock file
+//
+// ".lock" holds one lock record, padded with spaces and a final newline to at least
+// 512 bytes: the free record {"free":true,"time":"1970-01-01T00:00:00Z"} when nobody
+// holds the store, or the holder's details (a JSON Holder: pid, host, boot id, process
+// start time, time). Every write of it covers the whole file in one pwrite(2) at offset
+// 0. It is made the first time a writer finds no ".lock": a private temp
+// ".lock-<uuid>.tmp" (O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW, 0600) gets the free record and
+// is link(2)ed to ".lock" — so ".lock" never appears empty, and two first writers make
+// one file between them (the second link fails with EEXIST) — and the temp is unlinked.
+// From then on no lock hold creates or removes a file.
 //
 // # Protocol
 //
-// A writer makes ".lock" appear already locked. It creates a private temp
-// ".lock-<uuid>.tmp" (O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW, 0600) in the root, writes its
-// holder info (a JSON Holder: pid, host, boot id, process start time, time), takes an
-// exclusive flock(2) on it (github.com/gofrs/flock, opened by path with
-// O_RDONLY|O_NOFOLLOW|O_NONBLOCK and never O_CREAT; the descriptor it locks is checked to
-// be the temp it created), link(2)s it to ".lock" — which fails with EEXIST exactly like
-// the O_CREAT|O_EXCL that other implementations use on the same path — unlinks the temp,
-// and checks that ".lock" names the inode it holds. Release is: check, unlink ".lock",
-// release the flock and close. A holder therefore holds the flock of the inode that
-// ".lock" names for as long as ".lock" names it.
+// To acquire, a writer lstats ".lock", opens it read-write (O_NOFOLLOW|O_NONBLOCK,
+// never O_CREAT), takes an exclusive non-blocking flock on that descriptor, checks that
+// the descriptor is the file it lstat'ed and, once it holds the flock, that ".lock"
+// still names it (same device and inode), and reads the record. If the record is free,
+// it writes its holder details: it holds the store. Release is: check, write the free
+// record, close (which releases the flock). A holder therefore holds the flock of the
+// inode that ".lock" names for as long as it holds the store, and the record is only
+// ever written by whoever holds that flock.
 //
-// A contender that meets EEXIST inspects ".lock". It refuses (ErrInvalid) a ".lock" that
-// is a symbolic link, not a regular file, or owned by another user; it never follows,
-// opens for writing, or removes such a file. Otherwise it tries the flock of ".lock":
+// A contender refuses (ErrInvalid) a ".lock" that is a symbolic link, not a regular
+// file, or owned by another user; it never follows, opens for writing, or removes such
+// a file. Otherwise:
 //
-//   - held by someone: the lock is live. It is never broken, whatever its age.
-//   - free: nobody of this implementation holds it. The lock is stale when
+//   - the flock is held by someone: the lock is live. It is never broken, whatever its
+//     age or its record.
+//   - the flock is free and the record is free: the lock is the contender's.
+//   - the flock is free and the record is not free (holder details left by a holder
+//     that crashed, an empty or other file made with O_CREAT|O_EXCL by another
+//     implementation, a torn record): nobody of this implementation holds it. The lock
+//     is stale when
 //     (a) its holder info names this host (Options.Host) and that holder is gone: its pid
 //     does not exist (kill(pid, 0) = ESRCH), is a zombie, was reused (its start time in
 //     /proc/<pid>/stat differs from the recorded one), the host rebooted since (the
@@ -28,49 +44,65 @@
 //     (b) it is older than Options.Stale — age from the recorded time, or from the
 //     file's mtime when there is no parseable holder info (an empty ".lock" made with
 //     O_CREAT|O_EXCL by another implementation is honoured until then); or
-//     (c) its mtime lies before this host's last boot: after a power cut the lock's
-//     holder info — never fsynced — may be empty or torn, and no holder survives a
-//     reboot.
+//     (c) its mtime lies before this host's last boot: after a power cut the record —
+//     never fsynced — may be empty or torn, and no holder survives a reboot.
 //     A lock that is not stale is waited for like a live one. Rule (a) trusts host
 //     names to be unique among the hosts that share a store; it never overrides a
 //     held flock.
 //
-// A stale lock is broken safely: while holding its flock, the contender confirms that
-// ".lock" still names the same inode (it keeps the inode open, so the number cannot be
-// reused), unlinks it, releases, and retries. A writer killed with SIGKILL releases its
-// flock in the kernel, so its lock is broken at once on the same host (rule a) and after
+// A stale lock is taken over in place: still holding its flock and having confirmed
+// that ".lock" names the inode it holds, the contender writes the free record and then
+// its own holder details. (The free record first, so that no write ever lands on
+// holder details with other holder details: see "Torn records".) A ".lock" larger than
+// 4 KiB, which no write of this package makes, cannot be overwritten whole; it is
+// unlinked instead and made afresh. A writer killed with SIGKILL releases its flock in
+// the kernel, so its lock is taken over at once on the same host (rule a) and after
 // Options.Stale anywhere (rule b): the store never wedges.
 //
 // Waiting is bounded: retries back off from about 1 ms, doubling to about 50 ms, with
 // jitter, for at most Options.Wait (default 2 s, measured on the monotonic clock) and
 // never past ctx; then Acquire returns ErrBusy naming the holder's pid and host.
 //
+// # Torn records
+//
+// The record is not fsynced, so a power cut may leave any prefix of the last write
+// over the record before it. Every write is the free record over holder details (or
+// over anything else, when a stale lock is taken over), or holder details over the
+// free record. The free record over anything reads as the free record (the whole
+// write), as not parseable, or as holder info whose time is the recorded one or none;
+// holder details over the free record read as those details (the whole write), as not
+// parseable, or as holder info without a time or with the epoch's (the free record
+// holds no other time, and a prefix of the holder's own time followed by the free
+// record's is too short to be a time). None of these is held for longer than
+// Options.Stale, and a file torn by a power cut is stale at once by rule (c): its
+// mtime predates the boot. A free record that reads as free is what the crash
+// left: nobody holds the flock after a crash, so nobody holds the store.
+//
 // # What a caller may rely on
 //
 //   - Between a successful Acquire and Unlock, no other caller of this package — another
 //     process or another goroutine of this one (flock belongs to an open file
 //     description, and each Acquire opens its own) — holds the lock, as long as nobody
-//     tampers with ".lock" by other means. Lock.Check detects such tampering (ErrLost);
-//     the store calls it before publishing.
+//     tampers with ".lock" by other means. Lock.Check detects the replacement or
+//     removal of ".lock" (ErrLost); the store calls it before publishing.
 //   - A live lock (flock held) is never broken, by Acquire, BreakStale or CleanOrphans.
 //   - Inspect changes nothing on disk.
 //
 // # Durability
 //
-// Nothing here is fsynced: neither the temp nor the root directory. A lock is a
+// Nothing here is fsynced: neither the record nor the root directory. A lock is a
 // property of running processes, and a lock that does not survive a crash is correct.
-// After a power cut ".lock" may be missing, or present with empty or partial holder
-// info; the latter is broken as stale once older than Options.Stale (or at once by the
-// boot-id rule when the holder info survived). Removals of stale locks and orphan temps
-// are likewise not durable, which is harmless: a resurrected stale lock is stale again.
+// After a power cut ".lock" may be missing (its creation did not persist), empty, or
+// hold a torn record; the latter two are stale at once by the boot rule. Removals of
+// orphan temps are likewise not durable, which is harmless.
 //
 // # Orphans
 //
-// A crash between creating the temp and linking it leaves an orphan ".lock-<uuid>.tmp"
-// and no ".lock". Acquire, once it holds the lock, removes (best effort) every lock temp
-// older than Options.Stale whose flock is free; CleanOrphans does the same on demand and
-// Inspect lists lock temps. IsTempName recognises their names (they are not
-// fsx.IsTempName names).
+// A crash between creating the temp and linking it leaves an orphan ".lock-<uuid>.tmp".
+// Acquire, once it holds the lock and only when it has just made ".lock" or taken over
+// a stale lock, removes (best effort) every lock temp older than Options.Stale whose
+// flock is free; CleanOrphans does the same on demand and Inspect lists lock temps.
+// IsTempName recognises their names (they are not fsx.IsTempName names).
 //
 // No network I/O and no unbounded work is done here; the caller must not do any while
 // holding the lock either (DESIGN §6).
@@ -83,11 +115,8 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
-	"os"
 	"syscall"
 	"time"
-
-	"github.com/gofrs/flock"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 )
@@ -113,8 +142,8 @@ const (
 	backoffMax = 50 * time.Millisecond
 )
 
-// maxHolderSize bounds how much of a lock file is read for its holder info. A larger
-// file is treated as having no parseable holder info.
+// maxHolderSize bounds how much of a lock file is read for its record. A larger file
+// is treated as having no parseable holder info, and is never overwritten in place.
 const maxHolderSize = 4096
 
 // The errors of this package; test with errors.Is. The store maps them to its codes
@@ -168,9 +197,11 @@ func (o Options) withDefaults() Options {
 // Lock is a held lock. A Lock is used by one goroutine.
 type Lock struct {
 	fsys     fsx.FS
-	fl       *flock.Flock
+	f        fsx.File // ".lock", open read-write; we hold its flock
 	dev, ino uint64
+	size     int64 // the file's size: every write covers it
 	holder   Holder
+	tookOver bool // the lock was stale and taken over
 	released bool
 }
 
@@ -181,8 +212,8 @@ func (l *Lock) Holder() Holder { return l.holder }
 // package documentation. It returns ErrBusy (wrapped, naming the holder) when the wait
 // bound passes, ctx's error (wrapped) when ctx ends first, ErrInvalid for a planted
 // ".lock", and the file-system error of any failed call otherwise; on every error,
-// nothing of this attempt is left held and, unless a cleanup call failed too, nothing is
-// left on disk. The caller must call Unlock (or use With).
+// nothing of this attempt is left held and ".lock", if this attempt wrote it, says free
+// again unless a write failed. The caller must call Unlock (or use With).
 func Acquire(ctx context.Context, fsys fsx.FS, opts Options) (*Lock, error) {
 	o := opts.withDefaults()
 	deadline := time.Now().Add(o.Wait)
@@ -191,7 +222,8 @@ func Acquire(ctx context.Context, fsys fsx.FS, opts Options) (*Lock, error) {
 	}
 	delay := backoffMin
 	var holder *Holder
-	seen := false // we met a lock at least once
+	seen := false    // we met a held lock at least once
+	created := false // we made ".lock"
 	immediate := 0
 	for {
 		if err := ctx.Err(); err != nil {
@@ -200,17 +232,20 @@ func Acquire(ctx context.Context, fsys fsx.FS, opts Options) (*Lock, error) {
 		l, res, h, err := tryOnce(fsys, o)
 		switch res {
 		case resAcquired:
-			_, _ = cleanOrphans(fsys, o) // best effort, under the lock
+			if created || l.tookOver {
+				_, _ = cleanOrphans(fsys, o) // best effort, under the lock
+			}
 			return l, nil
 		case resFailed:
 			return nil, err
 		case resBusy:
 			holder, seen = h, true
 			immediate = 0
-		case resRetry:
-			// The lock vanished, changed or was just broken: try again at once, a
-			// few times (even past the deadline: progress was made), before falling
-			// back to the backoff.
+		case resCreated, resRetry:
+			// We just made the lock file, or the lock vanished, changed or was just
+			// broken: try again at once, a few times (even past the deadline:
+			// progress was made), before falling back to the backoff.
+			created = created || res == resCreated
 			if immediate < 8 {
 				immediate++
 				continue
@@ -252,131 +287,118 @@ type result int
 const (
 	resFailed result = iota
 	resAcquired
-	resBusy  // the lock is held (live, or not stale): wait
-	resRetry // something changed under us: try again
+	resBusy    // the lock is held (live, or not stale): wait
+	resRetry   // something changed under us: try again
+	resCreated // we made ".lock" (free): try again at once
 )
 
-// tryOnce makes one attempt: temp, flock, link, unlink temp, verify; on EEXIST it
-// inspects the existing lock and breaks it if stale.
+// tryOnce makes one attempt: open, flock and read ".lock" (making it first if there is
+// none), then take it if it is free or stale.
 func tryOnce(fsys fsx.FS, o Options) (*Lock, result, *Holder, error) {
-	name := newTempName()
-	f, err := fsys.OpenFile(name, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, 0o600)
-	if err != nil {
-		if fsx.IsExist(err) { // a uuid collision: never, but harmless
-			return nil, resRetry, nil, nil
-		}
-		return nil, resFailed, nil, err
-	}
-	holder := newHolder(o)
-	data, _ := json.Marshal(holder) // cannot fail
-	_, err = f.Write(append(data, '\n'))
-	tinfo, serr := f.Stat()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = serr
-	}
-	if err != nil {
-		removeQuiet(fsys, name)
-		return nil, resFailed, nil, err
-	}
-
-	fl := newFlock(fsys, name)
-	ok, err := fl.TryLock()
-	switch {
-	case err != nil && fsx.Errno(err) == syscall.ENOENT:
-		// Our temp was removed (an orphan sweep with a clock far ahead): try again.
-		return nil, resRetry, nil, nil
-	case err != nil:
-		removeQuiet(fsys, name)
-		return nil, resFailed, nil, fmt.Errorf("lockfile: flock %s: %w", fl.Path(), err)
-	case !ok:
-		// An orphan sweeper holds our fresh temp: it will remove it; so do we.
-		removeQuiet(fsys, name)
-		return nil, resRetry, nil, nil
-	}
-	if st, ok := flockStat(fl); !ok || st.Dev != tinfo.Dev || st.Ino != tinfo.Ino {
-		release(fl)
-		return nil, resFailed, nil, fmt.Errorf("%w: %s was replaced after it was created", ErrInvalid, fl.Path())
-	}
-
-	err = fsys.Link(name, LockName)
-	switch {
-	case err == nil:
-	case fsx.IsExist(err):
-		rerr := fsys.Remove(name)
-		release(fl)
-		if rerr != nil && !fsx.IsNotExist(rerr) {
-			return nil, resFailed, nil, rerr
-		}
-		return contend(fsys, o)
-	case fsx.IsNotExist(err) && fsx.Errno(lstatErr(fsys, name)) == syscall.ENOENT:
-		// Our temp vanished (see above); the root itself is still there.
-		release(fl)
-		return nil, resRetry, nil, nil
-	default:
-		removeQuiet(fsys, name)
-		release(fl)
-		return nil, resFailed, nil, err
-	}
-
-	// ".lock" names our flocked inode: nobody following the protocol can break it now.
-	l := &Lock{fsys: fsys, fl: fl, dev: tinfo.Dev, ino: tinfo.Ino, holder: holder}
-	if err := fsys.Remove(name); err != nil && !fsx.IsNotExist(err) {
-		l.undo()
-		removeQuiet(fsys, name)
-		return nil, resFailed, nil, err
-	}
-	info, err := fsys.Lstat(LockName)
-	if err == nil && (!info.IsRegular() || info.Dev != l.dev || info.Ino != l.ino) {
-		err = fmt.Errorf("%w: %s was replaced right after it was linked", ErrLost, lockPath(fsys))
-	}
-	if err == nil {
-		if st, ok := flockStat(fl); !ok || st.Nlink == 0 {
-			err = fmt.Errorf("%w: %s: our inode has no links", ErrLost, lockPath(fsys))
-		}
-	}
-	if err != nil {
-		if fsx.IsNotExist(err) {
-			err = fmt.Errorf("%w: %s vanished right after it was linked", ErrLost, lockPath(fsys))
-		}
-		l.undo()
-		return nil, resFailed, nil, err
-	}
-	return l, resAcquired, nil, nil
-}
-
-// contend handles an existing ".lock": invalid, live, held-not-stale or stale.
-func contend(fsys fsx.FS, o Options) (*Lock, result, *Holder, error) {
-	p, err := probe(fsys, o)
+	p, err := probe(fsys, true)
 	switch {
 	case errors.Is(err, errChanged):
 		return nil, resRetry, nil, nil
 	case err != nil:
 		return nil, resFailed, nil, err
 	case !p.present:
+		made, err := create(fsys)
+		switch {
+		case err != nil:
+			return nil, resFailed, nil, err
+		case made:
+			return nil, resCreated, nil, nil
+		}
 		return nil, resRetry, nil, nil
 	case p.live:
-		return nil, resBusy, p.holder, nil
-	case !isStale(p, o):
-		release(p.fl)
+		p.close()
 		return nil, resBusy, p.holder, nil
 	}
-	if err := breakHeld(fsys, p); err != nil && !errors.Is(err, errChanged) {
-		return nil, resFailed, nil, err
+	// We hold the flock of the inode ".lock" names: nobody following the protocol
+	// writes it or breaks it now.
+	tookOver := false
+	if !p.free {
+		if !isStale(p, o) {
+			p.close()
+			return nil, resBusy, p.holder, nil
+		}
+		broke, err := takeBack(fsys, p)
+		if err != nil || broke {
+			p.close()
+			if err != nil {
+				return nil, resFailed, nil, err
+			}
+			return nil, resRetry, nil, nil
+		}
+		tookOver = true
 	}
-	return nil, resRetry, nil, nil
+	holder := newHolder(o)
+	data, _ := json.Marshal(holder) // cannot fail
+	rec, err := encodeRecord(data, p.info.Size)
+	if err == nil {
+		_, err = p.f.WriteAt(rec, 0)
+		if err != nil {
+			// The record may be torn: make it say free again (best effort).
+			_ = writeFree(p.f, int64(len(rec)))
+		}
+	}
+	if err != nil {
+		p.close()
+		return nil, resFailed, nil, fmt.Errorf("lockfile: writing %s: %w", lockPath(fsys), err)
+	}
+	return &Lock{fsys: fsys, f: p.f, dev: p.info.Dev, ino: p.info.Ino, size: int64(len(rec)), holder: holder, tookOver: tookOver}, resAcquired, nil, nil
 }
 
-// undo removes ".lock" if it still names our inode (we hold its flock, so nobody
-// else will touch it), then releases the flock. Used on failure after the link.
-func (l *Lock) undo() {
-	if info, err := l.fsys.Lstat(LockName); err == nil && info.Dev == l.dev && info.Ino == l.ino {
-		_ = l.fsys.Remove(LockName)
+// create makes ".lock", saying free: a temp with the free record, linked to ".lock",
+// then unlinked. It reports whether our link made ".lock" (false with a nil error: it
+// was made by someone else meanwhile, or our temp vanished — try again).
+func create(fsys fsx.FS) (bool, error) {
+	name := newTempName()
+	f, err := fsys.OpenFile(name, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, 0o600)
+	if err != nil {
+		if fsx.IsExist(err) { // a uuid collision: never, but harmless
+			return false, nil
+		}
+		return false, err
 	}
-	release(l.fl)
-	l.released = true
+	rec, _ := encodeRecord(freeRecord, 0) // cannot fail
+	_, err = f.Write(rec)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		removeQuiet(fsys, name)
+		return false, err
+	}
+	err = fsys.Link(name, LockName)
+	made := err == nil
+	switch {
+	case made, fsx.IsExist(err):
+		err = nil
+	case fsx.IsNotExist(err) && fsx.Errno(lstatErr(fsys, name)) == syscall.ENOENT:
+		// Our temp was removed (an orphan sweep with a clock far ahead); the root
+		// itself is still there.
+		return false, nil
+	}
+	if err != nil {
+		removeQuiet(fsys, name)
+		return false, err
+	}
+	// The temp is only a second name of the file now; a failure to remove it leaves
+	// an orphan that a later sweep or fsck removes.
+	if err := fsys.Remove(name); err != nil && !fsx.IsNotExist(err) {
+		return made, err
+	}
+	return made, nil
+}
+
+// writeFree writes the free record over the first size bytes of f.
+func writeFree(f fsx.File, size int64) error {
+	rec, err := encodeRecord(freeRecord, size)
+	if err == nil {
+		_, err = f.WriteAt(rec, 0)
+	}
+	return err
 }
 
 // Check returns nil if ".lock" still names the inode this Lock holds, and an error
@@ -404,10 +426,11 @@ func (l *Lock) verify() error {
 }
 
 // Unlock releases the lock: it checks that ".lock" still names our inode (else an
-// error wrapping ErrLost, and ".lock" is left alone), unlinks it, then releases the
-// flock and closes the descriptor. The flock is released whatever happens. Unlock is
-// idempotent: after the first call it returns nil. The unlink is not fsynced (see the
-// package documentation).
+// error wrapping ErrLost, and nothing is written), writes the free record over the
+// whole file, and closes the descriptor, which releases the flock whatever happens.
+// Unlock is idempotent: after the first call it returns nil. The write is not fsynced
+// (see the package documentation); if it fails, the holder details stay, and the lock
+// is stale at once for this process and once this process is gone for the others.
 func (l *Lock) Unlock() error {
 	if l == nil || l.released {
 		return nil
@@ -415,17 +438,13 @@ func (l *Lock) Unlock() error {
 	l.released = true
 	err := l.verify()
 	if err == nil {
-		if rerr := l.fsys.Remove(LockName); rerr != nil {
-			if fsx.IsNotExist(rerr) {
-				err = fmt.Errorf("%w: %s was removed", ErrLost, lockPath(l.fsys))
-			} else {
-				err = rerr
-			}
+		if werr := writeFree(l.f, l.size); werr != nil {
+			err = fmt.Errorf("lockfile: releasing %s: %w", lockPath(l.fsys), werr)
 		}
 	}
-	if uerr := release(l.fl); err == nil && uerr != nil {
-		err = fmt.Errorf("lockfile: release %s: %w", lockPath(l.fsys), uerr)
-	}
+	// Close frees the descriptor, and with it the flock, even when it reports an
+	// error; the record needs no flush, so there is nothing to report.
+	_ = l.f.Close()
 	return err
 }
 
@@ -470,37 +489,20 @@ func absName(fsys fsx.FS, name string) string {
 	return root + "/" + name
 }
 
-// newFlock returns a flock on root/name that never creates, never follows a final
-// symlink and never blocks on a FIFO.
-func newFlock(fsys fsx.FS, name string) *flock.Flock {
-	return flock.New(absName(fsys, name), flock.SetFlag(os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK))
-}
-
-// flockStat fstats the descriptor of a held flock (gofrs' Stat stats by path when it
-// holds no descriptor, which would follow links: call it only while locked).
-func flockStat(fl *flock.Flock) (*syscall.Stat_t, bool) {
-	if !fl.Locked() {
-		return nil, false
+// tryFlock takes an exclusive flock on f without blocking; false if someone holds it.
+func tryFlock(f fsx.File) (bool, error) {
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		switch err {
+		case nil:
+			return true, nil
+		case syscall.EINTR:
+			continue
+		case syscall.EWOULDBLOCK:
+			return false, nil
+		}
+		return false, &fs.PathError{Op: "flock", Path: f.Name(), Err: err}
 	}
-	fi, err := fl.Stat()
-	if err != nil {
-		return nil, false
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	return st, ok
-}
-
-// release unlocks and closes fl; nil is a no-op. A failed LOCK_UN is retried once
-// (gofrs keeps the descriptor open when LOCK_UN fails).
-func release(fl *flock.Flock) error {
-	if fl == nil {
-		return nil
-	}
-	err := fl.Unlock()
-	if err != nil {
-		err = fl.Unlock()
-	}
-	return err
 }
 
 func removeQuiet(fsys fsx.FS, name string) { _ = fsys.Remove(name) }
@@ -517,7 +519,7 @@ func checkLockInfo(path string, info fsx.Info) error {
 		return fmt.Errorf("%w: %s is a symbolic link", ErrInvalid, path)
 	case !info.IsRegular():
 		return fmt.Errorf("%w: %s is not a regular file (mode %s)", ErrInvalid, path, fs.FileMode(info.Mode&0o777)|typeBits(info.Mode))
-	case int(info.Uid) != os.Geteuid():
+	case int(info.Uid) != selfInfo().euid:
 		return fmt.Errorf("%w: %s is owned by uid %d", ErrInvalid, path, info.Uid)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package lockfile_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -84,7 +85,8 @@ func dirHash(t *testing.T, dir string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// writeLock plants a ".lock" with the given holder info (nil: empty) and mtime.
+// writeLock plants ".lock" content: the given holder info (nil: empty), written over
+// the lock file (created if there is none, truncated if there is: its inode stays).
 func writeLock(t *testing.T, dir string, h *lockfile.Holder) {
 	t.Helper()
 	var data []byte
@@ -94,7 +96,7 @@ func writeLock(t *testing.T, dir string, h *lockfile.Holder) {
 			t.Fatal(err)
 		}
 	}
-	f, err := os.OpenFile(filepath.Join(dir, lockfile.LockName), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(filepath.Join(dir, lockfile.LockName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +105,28 @@ func writeLock(t *testing.T, dir string, h *lockfile.Holder) {
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// freeRecord is the content of a free ".lock", before its padding.
+const freeRecord = `{"free":true,"time":"1970-01-01T00:00:00Z"}`
+
+// checkFree checks that dir holds only ".lock", saying free, and that Inspect reports
+// no lock.
+func checkFree(t *testing.T, dir string) {
+	t.Helper()
+	if got := listDir(t, dir); !slices.Equal(got, []string{lockfile.LockName}) {
+		t.Fatalf("dir = %v, want only .lock", got)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, lockfile.LockName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 512 || string(b[:len(freeRecord)]) != freeRecord || strings.TrimLeft(string(b[len(freeRecord):]), " ") != "\n" {
+		t.Fatalf(".lock = %q, want the free record padded to 512 bytes", b)
+	}
+	if st, err := lockfile.Inspect(fsx.NewOS(dir), lockfile.Options{}); err != nil || st.Present || st.Live || st.Stale || st.Holder != nil {
+		t.Fatalf("Inspect of a free lock = %+v, %v", st, err)
 	}
 }
 
@@ -179,8 +203,9 @@ func TestAcquireUnlockBasics(t *testing.T) {
 		t.Fatalf("busy error %q does not name the holder", err)
 	}
 	mustUnlock(t, l)
-	if got := listDir(t, dir); len(got) != 0 {
-		t.Fatalf("after Unlock dir = %v", got)
+	checkFree(t, dir)
+	if got := lstat(t, filepath.Join(dir, lockfile.LockName)); got.Ino != st.Ino || got.Size != 512 {
+		t.Fatalf(".lock after Unlock: inode %d → %d, size %d", st.Ino, got.Ino, got.Size)
 	}
 	if err := l.Unlock(); err != nil {
 		t.Fatalf("second Unlock: %v", err)
@@ -188,17 +213,98 @@ func TestAcquireUnlockBasics(t *testing.T) {
 	if err := l.Check(); !errors.Is(err, lockfile.ErrLost) {
 		t.Fatalf("Check after Unlock: %v", err)
 	}
-	// Faulty records exactly the protocol's mutating calls.
+	// Faulty records exactly the protocol's mutating calls: the first Acquire of a
+	// store makes ".lock" (temp with the free record, link, unlink); every hold then
+	// writes the holder's details and the free record over it, and closes it.
+	for _, tc := range []struct {
+		name string
+		dir  string
+		want string
+	}{
+		{"first", t.TempDir(), "create .lock-* ; write .lock-* free; close .lock-* ; link .lock-* .lock; unlink .lock-* ; write .lock holder; write .lock free; close .lock "},
+		{"next", dir, "write .lock holder; write .lock free; close .lock "},
+	} {
+		fa := fsx.NewFaulty(fsx.NewOS(tc.dir))
+		mustUnlock(t, mustAcquire(t, fa, lockfile.Options{}))
+		var ops []string
+		for _, op := range fa.Log() {
+			path := op.Path
+			if lockfile.IsTempName(path) {
+				path = ".lock-*"
+			}
+			what := op.Path2
+			if op.Kind == fsx.OpWrite {
+				what = "holder"
+				if strings.HasPrefix(string(op.Data), freeRecord) {
+					what = "free"
+				}
+				if len(op.Data) != 512 || op.Offset != 0 {
+					t.Errorf("%s: a write of %d bytes at %d, want the whole 512-byte file", tc.name, len(op.Data), op.Offset)
+				}
+			}
+			ops = append(ops, string(op.Kind)+" "+path+" "+what)
+		}
+		if got := strings.Join(ops, "; "); got != tc.want {
+			t.Errorf("%s Acquire+Unlock: ops\n got %s\nwant %s", tc.name, got, tc.want)
+		}
+		checkFree(t, tc.dir)
+	}
+}
+
+// An acquire/release cycle of a store whose ".lock" exists creates, links, renames and
+// unlinks no file, lists no directory, and keeps the lock's inode.
+func TestCycleCreatesAndRemovesNothing(t *testing.T) {
+	dir := t.TempDir()
+	fsys := fsx.NewOS(dir)
+	mustUnlock(t, mustAcquire(t, fsys, lockfile.Options{})) // makes .lock
+	ino := lstat(t, filepath.Join(dir, lockfile.LockName)).Ino
 	fa := fsx.NewFaulty(fsys)
-	mustUnlock(t, mustAcquire(t, fa, lockfile.Options{}))
-	var kinds []string
+	lists := &countingFS{FS: fa}
+	for range 3 {
+		l := mustAcquire(t, lists, lockfile.Options{})
+		if err := l.Check(); err != nil {
+			t.Fatal(err)
+		}
+		mustUnlock(t, l)
+	}
 	for _, op := range fa.Log() {
-		kinds = append(kinds, string(op.Kind)+" "+op.Path+" "+op.Path2)
+		switch op.Kind {
+		case fsx.OpCreate, fsx.OpRemove, fsx.OpLink, fsx.OpRename, fsx.OpMkdir, fsx.OpRmdir:
+			t.Errorf("a lock cycle made a %s of %s %s", op.Kind, op.Path, op.Path2)
+		}
 	}
-	if len(kinds) != 6 || !strings.HasPrefix(kinds[0], "create .lock-") || !strings.HasPrefix(kinds[3], "link .lock-") ||
-		!strings.HasSuffix(kinds[3], " .lock") || kinds[5] != "unlink .lock " {
-		t.Fatalf("ops = %q", kinds)
+	if lists.readDirs.Load() != 0 {
+		t.Errorf("3 lock cycles listed the root %d times", lists.readDirs.Load())
 	}
+	if got := lstat(t, filepath.Join(dir, lockfile.LockName)).Ino; got != ino {
+		t.Errorf(".lock inode changed %d → %d", ino, got)
+	}
+	checkFree(t, dir)
+}
+
+// countingFS counts the opens of ".lock" and the directory listings, and can run a
+// hook after each open of ".lock".
+type countingFS struct {
+	fsx.FS
+	opens     atomic.Int32
+	readDirs  atomic.Int32
+	afterOpen func(n int32)
+}
+
+func (c *countingFS) OpenFile(name string, flag int, perm uint32) (fsx.File, error) {
+	f, err := c.FS.OpenFile(name, flag, perm)
+	if name == lockfile.LockName {
+		n := c.opens.Add(1)
+		if c.afterOpen != nil {
+			c.afterOpen(n)
+		}
+	}
+	return f, err
+}
+
+func (c *countingFS) ReadDir(name string) ([]fsx.DirEntry, error) {
+	c.readDirs.Add(1)
+	return c.FS.ReadDir(name)
 }
 
 func TestIsTempName(t *testing.T) {
@@ -371,9 +477,7 @@ func TestMutualExclusionProcesses(t *testing.T) {
 			t.Fatalf("child %d entered %d times", c.pid(), got)
 		}
 	}
-	if got := listDir(t, dir); len(got) != 0 {
-		t.Fatalf("left behind: %v", got)
-	}
+	checkFree(t, dir)
 }
 
 // 3b. Eight goroutines of one process exclude each other too.
@@ -631,14 +735,29 @@ func TestInspect(t *testing.T) {
 	if after := dirHash(t, dir); after != before {
 		t.Fatal("Inspect changed the directory of a stale lock")
 	}
+	ino := lstat(t, filepath.Join(dir, lockfile.LockName)).Ino
 	if broke, err := lockfile.BreakStale(fsys, o); !broke || err != nil {
 		t.Fatalf("BreakStale(stale) = %v, %v", broke, err)
 	}
-	if got := listDir(t, dir); len(got) != 0 {
-		t.Fatalf("after BreakStale: %v", got)
+	checkFree(t, dir) // taken back in place: the same file says free
+	if got := lstat(t, filepath.Join(dir, lockfile.LockName)).Ino; got != ino {
+		t.Fatalf("BreakStale replaced .lock (%d → %d)", ino, got)
+	}
+	before = dirHash(t, dir)
+	if broke, err := lockfile.BreakStale(fsys, o); broke || err != nil {
+		t.Fatalf("BreakStale(free) = %v, %v", broke, err)
+	}
+	if after := dirHash(t, dir); after != before {
+		t.Fatal("BreakStale changed a free lock")
+	}
+	if err := os.Remove(filepath.Join(dir, lockfile.LockName)); err != nil {
+		t.Fatal(err)
 	}
 	if broke, err := lockfile.BreakStale(fsys, o); broke || err != nil {
 		t.Fatalf("BreakStale(absent) = %v, %v", broke, err)
+	}
+	if got := listDir(t, dir); len(got) != 0 {
+		t.Fatalf("BreakStale(absent) made %v", got)
 	}
 }
 
@@ -711,9 +830,7 @@ func TestWith(t *testing.T) {
 		}()
 		_ = lockfile.With(bg, fsys, lockfile.Options{}, func() error { panic("fn") })
 	}()
-	if got := listDir(t, dir); len(got) != 0 {
-		t.Fatalf("after With: %v", got)
-	}
+	checkFree(t, dir)
 	// fn ran with a lock that was then lost: both errors reachable.
 	err = lockfile.With(bg, fsys, lockfile.Options{}, func() error {
 		return errors.Join(boom, os.Remove(filepath.Join(dir, lockfile.LockName)))
@@ -725,14 +842,16 @@ func TestWith(t *testing.T) {
 
 // 8. Failing each mutating call of Acquire+Unlock in turn: an error, no panic, no wedge.
 func TestFaults(t *testing.T) {
+	orphan := ".lock-0f8fad5b-d9cb-469f-a165-70867728950e.tmp"
 	scenarios := []struct {
 		name  string
 		setup func(t *testing.T, dir string)
 	}{
-		{"clean", func(*testing.T, string) {}},
+		{"first", func(*testing.T, string) {}},
+		{"free", func(t *testing.T, dir string) { mustUnlock(t, mustAcquire(t, fsx.NewOS(dir), lockfile.Options{})) }},
 		{"stale lock and orphan", func(t *testing.T, dir string) {
 			writeLock(t, dir, &lockfile.Holder{Pid: os.Getpid(), Host: hostname(t), Time: time.Now()})
-			orphan := filepath.Join(dir, ".lock-0f8fad5b-d9cb-469f-a165-70867728950e.tmp")
+			orphan := filepath.Join(dir, orphan)
 			if err := os.WriteFile(orphan, nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -755,9 +874,7 @@ func TestFaults(t *testing.T) {
 				kinds = append(kinds, string(op.Kind))
 			}
 			t.Logf("%d mutating calls: %v", total, kinds)
-			if got := listDir(t, dir); len(got) != 0 {
-				t.Fatalf("undisturbed run left %v", got)
-			}
+			checkFree(t, dir)
 			for n := 1; n <= total; n++ {
 				for _, errno := range []syscall.Errno{syscall.EIO, syscall.ENOSPC} {
 					dir := t.TempDir()
@@ -782,14 +899,14 @@ func TestFaults(t *testing.T) {
 						t.Fatalf("after failing call %d (%s %s) with %v: Acquire: %v; dir %v", n, failed.Kind, failed.Path, errno, err, listDir(t, dir))
 					}
 					mustUnlock(t, l)
-					if got := listDir(t, dir); len(got) != 0 {
+					if got := listDir(t, dir); len(got) != 1 {
 						// A temp whose removal failed is an orphan: swept once stale.
 						t.Logf("failing call %d (%s %s) with %v left %v; sweeping it as stale", n, failed.Kind, failed.Path, errno, got)
-						mustUnlock(t, mustAcquire(t, fa, lockfile.Options{Now: func() time.Time { return time.Now().Add(time.Hour) }}))
+						if _, err := lockfile.CleanOrphans(fa, lockfile.Options{Now: func() time.Time { return time.Now().Add(time.Hour) }}); err != nil {
+							t.Fatal(err)
+						}
 					}
-					if got := listDir(t, dir); len(got) != 0 {
-						t.Fatalf("after failing call %d (%s %s) with %v: left %v", n, failed.Kind, failed.Path, errno, got)
-					}
+					checkFree(t, dir)
 				}
 			}
 		})
@@ -797,13 +914,17 @@ func TestFaults(t *testing.T) {
 }
 
 // tolerated reports whether a failure of op may leave Acquire+Unlock successful: the
-// best-effort removal of an orphan temp by the sweep after acquisition.
+// best-effort removal of an orphan temp by the sweep after acquisition, and the close
+// that releases the lock (the descriptor and its flock are gone whatever close says).
 func tolerated(op fsx.Op) bool {
-	return op.Kind == fsx.OpRemove && lockfile.IsTempName(op.Path) && op.Path == ".lock-0f8fad5b-d9cb-469f-a165-70867728950e.tmp"
+	return op.Kind == fsx.OpRemove && op.Path == ".lock-0f8fad5b-d9cb-469f-a165-70867728950e.tmp" ||
+		op.Kind == fsx.OpClose && op.Path == lockfile.LockName
 }
 
-// 9. A crash between temp and link leaves an orphan temp and no ".lock": Acquire works
-// and the orphan goes once older than Stale (and only if its flock is free).
+// 9. A crash between temp and link leaves an orphan temp: Acquire works, and the
+// orphan goes once older than Stale (and only if its flock is free) — swept by the
+// Acquire that next makes ".lock" (here: after ".lock" was lost) or takes over a stale
+// one, not by every Acquire.
 func TestOrphanTemp(t *testing.T) {
 	dir := t.TempDir()
 	fsys := fsx.NewOS(dir)
@@ -815,7 +936,7 @@ func TestOrphanTemp(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// busy is the temp of an acquirer in progress: its flock is held.
+	// busy is the temp of an acquirer of an earlier version in progress: its flock is held.
 	fl := flock.New(filepath.Join(dir, busy), flock.SetFlag(os.O_RDONLY))
 	if ok, err := fl.TryLock(); !ok || err != nil {
 		t.Fatalf("flock busy temp: %v %v", ok, err)
@@ -833,10 +954,19 @@ func TestOrphanTemp(t *testing.T) {
 		t.Fatalf("Inspect = %+v, %v", st, err)
 	}
 
+	// A free ".lock" is taken without a sweep, however old the orphans.
 	o.Now = func() time.Time { return time.Now().Add(time.Minute) }
+	mustUnlock(t, mustAcquire(t, fsys, o))
+	if got := listDir(t, dir); !slices.Equal(got, []string{".lock", orphan, busy}) {
+		t.Fatalf("after Acquire of a free lock at +1m: %v", got)
+	}
+	// ".lock" lost: the Acquire that makes it again sweeps.
+	if err := os.Remove(filepath.Join(dir, lockfile.LockName)); err != nil {
+		t.Fatal(err)
+	}
 	l = mustAcquire(t, fsys, o)
 	if got := listDir(t, dir); !slices.Equal(got, []string{".lock", busy}) {
-		t.Fatalf("after Acquire at +1m: %v", got)
+		t.Fatalf("after making .lock at +1m: %v", got)
 	}
 	mustUnlock(t, l)
 
@@ -845,9 +975,13 @@ func TestOrphanTemp(t *testing.T) {
 	if err != nil || !slices.Equal(removed, []string{busy}) {
 		t.Fatalf("CleanOrphans = %v, %v", removed, err)
 	}
-	if got := listDir(t, dir); len(got) != 0 {
-		t.Fatalf("left %v", got)
-	}
+	checkFree(t, dir)
+
+	// Taking over a stale lock sweeps too.
+	writeOrphan(t, dir, orphan, time.Now())
+	writeLock(t, dir, &lockfile.Holder{Pid: os.Getpid(), Host: hostname(t), Time: time.Now()})
+	mustUnlock(t, mustAcquire(t, fsys, o))
+	checkFree(t, dir)
 }
 
 // After a power cut the lock's holder info may be empty or torn (it is never
@@ -869,5 +1003,89 @@ func TestLockFromBeforeBootIsStale(t *testing.T) {
 			t.Fatal(err)
 		}
 		mustUnlock(t, mustAcquire(t, fsys, o))
+	}
+}
+
+// pad pads a record as the package does: spaces and a final newline, to size bytes.
+func pad(rec []byte, size int) []byte {
+	out := append([]byte(nil), rec...)
+	for len(out) < size-1 {
+		out = append(out, ' ')
+	}
+	return append(out, '\n')
+}
+
+// A crash in the middle of a write of ".lock" (its record is never fsynced) may leave
+// any prefix of the write over the record before it. Every such torn record, for every
+// write the protocol makes, reads as free, as a lock stale once Options.Stale has
+// passed, or — dated before this boot, as a power cut leaves it — as a lock stale at
+// once: never as a lock held for longer.
+func TestTornRecordIsRecoverable(t *testing.T) {
+	now := time.Now().UTC()
+	holder, err := json.Marshal(lockfile.Holder{Pid: 1, Host: "elsewhere.invalid", Boot: "0f8fad5b-d9cb-469f-a165-70867728950e", ProcStart: 4242, Time: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy, _ := json.Marshal(lockfile.Holder{Pid: 7, Host: "elsewhere.invalid", Time: now.Add(-time.Second)})
+	free := pad([]byte(freeRecord), 512)
+	held := pad(holder, 512)
+	for _, tc := range []struct{ name, old, new []byte }{
+		{[]byte("acquire: holder over free"), free, held},
+		{[]byte("release: free over holder"), held, free},
+		{[]byte("take-over: free over an unpadded holder of an earlier version"), legacy, free},
+		{[]byte("take-over: free over an empty file"), nil, free},
+	} {
+		t.Run(string(tc.name), func(t *testing.T) {
+			dir := t.TempDir()
+			fsys := fsx.NewOS(dir)
+			p := filepath.Join(dir, lockfile.LockName)
+			for k := 0; k <= len(tc.new); k++ {
+				torn := append([]byte(nil), tc.new[:k]...)
+				if k < len(tc.old) {
+					torn = append(torn, tc.old[k:]...)
+				}
+				if err := os.WriteFile(p, torn, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				later := lockfile.Options{Wait: -1, Now: func() time.Time { return time.Now().Add(lockfile.DefaultStale + time.Second) }}
+				st, err := lockfile.Inspect(fsys, later)
+				if err != nil || st.Live || st.Present && !st.Stale {
+					t.Fatalf("torn at %d (%q): Inspect once Stale has passed = %+v, %v", k, torn, st, err)
+				}
+				long := time.Unix(86400, 0)
+				if err := os.Chtimes(p, long, long); err != nil {
+					t.Fatal(err)
+				}
+				l, err := lockfile.Acquire(bg, fsys, lockfile.Options{Wait: -1})
+				if err != nil {
+					t.Fatalf("torn at %d (%q), dated before boot: Acquire: %v", k, torn, err)
+				}
+				mustUnlock(t, l)
+				checkFree(t, dir)
+			}
+		})
+	}
+
+	// Taking over a stale lock writes the free record before the holder's details, so
+	// no write lands holder details on other holder details (whose torn mix could
+	// carry a time in the future).
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, lockfile.LockName), held, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fa := fsx.NewFaulty(fsx.NewOS(dir))
+	mustUnlock(t, mustAcquire(t, fa, lockfile.Options{Now: func() time.Time { return now.Add(time.Hour) }}))
+	var writes []string
+	for _, op := range fa.Log() {
+		if op.Kind == fsx.OpWrite {
+			what := "holder"
+			if bytes.Equal(op.Data, free) {
+				what = "free"
+			}
+			writes = append(writes, what)
+		}
+	}
+	if got := strings.Join(writes, " "); got != "free holder free" {
+		t.Fatalf("take-over writes: %s, want free holder free", got)
 	}
 }

@@ -15,27 +15,17 @@ import (
 	"github.com/sealbridge/sealbridge/internal/lockfile"
 )
 
-func links(fa *fsx.Faulty) int {
-	n := 0
-	for _, op := range fa.Log() {
-		if op.Kind == fsx.OpLink {
-			n++
-		}
-	}
-	return n
-}
-
 // TestNegativeWaitIsOneAttempt: Wait < 0 makes exactly one attempt at a held lock.
 func TestNegativeWaitIsOneAttempt(t *testing.T) {
 	dir := t.TempDir()
 	fsys := fsx.NewOS(dir)
 	held := mustAcquire(t, fsys, lockfile.Options{})
 	defer mustUnlock(t, held)
-	fa := fsx.NewFaulty(fsys)
-	if _, err := lockfile.Acquire(bg, fa, lockfile.Options{Wait: -1}); !errors.Is(err, lockfile.ErrBusy) {
+	c := &countingFS{FS: fsys}
+	if _, err := lockfile.Acquire(bg, c, lockfile.Options{Wait: -1}); !errors.Is(err, lockfile.ErrBusy) {
 		t.Fatalf("Acquire(Wait -1) of a held lock: %v, want ErrBusy", err)
 	}
-	if n := links(fa); n != 1 {
+	if n := c.opens.Load(); n != 1 {
 		t.Fatalf("Acquire(Wait -1) made %d attempts, want 1", n)
 	}
 }
@@ -58,57 +48,67 @@ func TestZeroWaitWaits(t *testing.T) {
 	dir := t.TempDir()
 	fsys := fsx.NewOS(dir)
 	held := mustAcquire(t, fsys, lockfile.Options{})
-	fa := fsx.NewFaulty(fsys)
-	attempts := 0
-	fa.Inject = func(op fsx.Op) error {
-		if op.Kind == fsx.OpLink {
-			if attempts++; attempts == 2 {
-				if err := held.Unlock(); err != nil {
-					return err
-				}
+	c := &countingFS{FS: fsys}
+	c.afterOpen = func(n int32) {
+		if n == 2 {
+			if err := held.Unlock(); err != nil {
+				t.Error(err)
 			}
 		}
-		return nil
 	}
-	l, err := lockfile.Acquire(bg, fa, lockfile.Options{})
+	l, err := lockfile.Acquire(bg, c, lockfile.Options{})
 	if err != nil {
 		t.Fatalf("Acquire(zero Options) of a lock released at the second attempt: %v", err)
 	}
-	if attempts != 2 {
-		t.Fatalf("acquired at attempt %d, want 2", attempts)
+	if n := c.opens.Load(); n != 2 {
+		t.Fatalf("acquired at attempt %d, want 2", n)
 	}
 	mustUnlock(t, l)
 }
 
-// TestFailedAcquireLeavesNoLock: whichever call of Acquire fails, no ".lock" is left
-// behind — also when the failure comes after the link, which is undone.
+// TestFailedAcquireLeavesNoLock: whichever call of Acquire fails — making ".lock",
+// taking over a stale one, or writing the holder's details — Acquire returns that
+// error and no Lock, and nothing is left held: the lock says free (or was never made),
+// and the next Acquire gets it at once.
 func TestFailedAcquireLeavesNoLock(t *testing.T) {
-	dir := t.TempDir()
-	fa := fsx.NewFaulty(fsx.NewOS(dir))
-	mustUnlock(t, mustAcquire(t, fa, lockfile.Options{}))
-	total := len(fa.Log()) - 1 // the last call is Unlock's
-	afterLink := false
-	for n := 1; n <= total; n++ {
-		dir := t.TempDir()
-		fa := fsx.NewFaulty(fsx.NewOS(dir))
-		fa.Inject = fsx.FailNth(n, syscall.EIO)
-		l, err := lockfile.Acquire(bg, fa, lockfile.Options{Wait: -1})
-		if err == nil {
-			t.Fatalf("call %d failed with EIO: Acquire succeeded", n)
-		}
-		if !errors.Is(err, syscall.EIO) {
-			t.Fatalf("call %d failed with EIO: %v", n, err)
-		}
-		if l != nil {
-			t.Fatalf("call %d failed: Acquire returned a Lock with its error", n)
-		}
-		if got := listDir(t, dir); slices.Contains(got, lockfile.LockName) {
-			t.Fatalf("call %d (%s %s) failed: left %v", n, fa.Log()[n-1].Kind, fa.Log()[n-1].Path, got)
-		}
-		afterLink = afterLink || n > 1 && fa.Log()[n-2].Kind == fsx.OpLink
-	}
-	if !afterLink {
-		t.Fatal("no call after the link was failed")
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, dir string)
+	}{
+		{"first", func(*testing.T, string) {}},
+		{"free", func(t *testing.T, dir string) { mustUnlock(t, mustAcquire(t, fsx.NewOS(dir), lockfile.Options{})) }},
+		{"stale", func(t *testing.T, dir string) {
+			writeLock(t, dir, &lockfile.Holder{Pid: os.Getpid(), Host: hostname(t), Time: time.Now()})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tc.setup(t, dir)
+			fa := fsx.NewFaulty(fsx.NewOS(dir))
+			mustUnlock(t, mustAcquire(t, fa, lockfile.Options{}))
+			total := len(fa.Log()) - 2 // the last two calls are Unlock's
+			holderWrite := false
+			for n := 1; n <= total; n++ {
+				dir := t.TempDir()
+				tc.setup(t, dir)
+				fa := fsx.NewFaulty(fsx.NewOS(dir))
+				fa.Inject = fsx.FailNth(n, syscall.EIO)
+				l, err := lockfile.Acquire(bg, fa, lockfile.Options{Wait: -1})
+				failed := fa.Log()[n-1]
+				if err == nil || !errors.Is(err, syscall.EIO) || l != nil {
+					t.Fatalf("call %d (%s %s) failed with EIO: Acquire = %v, %v", n, failed.Kind, failed.Path, l, err)
+				}
+				st, err := lockfile.Inspect(fsx.NewOS(dir), lockfile.Options{})
+				if err != nil || st.Live || st.Present && !st.Stale {
+					t.Fatalf("call %d (%s %s) failed: left the lock %+v, %v", n, failed.Kind, failed.Path, st, err)
+				}
+				mustUnlock(t, mustAcquire(t, fsx.NewOS(dir), lockfile.Options{Wait: -1}))
+				holderWrite = holderWrite || failed.Kind == fsx.OpWrite && failed.Path == lockfile.LockName && !strings.HasPrefix(string(failed.Data), freeRecord)
+			}
+			if !holderWrite {
+				t.Fatal("the write of the holder's details was not failed")
+			}
+		})
 	}
 }
 
@@ -195,81 +195,88 @@ func TestListErrorsReported(t *testing.T) {
 	}
 }
 
-// TestImmediateRetriesAreBounded: when ".lock" keeps vanishing before it can be
-// inspected, Acquire retries at once only a few times (1 + 8 attempts), then obeys
-// its wait bound. A context cancelled at the 50th attempt stops a runaway loop.
+// TestImmediateRetriesAreBounded: when ".lock" keeps being replaced before it can be
+// checked, Acquire retries at once only a few times (1 + 8 attempts), then obeys its
+// wait bound. A context cancelled at the 50th attempt stops a runaway loop.
 func TestImmediateRetriesAreBounded(t *testing.T) {
 	dir := t.TempDir()
+	fsys := fsx.NewOS(dir)
+	mustUnlock(t, mustAcquire(t, fsys, lockfile.Options{}))
 	lockPath := filepath.Join(dir, lockfile.LockName)
-	fa := fsx.NewFaulty(fsx.NewOS(dir))
 	ctx, cancel := context.WithCancel(bg)
 	defer cancel()
-	attempts := 0
-	fa.Inject = func(op fsx.Op) error {
-		switch {
-		case op.Kind == fsx.OpLink:
-			// Someone else's lock appears just before our link...
-			if attempts++; attempts == 50 {
-				cancel()
-			}
-			if err := os.WriteFile(lockPath, nil, 0o600); err != nil {
-				return err
-			}
-		case op.Kind == fsx.OpRemove && lockfile.IsTempName(op.Path):
-			// ...and is gone again when we look at it.
-			if err := os.Remove(lockPath); err != nil {
-				return err
-			}
+	c := &countingFS{FS: fsys}
+	c.afterOpen = func(n int32) {
+		if n == 50 {
+			cancel()
 		}
-		return nil
+		// Someone replaces the lock file right after we opened it.
+		other := filepath.Join(dir, "other")
+		if err := os.WriteFile(other, []byte(freeRecord), 0o600); err != nil {
+			t.Error(err)
+		}
+		if err := os.Rename(other, lockPath); err != nil {
+			t.Error(err)
+		}
 	}
-	_, err := lockfile.Acquire(ctx, fa, lockfile.Options{Wait: -1})
+	_, err := lockfile.Acquire(ctx, c, lockfile.Options{Wait: -1})
 	if !errors.Is(err, lockfile.ErrBusy) {
 		t.Fatalf("Acquire: %v, want ErrBusy", err)
 	}
-	if attempts != 9 {
-		t.Fatalf("%d attempts, want 9", attempts)
+	if n := c.opens.Load(); n != 9 {
+		t.Fatalf("%d attempts, want 9", n)
 	}
 }
 
-// TestLockChangedRightAfterLink: when ".lock" is removed or replaced between our link
-// and our check, Acquire fails with ErrLost saying which, and leaves the other file.
-func TestLockChangedRightAfterLink(t *testing.T) {
+// TestLockChangedWhileOpening: when ".lock" is removed or replaced between our open
+// and our check, Acquire never keeps the flock of a file ".lock" does not name: it
+// tries again, and holds the file ".lock" names at the end.
+func TestLockChangedWhileOpening(t *testing.T) {
 	for _, tc := range []struct {
-		name, says string
-		change     func(lockPath string) error
-		left       []string
+		name   string
+		change func(lockPath string) error
 	}{
-		{"removed", "vanished", os.Remove, nil},
-		{"replaced", "replaced", func(lockPath string) error {
+		{"removed", os.Remove},
+		{"replaced", func(lockPath string) error {
 			other := filepath.Join(filepath.Dir(lockPath), "other")
-			if err := os.WriteFile(other, nil, 0o600); err != nil {
+			if err := os.WriteFile(other, []byte(freeRecord), 0o600); err != nil {
 				return err
 			}
 			return os.Rename(other, lockPath)
-		}, []string{lockfile.LockName}},
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
+			fsys := fsx.NewOS(dir)
+			mustUnlock(t, mustAcquire(t, fsys, lockfile.Options{}))
 			lockPath := filepath.Join(dir, lockfile.LockName)
-			fa := fsx.NewFaulty(fsx.NewOS(dir))
-			linked := false
-			fa.Inject = func(op fsx.Op) error {
-				if op.Kind == fsx.OpLink {
-					linked = true
-				} else if linked && op.Kind == fsx.OpRemove && lockfile.IsTempName(op.Path) {
-					linked = false
-					return tc.change(lockPath)
+			old := lstat(t, lockPath).Ino
+			c := &countingFS{FS: fsys}
+			c.afterOpen = func(n int32) {
+				if n == 1 {
+					if err := tc.change(lockPath); err != nil {
+						t.Error(err)
+					}
 				}
-				return nil
 			}
-			_, err := lockfile.Acquire(bg, fa, lockfile.Options{Wait: -1})
-			if !errors.Is(err, lockfile.ErrLost) || !strings.Contains(err.Error(), tc.says) {
-				t.Fatalf("Acquire: %v, want ErrLost saying %q", err, tc.says)
+			l, err := lockfile.Acquire(bg, c, lockfile.Options{Wait: -1})
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
 			}
-			if got := listDir(t, dir); !slices.Equal(got, tc.left) {
-				t.Fatalf("left %v, want %v", got, tc.left)
+			if err := l.Check(); err != nil {
+				t.Fatalf("Check: %v", err)
 			}
+			if n := c.opens.Load(); n != 2 {
+				t.Fatalf("%d opens, want 2", n)
+			}
+			if got := lstat(t, lockPath).Ino; got == old && tc.name == "replaced" {
+				t.Fatal(".lock was not replaced") // (a removed inode's number may be reused)
+			}
+			if h := readHolder(t, dir); h.Pid != os.Getpid() {
+				t.Fatalf(".lock says %+v: the lock taken is not the one .lock names", h)
+			}
+			mustUnlock(t, l)
+			checkFree(t, dir)
 		})
 	}
 }

@@ -36,7 +36,8 @@ var (
 	// receipts) would be exceeded; nothing was written.
 	OutboxFull = &Code{"OUTBOX_FULL", "outbox capacity limit reached"}
 	// OutboxStoreBusy: the store lock could not be taken within its bound, or a
-	// prepared transaction's plan was invalidated more times than allowed.
+	// prepared transaction's plan was invalidated more times than allowed, or the
+	// caller's context ended before a transaction published (its error is the cause).
 	OutboxStoreBusy = &Code{"OUTBOX_STORE_BUSY", "outbox store is busy"}
 	// OutboxStoreInvalid: a record or directory failed validation (tampered,
 	// truncated, planted, wrong owner or mode, symlink, unknown file).

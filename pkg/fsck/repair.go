@@ -213,7 +213,7 @@ func (r *repairer) apply(ctx context.Context, f Finding) (ActionResult, error) {
 	}
 	switch {
 	case fx.kind == fixBreakLock:
-		// BreakStale locks the lock file itself while it decides and removes.
+		// BreakStale locks the lock file itself while it decides and writes it free.
 		if err := r.recheck(); err != nil {
 			res.Result, res.Detail = ResultSkipped, sanitize(err.Error())
 			return res, err
@@ -223,10 +223,10 @@ func (r *repairer) apply(ctx context.Context, f Finding) (ActionResult, error) {
 		case err != nil:
 			return failed(err)
 		case broke:
-			return done("removed")
+			return done("marked free")
 		}
-		if _, err := r.fs.Lstat(f.Path); fsx.IsNotExist(err) {
-			return done("already gone")
+		if st, err := lockfile.Inspect(r.fs, r.opts.lockOptions()); err == nil && !st.Present {
+			return done("already free")
 		}
 		res.Result, res.Detail = ResultSkipped, "the lock is no longer stale; run fsck again"
 		return res, nil

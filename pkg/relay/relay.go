@@ -80,6 +80,10 @@ type Options struct {
 	// and for a de-duplicated one (duplicate true). Tests use it to observe
 	// acceptance or to kill a sender between send and settle.
 	OnAccept func(envelopeID, digest string, duplicate bool)
+	// WrapFS, if set, wraps the file systems of both the store
+	// (store.Options.WrapFS) and the inbox directory: fault injection and crash
+	// exploration in tests.
+	WrapFS func(fsx.FS) fsx.FS
 }
 
 // Stats counts what a Relay did since it started.
@@ -157,7 +161,7 @@ func New(opts Options) (*Relay, error) {
 	}
 	r.started = r.now()
 	r.nonces.entries = map[string]int64{}
-	sopts := store.Options{Home: opts.Home}
+	sopts := store.Options{Home: opts.Home, WrapFS: opts.WrapFS}
 	var err error
 	if r.st, err = store.Open(r.id.Signer(), sopts); err != nil {
 		return nil, fmt.Errorf("relay: open store: %w", err)
@@ -174,6 +178,9 @@ func New(opts Options) (*Relay, error) {
 		return nil, fmt.Errorf("relay: create inbox dir: %w", err)
 	}
 	r.fs = fsx.NewOS(r.inboxDir)
+	if opts.WrapFS != nil {
+		r.fs = opts.WrapFS(r.fs)
+	}
 	if r.lockFile, err = lockDir(r.inboxDir); err != nil {
 		return nil, err
 	}

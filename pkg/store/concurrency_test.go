@@ -406,9 +406,10 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 		}
 	}
 
-	// No staged temp, lock temp or lock left anywhere; only the generation file is
-	// hidden, and after its header it grew by one byte per publication (n members +
-	// message, + marker for more than one member; far fewer than a compaction needs).
+	// No staged temp or lock temp left anywhere, and the lock file says free; only the
+	// generation file and the lock file are hidden, and after its header the generation
+	// grew by one byte per publication (n members + message, + marker for more than one member;
+	// far fewer than a compaction needs).
 	publications := 0
 	for _, a := range acks {
 		publications += len(a.envelopes) + 1
@@ -423,7 +424,11 @@ func concVerify(t *testing.T, dir string, acks []concAck) {
 		name := d.Name()
 		switch {
 		case p == dir:
-		case name == ".lock", strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".tmp"):
+		case name == ".lock":
+			if data, err := os.ReadFile(p); err != nil || !bytes.HasPrefix(data, []byte(`{"free":true`)) {
+				t.Errorf("the lock is left held: %.80q, %v", data, err)
+			}
+		case strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".tmp"):
 			t.Errorf("left behind: %s", p)
 		case name == ".generation":
 			data, err := os.ReadFile(p)

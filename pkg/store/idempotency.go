@@ -48,7 +48,7 @@ func (s *Store) BeginOperation(ctx context.Context, key string, request []byte) 
 	keyHash, reqDigest := record.IdempotencyID(key), envelope.Digest(request)
 	var out OperationStart
 	for round := 0; round < maxIndexRounds; round++ {
-		if err := s.prepareIndex(ctx, record.KindOperations); err != nil {
+		if _, err := s.prepareIndex(ctx, record.KindOperations); err != nil {
 			return out, err
 		}
 		err := s.preparedTx(ctx, func(tx *Tx) error {
@@ -165,13 +165,14 @@ func (s *Store) CompleteOperation(ctx context.Context, operationID string, respo
 // lock) and that the operations it did not start belong to a dead predecessor. Each
 // lease is ended by its own prepared transaction. It returns how many were ended.
 func (s *Store) ExpireOperationLeases(ctx context.Context, before time.Time) (int, error) {
-	if err := s.prepareIndex(ctx, record.KindOperations); err != nil {
+	ix, err := s.prepareIndex(ctx, record.KindOperations)
+	if err != nil {
 		return 0, err
 	}
 	cut, now := before.UnixMilli(), s.nowMs()
 	var ids []string
 	s.mu.Lock()
-	for id, e := range s.indexOf(record.KindOperations).ops {
+	for id, e := range ix.ops {
 		if e.State != record.OperationDone && e.CreatedAt < cut && e.LeaseUntil > now {
 			ids = append(ids, id)
 		}

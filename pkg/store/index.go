@@ -44,13 +44,25 @@ type MessageSummary struct {
 
 // index is a kind's metadata index, valid for one listing stamp. It is guarded by
 // Store.mu.
+//
+// Its entries describe the kind as of stamp: every entry was read (or written by this
+// process) after the generation state of stamp was current, except that own counts
+// this process's publications patched in since stamp (adoptPublication on an index a
+// foreign publication had left behind): their marks lie after stamp's generation and
+// are accounted for. ver grows at every change, so a reconciliation made outside
+// s.mu installs its result only on the version it started from.
 type index struct {
 	stamp    Stamp
+	own      int
+	ver      uint64
 	fps      map[string]fsx.Fingerprint // the file each entry summarizes
 	racy     map[string]bool            // entries fingerprinted within the racy window of the file's ctime
 	outbox   map[string]OutboxSummary
 	messages map[string]MessageSummary
 	ops      map[string]operationSummary
+	// Outbox aggregates, kept by apply: pending envelopes and all envelope bytes.
+	pending int
+	bytes   int64
 }
 
 // operationSummary is the operations index's metadata of one operation.
@@ -97,6 +109,7 @@ func newIndex(k record.Kind, st Stamp) *index {
 // apply records rec (nil: removed), read from the file with fingerprint fp, under id;
 // racy says fp was taken within the racy window of the file's ctime.
 func (ix *index) apply(id string, rec record.Record, fp fsx.Fingerprint, racy bool) {
+	ix.ver++
 	ix.fps[id] = fp
 	if racy {
 		ix.racy[id] = true
@@ -105,7 +118,7 @@ func (ix *index) apply(id string, rec record.Record, fp fsx.Fingerprint, racy bo
 	}
 	switch r := rec.(type) {
 	case *record.Outbox:
-		ix.outbox[id] = summarizeOutbox(r)
+		ix.setOutbox(id, summarizeOutbox(r))
 	case *record.Message:
 		ix.messages[id] = summarizeMessage(r)
 	case *record.Operation:
@@ -114,9 +127,30 @@ func (ix *index) apply(id string, rec record.Record, fp fsx.Fingerprint, racy bo
 	case nil:
 		delete(ix.fps, id)
 		delete(ix.racy, id)
-		delete(ix.outbox, id)
+		ix.dropOutbox(id)
 		delete(ix.messages, id)
 		delete(ix.ops, id)
+	}
+}
+
+// setOutbox sets id's outbox entry, keeping the aggregates.
+func (ix *index) setOutbox(id string, e OutboxSummary) {
+	ix.dropOutbox(id)
+	ix.outbox[id] = e
+	ix.bytes += e.Bytes
+	if e.State == record.StatePending {
+		ix.pending++
+	}
+}
+
+// dropOutbox removes id's outbox entry, if any, keeping the aggregates.
+func (ix *index) dropOutbox(id string) {
+	if e, ok := ix.outbox[id]; ok {
+		delete(ix.outbox, id)
+		ix.bytes -= e.Bytes
+		if e.State == record.StatePending {
+			ix.pending--
+		}
 	}
 }
 
@@ -127,7 +161,7 @@ func (ix *index) copyEntry(old *index, id string) {
 		ix.racy[id] = true
 	}
 	if e, ok := old.outbox[id]; ok {
-		ix.outbox[id] = e
+		ix.setOutbox(id, e)
 	}
 	if e, ok := old.messages[id]; ok {
 		ix.messages[id] = e
@@ -140,86 +174,109 @@ func (ix *index) copyEntry(old *index, id string) {
 // maxIndexRounds bounds how often an index build repeats because the stamp moved.
 const maxIndexRounds = 8
 
-// prepareIndex brings k's index up to date, outside the lock. If k's stamp moved, it
-// reconciles the index with the directory: one lstat per record, and a verified read
-// only of records whose file fingerprint changed, checking ctx between records.
+// prepareIndex brings k's index up to date, outside the lock. This process's own
+// publications patch the index as they are made (adoptPublication), so it is usually
+// current and costs a stamp. After another process published to k, the index is
+// brought up to date for the entries that changed only (refreshIndex): a directory
+// listing with inode numbers and the generation marks tell which, and only those are
+// read and verified; when they cannot tell, every entry is lstat-ed and the changed
+// ones read (reconcile). ctx is checked between records.
 //
-// A result is installed under the stamp its listing was taken at, so it never claims
-// to be newer than it is; if writers keep moving the stamp, the scan is repeated (each
-// time only over what changed) at most maxIndexRounds times, and then once more under
-// the lock, where no one else publishes: when it returns nil the index is current as
-// of some moment during the call (or, while a publication of this process is in
-// flight, holds every record as read during the call; see indexRound). It must not be
-// called inside a transaction (it may take the lock); under the lock use
-// prepareIndexHeld.
-func (s *Store) prepareIndex(ctx context.Context, k record.Kind) error {
+// When it returns nil the index is current as of some moment during the call: it
+// holds every publication completed before the call, and every publication of this
+// process whose rename came before the call (one still in flight then is waited for).
+// If writers keep moving the stamp under a reconciliation, it is repeated at most
+// maxIndexRounds times, and then once more under the lock, where no one else
+// publishes. It returns the index that answers the call: callers read it, never
+// s.indexes[k] afterwards (another reader may install a newer index meanwhile, which
+// is fine, but the one returned is the one found current). It must not be called
+// inside a transaction (it may take the lock); under the lock use prepareIndexHeld.
+func (s *Store) prepareIndex(ctx context.Context, k record.Kind) (*index, error) {
 	for round := 0; round < maxIndexRounds; round++ {
-		done, err := s.indexRound(ctx, k)
-		if done || err != nil {
-			return err
+		ix, done, err := s.indexRound(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		if done {
+			return s.answer(k, ix), nil
 		}
 	}
 	unlock, _, err := s.lockStore(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	err = s.prepareIndexHeld(ctx, k)
+	ix, err := s.prepareIndexHeld(ctx, k)
 	if uerr := unlock(); err == nil {
 		err = uerr
 	}
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return s.answer(k, ix), nil
+}
+
+// indexAnswered, if set (by tests, before the Store is used), runs when an index
+// reader has found the index that answers it and before it reads it.
+var indexAnswered func(k record.Kind)
+
+// answer returns ix, the index that answers a reader of k (an empty one if none).
+func (s *Store) answer(k record.Kind, ix *index) *index {
+	if indexAnswered != nil {
+		indexAnswered(k)
+	}
+	if ix == nil {
+		return newIndex(k, Stamp{})
+	}
+	return ix
 }
 
 // prepareIndexHeld is prepareIndex for a caller holding the store lock: the stamp can
 // then move only by staged temps (which indexCurrent sees through) or by a change
 // that bypasses the store, so a second round finds the index current.
-func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) error {
+func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) (*index, error) {
+	var last *index
 	for round := 0; round < maxIndexRounds; round++ {
-		done, err := s.indexRound(ctx, k)
+		ix, done, err := s.indexRound(ctx, k)
 		if done || err != nil {
-			return err
+			return ix, err
 		}
+		last = ix
 	}
-	return nil // a foreign writer keeps changing the directory: keep the last scan
+	return last, nil // a foreign writer keeps changing the directory: keep the last scan
 }
 
-// indexRound reports whether k's index is current; if not, it scans once and installs
-// the result under the stamp its listing was taken at.
+// indexRound reports whether k's index is current, and returns it; if not, it brings
+// it up to date once and returns the result and whether it was installed (then it is
+// current as of the call: its stamp was taken when the round began).
 //
-// While a publication of k by this process is in flight (renamed, not yet marked in
-// the generation), no stamp can show the index current: the scan is made and, if
-// installed, answers the call — every record in it was read after the call began, so
-// it holds every publication a read before the call could have seen.
-func (s *Store) indexRound(ctx context.Context, k record.Kind) (current bool, err error) {
+// While a publication of this process is in flight (renamed or unlinked, not yet
+// adopted), no stamp can show the index current: the index is refreshed with that
+// publication's record read again (refreshChanged), so it holds every publication a
+// read before the call could have seen. A kind with a publication whose mark failed
+// (unmarked) is reconciled with a full scan every time.
+func (s *Store) indexRound(ctx context.Context, k record.Kind) (ix *index, current bool, err error) {
 	st, err := s.ListingStamp(k)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	s.mu.Lock()
 	old := s.indexes[k]
-	inFlight := s.publishing[k] > 0
-	current = !inFlight && s.indexCurrent(k, old, st)
-	s.mu.Unlock()
-	if current {
-		return true, nil
+	unmarked := s.unmarked[k]
+	inFlight, flying := s.inFlight[k]
+	if !flying && !unmarked && s.indexCurrent(k, old, st) {
+		s.mu.Unlock()
+		return old, true, nil
 	}
-	ids, lst, err := s.list(k)
-	if err != nil {
-		return false, err
-	}
-	fresh, err := s.reconcile(ctx, k, lst, ids, old)
-	if err != nil {
-		return false, err
-	}
-	s.mu.Lock()
-	installed := false
-	if cur := s.indexes[k]; cur == old || cur == nil {
-		// (unless a publication of ours installed a newer one meanwhile)
-		s.indexes[k] = fresh
-		installed = true
+	// What refreshIndex needs of old is read here, under s.mu: publications patch old
+	// in place. (If old changes meanwhile, its ver says so.)
+	var ver uint64
+	var own int
+	var oldStamp Stamp
+	if old != nil {
+		ver, own, oldStamp = old.ver, old.own, old.stamp
 	}
 	s.mu.Unlock()
-	return installed && inFlight, nil
+	return s.refreshIndex(ctx, k, st, old, oldStamp, ver, own, unmarked, flying, inFlight)
 }
 
 // reconcile builds k's index for ids, reusing old's entries whose file is unchanged.
@@ -266,10 +323,12 @@ func (s *Store) reconcile(ctx context.Context, k record.Kind, st Stamp, ids []st
 }
 
 // indexCurrent reports whether ix still describes kind k at stamp st, and if so
-// moves it to st. It is current when the stamp is unchanged, or when only the
-// directory's times moved (staged temps come and go outside the lock) while the
-// generation shows no publication to k since ix was made: every sealbridge publication
-// appends its kind's mark under the lock. Caller holds s.mu.
+// moves it to st (never back). It is current when the stamp is unchanged; when ix is
+// at least as new as st (a later state of the same generation file: this process
+// patched it after st was taken); or when only the directory's times moved (staged
+// temps come and go outside the lock) while the generation shows no publication to k
+// since ix was made: every sealbridge publication appends its kind's mark under the
+// lock. Caller holds s.mu.
 func (s *Store) indexCurrent(k record.Kind, ix *index, st Stamp) bool {
 	switch {
 	case ix == nil:
@@ -282,41 +341,36 @@ func (s *Store) indexCurrent(k record.Kind, ix *index, st Stamp) bool {
 		// The directory appeared; without a publication to k it holds only temps.
 	case ix.stamp.Dir.Dev != st.Dir.Dev || ix.stamp.Dir.Ino != st.Dir.Ino:
 		return false
+	case ix.own == 0 && ix.stamp.gen.sameFile(st.gen) && ix.stamp.gen.size > st.gen.size:
+		return true // newer than st
 	}
-	if s.changedKinds(ix.stamp.gen, st.gen)[k] { // every kind, across a compaction
+	if ix.own > 0 || s.changedKinds(ix.stamp.gen, st.gen)[k] { // every kind, across a compaction
 		return false
 	}
 	ix.stamp = st
 	return true
 }
 
-// indexOf returns k's index, or an empty one if there is none (only possible if
-// preparing it failed). Caller holds s.mu.
-func (s *Store) indexOf(k record.Kind) *index {
-	if ix := s.indexes[k]; ix != nil {
-		return ix
-	}
-	return newIndex(k, Stamp{})
-}
-
 // Prepare makes the outbox and messages indexes current, in bounded slices that honour
 // ctx, so later operations (and capacity checks under the lock) need no scan.
 func (s *Store) Prepare(ctx context.Context) error {
-	if err := s.prepareIndex(ctx, record.KindMessages); err != nil {
+	if _, err := s.prepareIndex(ctx, record.KindMessages); err != nil {
 		return err
 	}
-	return s.prepareIndex(ctx, record.KindOutbox)
+	_, err := s.prepareIndex(ctx, record.KindOutbox)
+	return err
 }
 
 // OutboxSummaries returns the outbox index entries sorted by (messageId, ordinal),
 // preparing the index first if its stamp moved.
 func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
-	if err := s.prepareIndex(ctx, record.KindOutbox); err != nil {
+	ix, err := s.prepareIndex(ctx, record.KindOutbox)
+	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
-	out := make([]OutboxSummary, 0, len(s.indexOf(record.KindOutbox).outbox))
-	for _, e := range s.indexOf(record.KindOutbox).outbox {
+	out := make([]OutboxSummary, 0, len(ix.outbox))
+	for _, e := range ix.outbox {
 		if e.Lease != nil {
 			l := *e.Lease
 			e.Lease = &l
@@ -335,12 +389,13 @@ func (s *Store) OutboxSummaries(ctx context.Context) ([]OutboxSummary, error) {
 
 // MessageSummaries returns the messages index entries sorted by id.
 func (s *Store) MessageSummaries(ctx context.Context) ([]MessageSummary, error) {
-	if err := s.prepareIndex(ctx, record.KindMessages); err != nil {
+	ix, err := s.prepareIndex(ctx, record.KindMessages)
+	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
-	out := make([]MessageSummary, 0, len(s.indexOf(record.KindMessages).messages))
-	for _, e := range s.indexOf(record.KindMessages).messages {
+	out := make([]MessageSummary, 0, len(ix.messages))
+	for _, e := range ix.messages {
 		out = append(out, e)
 	}
 	s.mu.Unlock()

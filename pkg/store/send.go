@@ -49,7 +49,7 @@ func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*record.Message, 
 	// the lock usually finds it current. Losing this race only costs that check a
 	// reconciliation; a cancelled ctx stops here.
 	if err := s.Prepare(ctx); err != nil && ctx.Err() != nil {
-		return nil, err
+		return nil, errcode.Ensure(err, errcode.OutboxStoreBusy, s.dir)
 	}
 	var out *record.Message
 	err := s.preparedTx(ctx, func(tx *Tx) error {
@@ -191,10 +191,12 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*record.Message, error) {
 // from the outbox and messages indexes: kept current by this process's publications,
 // and reconciled only if another process published to their kind since.
 func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
-	if err := s.prepareIndexHeld(ctx, record.KindOutbox); err != nil {
+	outbox, err := s.prepareIndexHeld(ctx, record.KindOutbox)
+	if err != nil {
 		return err
 	}
-	if err := s.prepareIndexHeld(ctx, record.KindMessages); err != nil {
+	msgs, err := s.prepareIndexHeld(ctx, record.KindMessages)
+	if err != nil {
 		return err
 	}
 	var newBytes int64
@@ -202,14 +204,9 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 		newBytes += int64(len(e.Envelope))
 	}
 	s.mu.Lock()
-	pending, total := 0, newBytes
-	for _, e := range s.indexOf(record.KindOutbox).outbox {
-		if e.State == record.StatePending {
-			pending++
-		}
-		total += e.Bytes
-	}
-	messages := len(s.indexOf(record.KindMessages).messages)
+	ob := s.answer(record.KindOutbox, outbox)
+	pending, total := ob.pending, newBytes+ob.bytes
+	messages := len(s.answer(record.KindMessages, msgs).messages)
 	s.mu.Unlock()
 	switch {
 	case pending+len(req.Envelopes) > s.limits.PendingEnvelopes:
@@ -311,12 +308,13 @@ func (s *Store) messageCommitted(ctx context.Context, id string) (bool, error) {
 
 // batchOf returns the batch id of message id's outbox members, or "".
 func (s *Store) batchOf(ctx context.Context, messageID string) (string, error) {
-	if err := s.prepareIndex(ctx, record.KindOutbox); err != nil {
+	ix, err := s.prepareIndex(ctx, record.KindOutbox)
+	if err != nil {
 		return "", err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, e := range s.indexOf(record.KindOutbox).outbox {
+	for _, e := range ix.outbox {
 		if e.MessageID == messageID {
 			return e.BatchID, nil
 		}

@@ -103,6 +103,12 @@ type Options struct {
 	OperationLease time.Duration
 	// WrapFS, if set, wraps the store's file system (fault injection in tests).
 	WrapFS func(fsx.FS) fsx.FS
+	// LockHoldObserver, if set, is called after every release of the store lock with
+	// how long this Store held it (from the acquisition to the end of the release).
+	// It runs on the releasing goroutine once the lock is free (to this process's
+	// other goroutines too) and must be safe for concurrent use. Benchmarks use it to
+	// measure lock holds.
+	LockHoldObserver func(time.Duration)
 }
 
 // A file-system timestamp is "racy" (git's rule) while now is less than the racy
@@ -139,6 +145,8 @@ type Store struct {
 	lockHolds atomic.Int64 // lock acquisitions
 	lockWait  atomic.Int64 // nanoseconds spent waiting for them
 
+	lockHeld func(time.Duration) // Options.LockHoldObserver, nil if unset
+
 	pubMu     sync.Mutex     // guards the group-commit queue
 	pubQueue  []*publication // prepared publications waiting for a lock hold
 	pubLeader bool           // a goroutine is taking the lock for the queue
@@ -153,6 +161,11 @@ type Store struct {
 	// (or unlink) and their adoptPublication: meanwhile the directory has changed but
 	// the generation does not say so yet, so no stamp shows an index current.
 	publishing map[record.Kind]int
+	// inFlight names, per kind, the id of this process's publication in flight (the
+	// lock admits one at a time); unmarked holds the kinds with a publication whose
+	// generation mark failed.
+	inFlight map[record.Kind]string
+	unmarked map[record.Kind]bool
 }
 
 // Open returns the store of the identity whose key signer holds. It has no side
@@ -180,6 +193,7 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 		s.retain = 7 * 24 * time.Hour
 	}
 	s.optimisticOnly = opts.OptimisticOnly
+	s.lockHeld = opts.LockHoldObserver
 	s.opLease = opts.OperationLease
 	if s.opLease <= 0 {
 		s.opLease = defaultOperationLease
@@ -527,9 +541,12 @@ type listing struct {
 // that is not "<valid id>.json" makes the listing fail with OUTBOX_STORE_INVALID (run
 // sealbridge-fsck). A cached listing is reused while the stamp is unchanged and was not
 // racy when taken.
+//
+// The slice is shared with the store's cache and with other callers, and is never
+// changed once returned: callers must not modify it (slices.Clone it first).
 func (s *Store) List(k record.Kind) ([]string, error) {
 	ids, _, err := s.list(k)
-	return slices.Clone(ids), err
+	return ids, err
 }
 
 // list returns the (shared, read-only) ids and the stamp they belong to.
@@ -585,21 +602,43 @@ func (s *Store) readDirIDs(k record.Kind) ([]string, error) {
 	return ids, nil
 }
 
-// beginPublication marks a publication of kind k in flight, just before its rename or
-// unlink; endPublication ends it after adoptPublication, or after a rename or unlink
-// that failed (and so changed nothing). A publication whose generation mark failed is
-// never ended: k's directory then changed without a mark, and this process's readers
-// of k's index keep rescanning rather than trust a stamp.
-func (s *Store) beginPublication(k record.Kind) {
+// beginPublication marks a publication of kind/id in flight, just before its rename
+// or unlink; endPublication ends it after adoptPublication, or after a rename or
+// unlink that failed (and so changed nothing). A publication whose generation mark
+// failed ends with failPublication: k's directory then changed without a mark, and
+// this process's readers of k's index reconcile it fully every time rather than trust
+// a stamp.
+func (s *Store) beginPublication(k record.Kind, id string) {
 	s.mu.Lock()
 	s.publishing[k]++
+	if s.inFlight == nil {
+		s.inFlight = map[record.Kind]string{}
+	}
+	s.inFlight[k] = id
 	s.mu.Unlock()
 }
 
 func (s *Store) endPublication(k record.Kind) {
 	s.mu.Lock()
-	s.publishing[k]--
+	s.endPublicationLocked(k)
 	s.mu.Unlock()
+}
+
+func (s *Store) failPublication(k record.Kind) {
+	s.mu.Lock()
+	if s.unmarked == nil {
+		s.unmarked = map[record.Kind]bool{}
+	}
+	s.unmarked[k] = true
+	s.endPublicationLocked(k)
+	s.mu.Unlock()
+}
+
+func (s *Store) endPublicationLocked(k record.Kind) {
+	s.publishing[k]--
+	if s.publishing[k] == 0 {
+		delete(s.inFlight, k)
+	}
 }
 
 // adoptPublication updates this process's listings and indexes after it published
@@ -630,12 +669,19 @@ func (s *Store) adoptPublication(k record.Kind, id string, rec record.Record, fp
 	}
 	if ix := s.indexes[k]; ix != nil {
 		// An index current at after was scanned after the rename (while this
-		// publication was in flight): patching it again changes nothing.
-		if err != nil || !s.indexCurrent(k, ix, before) && !s.indexCurrent(k, ix, after) {
+		// publication was in flight): patching it again changes nothing. One left
+		// behind by another process's publication is patched too and keeps its stamp;
+		// own counts this publication's mark for the reconciliation that catches up
+		// (refreshChanged).
+		switch {
+		case err != nil:
 			delete(s.indexes, k)
-		} else {
+		case s.indexCurrent(k, ix, before) || s.indexCurrent(k, ix, after):
 			ix.apply(id, rec, fp, racy)
 			ix.stamp = after
+		default:
+			ix.apply(id, rec, fp, racy)
+			ix.own++
 		}
 	}
 }

@@ -3,8 +3,12 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -98,10 +102,15 @@ func (s *Store) lockStore(ctx context.Context) (unlock func() error, lock *lockf
 		return nil, nil, lockError(s.dir, err)
 	}
 	s.lockHolds.Add(1)
-	s.lockWait.Add(int64(time.Since(start)))
+	held := time.Now()
+	s.lockWait.Add(int64(held.Sub(start)))
 	return func() error {
-		defer release()
-		if err := lock.Unlock(); err != nil {
+		err := lock.Unlock()
+		release()
+		if s.lockHeld != nil {
+			s.lockHeld(time.Since(held))
+		}
+		if err != nil {
 			return lockError(s.dir, err)
 		}
 		return nil
@@ -121,7 +130,14 @@ func (tx *Tx) check() error {
 	if tx.done {
 		return errors.New("store: transaction used after it ended")
 	}
-	return tx.ctx.Err()
+	if tx.ctx.Err() != nil {
+		step := "running"
+		if tx.prepared {
+			step = "planning"
+		}
+		return tx.s.abandoned(tx.ctx, step)
+	}
+	return nil
 }
 
 // getCopy returns a copy of record kind/id as this transaction sees it, or nil.
@@ -170,16 +186,22 @@ func (tx *Tx) list(k record.Kind) ([]string, error) {
 		return ids, err
 	}
 	tx.listed[k] = true
+	shared := true // ids is the store's shared listing: copy before changing it
 	for _, w := range tx.writes {
 		if w.kind != k {
 			continue
 		}
 		i, found := slices.BinarySearch(ids, w.id)
-		switch {
-		case w.rec != nil && !found:
-			ids = slices.Insert(ids, i, w.id)
-		case w.rec == nil && found:
+		if found == (w.rec != nil) {
+			continue
+		}
+		if shared {
+			ids, shared = slices.Clone(ids), false
+		}
+		if found {
 			ids = slices.Delete(ids, i, i+1)
+		} else {
+			ids = slices.Insert(ids, i, w.id)
 		}
 	}
 	return ids, nil
@@ -344,13 +366,31 @@ func (s *Store) encode(w *write) error {
 	return nil
 }
 
+// Staging runs on at most stageWorkers(n) goroutines: min(GOMAXPROCS*stageWorkersPerCPU,
+// maxStageWorkers, n). A staged write is a signature (CPU) and a create, write and
+// fsync (the disk): a few writes per CPU keep the disk's queue full while others sign,
+// and the cap keeps a transaction of 10,000 records (a settle of a large backlog) from
+// starting 10,000 goroutines, each with a file open.
+const (
+	stageWorkersPerCPU = 4
+	maxStageWorkers    = 32
+)
+
+// stageWorkers returns the number of goroutines that stage n writes.
+func stageWorkers(n int) int {
+	return max(1, min(n, runtime.GOMAXPROCS(0)*stageWorkersPerCPU, maxStageWorkers))
+}
+
 // stage signs every record write and writes it to a fresh, fsynced temp in its kind's
-// directory, all in parallel. On error every temp staged so far is removed.
+// directory, on a bounded pool of goroutines (stageWorkers). No write starts once ctx
+// is done. On error, and when ctx ended before staging finished, every temp staged so
+// far is removed: a cancelled caller leaves no temp behind and gets OUTBOX_STORE_BUSY
+// with ctx's error as the cause (see abandoned).
 func (s *Store) stage(ctx context.Context, ws []*write) error {
 	errs := make([]error, len(ws))
 	run := func(i int) {
 		w := ws[i]
-		if w.rec == nil {
+		if w.rec == nil || ctx.Err() != nil {
 			return
 		}
 		if errs[i] = s.encode(w); errs[i] != nil {
@@ -366,22 +406,35 @@ func (s *Store) stage(ctx context.Context, ws []*write) error {
 		}
 		w.staged = st
 	}
-	if len(ws) == 1 {
-		run(0)
-	} else {
-		done := make(chan int, len(ws))
-		for i := range ws {
-			go func() { run(i); done <- i }()
-		}
-		for range ws {
-			<-done
+	var next atomic.Int64
+	work := func() {
+		for i := int(next.Add(1) - 1); i < len(ws); i = int(next.Add(1) - 1) {
+			run(i)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	var wg sync.WaitGroup
+	for range stageWorkers(len(ws)) - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+	if err := firstCoded(errs); err != nil {
 		discard(ws)
-		return firstCoded(errs)
+		return err
 	}
-	return ctx.Err()
+	if ctx.Err() != nil {
+		discard(ws)
+		return s.abandoned(ctx, "staging")
+	}
+	return nil
+}
+
+// abandoned is the error of a transaction whose ctx ended during step: what it had
+// not published by then is not (a prepared transaction publishes nothing).
+// OUTBOX_STORE_BUSY, as for a lock wait that ctx cut short, with ctx's error as the
+// cause (errors.Is(err, context.Canceled) holds for a cancelled ctx).
+func (s *Store) abandoned(ctx context.Context, step string) error {
+	return errcode.New(errcode.OutboxStoreBusy, s.dir, fmt.Errorf("abandoned while %s: %w", step, ctx.Err()))
 }
 
 // firstCoded returns the first non-nil error of errs.
@@ -419,7 +472,7 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 		if err != nil {
 			return dirs, err
 		}
-		tx.s.beginPublication(w.kind)
+		tx.s.beginPublication(w.kind, w.id)
 		if w.rec == nil {
 			if err := tx.s.fs.Remove(w.path()); err != nil && !fsx.IsNotExist(err) {
 				tx.s.endPublication(w.kind)
@@ -431,7 +484,8 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 		}
 		dirs[string(w.kind)] = true
 		if err := tx.published(w, before); err != nil {
-			return dirs, err // left in flight: see beginPublication
+			tx.s.failPublication(w.kind) // changed without a mark: see beginPublication
+			return dirs, err
 		}
 		tx.s.endPublication(w.kind)
 	}
