@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -495,6 +496,37 @@ func workloads() []workload {
 				t.Fatalf("a one-envelope enqueue wrote markers %v", ids)
 			}
 			ack(m, members[0])
+		}},
+		// The sender's hot path: four one-envelope enqueues at once, sharing their
+		// publication holds and directory fsyncs (group commit). Each is acknowledged
+		// as it returns.
+		{name: "enqueue-4-senders", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			for range 4 {
+				wg.Go(func() {
+					req := sendRequest(c.Now(), 1)
+					m, err := s.Enqueue(ctx, req)
+					if err != nil {
+						errs <- err
+						return
+					}
+					members, err := s.Pending(ctx, req.MessageID)
+					if err != nil || len(members) != 1 {
+						errs <- fmt.Errorf("pending of %s: %v %v", req.MessageID, members, err)
+						return
+					}
+					mu.Lock()
+					ack(m, members[0])
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
 		}},
 		{name: "prepared-4-records", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			var recs []record.Record
