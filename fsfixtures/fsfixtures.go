@@ -92,6 +92,7 @@ var names = []string{
 	"flipped-byte", "foreign-signer", "wrong-id", "wrong-kind", "wrong-mode",
 	"symlinked-record", "symlinked-dir", "orphan-outbox", "batch-missing-member",
 	"oversize-record", "unknown-file", "expired-records", "unacknowledged-receipt", "combined",
+	"single-member",
 }
 
 // Names returns the name of every fixture, in a fixed order.
@@ -175,6 +176,9 @@ func Build(t testing.TB, name string, opts ...Option) string {
 	case "unacknowledged-receipt":
 		b.base()
 		b.unacknowledgedReceipt()
+	case "single-member":
+		b.base()
+		b.singles()
 	case "combined":
 		b.base()
 		b.temps(false)
@@ -492,6 +496,22 @@ func (b *builder) orphans() {
 	extra, _, _ := message("msg-b", 2, Far, Far.Add(week))
 	b.tx(func(tx *store.Tx) error {
 		return tx.PutAll(members[0], members[1], msg, extra[1])
+	})
+}
+
+// singles writes one-envelope messages as the store enqueues them (DESIGN §7): a
+// committed one (its member, a single, then the message record that commits it; no
+// marker) and a half-done one (the single only), which is an orphan.
+func (b *builder) singles() {
+	members, msg, _ := message("msg-single", 1, Far, Far.Add(week))
+	members[0].BatchID = members[0].EnvelopeID
+	half, _, _ := message("msg-single-half", 1, Far, Far.Add(week))
+	half[0].BatchID = half[0].EnvelopeID
+	b.tx(func(tx *store.Tx) error {
+		if err := tx.PutAll(members[0], half[0]); err != nil {
+			return err
+		}
+		return tx.Put(msg)
 	})
 }
 

@@ -25,14 +25,14 @@ import (
 )
 
 // startFaultyDaemon is startDaemon with the store's file system failing every
-// fsync of the batches directory while fail is set: the commit's last step, after
-// the marker was renamed into place.
+// fsync of the messages directory while fail is set: a one-envelope send's last
+// step, after its message record (the commit, DESIGN §7) was renamed into place.
 func startFaultyDaemon(t *testing.T, home, name string, fail *atomic.Bool) *daemon.Daemon {
 	t.Helper()
 	return runDaemon(t, daemon.Options{Home: home, Identity: name, Store: store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
 		f := fsx.NewFaulty(inner)
 		f.Inject = func(op fsx.Op) error {
-			if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindBatches) && fail.Load() {
+			if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindMessages) && fail.Load() {
 				return syscall.EIO
 			}
 			return nil

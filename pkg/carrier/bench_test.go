@@ -55,8 +55,9 @@ func BenchmarkBuildPlan10k(b *testing.B) {
 		b.Fatal(err)
 	}
 	batches, _ := c.s.List(record.KindBatches)
+	messages, _ := c.s.List(record.KindMessages)
 	for b.Loop() {
-		buildPlan(sums, batches, now.UnixMilli(), "h")
+		buildPlan(sums, batches, messages, now.UnixMilli(), "h")
 	}
 }
 

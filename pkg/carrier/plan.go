@@ -20,8 +20,8 @@ type targetPlan struct {
 	dues    []int64 // ms: each envelope's effective due time
 }
 
-// plan reads the outbox index and the batch markers and groups the dispatchable
-// envelopes by target.
+// plan reads the outbox index, the batch markers and the message ids (a single's
+// commit, DESIGN §7) and groups the dispatchable envelopes by target.
 func (c *Carrier) plan(ctx context.Context, now time.Time) ([]*targetPlan, error) {
 	sums, err := c.s.OutboxSummaries(ctx)
 	if err != nil {
@@ -31,19 +31,24 @@ func (c *Carrier) plan(ctx context.Context, now time.Time) ([]*targetPlan, error
 	if err != nil {
 		return nil, err
 	}
-	return buildPlan(sums, batches, now.UnixMilli(), c.o.HolderID), nil
+	messages, err := c.s.List(record.KindMessages)
+	if err != nil {
+		return nil, err
+	}
+	return buildPlan(sums, batches, messages, now.UnixMilli(), c.o.HolderID), nil
 }
 
 // buildPlan groups sums (sorted by message and ordinal, as OutboxSummaries returns
 // them) into per-target plans, keeping only dispatchable envelopes: pending members
-// of a batch whose marker exists (batches is sorted). The result is ordered by due
-// time, oldest first.
+// of a batch whose marker exists (batches is sorted), and singles without a marker
+// whose message record exists (messages is sorted; the lease checks that it commits
+// the single). The result is ordered by due time, oldest first.
 //
 // An envelope's effective due time is its nextAttemptAt; in a target wait, not before
 // the wait's next probe (the latest nextAttemptAt among the waiting envelopes: each
 // probe pushes only the probed envelope forward); never after its deadline (so the
 // deadline closes it on time); and never before a live lease of another holder ends.
-func buildPlan(sums []store.OutboxSummary, batches []string, now int64, holder string) []*targetPlan {
+func buildPlan(sums []store.OutboxSummary, batches, messages []string, now int64, holder string) []*targetPlan {
 	byURL := map[string]*targetPlan{}
 	var order []*targetPlan
 	for i := range sums {
@@ -52,7 +57,12 @@ func buildPlan(sums []store.OutboxSummary, batches []string, now int64, holder s
 			continue
 		}
 		if _, ok := slices.BinarySearch(batches, e.BatchID); !ok {
-			continue
+			if !record.IsSingle(e.BatchID, e.EnvelopeID, e.Ordinal) {
+				continue
+			}
+			if _, ok := slices.BinarySearch(messages, e.MessageID); !ok {
+				continue
+			}
 		}
 		tp := byURL[e.RelayURL]
 		if tp == nil {

@@ -13,8 +13,9 @@ import (
 )
 
 // watchedKinds are the directories whose changes can make an envelope dispatchable or
-// change its due time: outbox records and batch markers.
-var watchedKinds = []record.Kind{record.KindOutbox, record.KindBatches}
+// change its due time: outbox records, batch markers, and message records (which
+// commit singles, DESIGN §7).
+var watchedKinds = []record.Kind{record.KindOutbox, record.KindBatches, record.KindMessages}
 
 // watch notices writes by other processes and kicks the loop: inotify on the kind
 // directories, or polling of their listing stamps when inotify is unavailable.

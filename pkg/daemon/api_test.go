@@ -131,21 +131,24 @@ func TestStrictSendRequest(t *testing.T) {
 	}
 }
 
-// A send whose batch marker was renamed into place but whose directory fsync
-// failed is answered 503 OUTBOX_STORE_UNWRITABLE with outcome "unknown", the
+// A send whose commit (a one-envelope message's message record, DESIGN §7) was
+// renamed into place but whose directory fsync failed is answered 503 OUTBOX_STORE_UNWRITABLE with outcome "unknown", the
 // message id and a hint to retry with the same key; the retry with the same key
 // answers 201 with that message at once, and there is one message.
 func TestIdempotentSendAfterFailedCommitSync(t *testing.T) {
-	var fail atomic.Int32 // batches fsyncs still to fail
+	// Every messages fsync fails while fail is set (the carrier's writes too: they
+	// are retried), so the send's commit fails whatever the carrier does meanwhile.
+	var fail atomic.Bool
 	d, hc := apiDaemon(t, func(op fsx.Op) error {
-		if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindBatches) && fail.Add(-1) >= 0 {
+		if op.Kind == fsx.OpSyncDir && op.Path == string(record.KindMessages) && fail.Load() {
 			return syscall.EIO
 		}
 		return nil
 	})
 	body := sendBody(t, "hi")
-	fail.Store(1)
+	fail.Store(true)
 	a := post(t, hc, "k1", body)
+	fail.Store(false)
 	if a.status != http.StatusServiceUnavailable || a.body["code"] != "OUTBOX_STORE_UNWRITABLE" ||
 		a.body["outcome"] != "unknown" || a.body["messageId"] == nil || !strings.Contains(a.raw, "same Idempotency-Key") {
 		t.Fatalf("first attempt: %d %s", a.status, a.raw)
@@ -159,8 +162,9 @@ func TestIdempotentSendAfterFailedCommitSync(t *testing.T) {
 		t.Fatalf("%d messages, want 1", n)
 	}
 	// Without a key the answer still says the message may be accepted, and which.
-	fail.Store(1)
+	fail.Store(true)
 	c := post(t, hc, "", sendBody(t, "ho"))
+	fail.Store(false)
 	if c.status != http.StatusServiceUnavailable || c.body["outcome"] != "unknown" || c.body["messageId"] == nil {
 		t.Fatalf("keyless: %d %s", c.status, c.raw)
 	}
@@ -174,13 +178,13 @@ func TestIdempotentSendAfterFailedCommitSync(t *testing.T) {
 func TestIdempotentSendAfterFailedResponseStore(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		failures int32 // operations writes to fail once the batch marker is renamed
+		failures int32 // operations writes to fail once the message record (the commit) is renamed
 	}{{"lease released", 1}, {"lease kept", 1 << 20}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var committed atomic.Bool
 			var fail atomic.Int32
 			d, hc := apiDaemon(t, func(op fsx.Op) error {
-				if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, string(record.KindBatches)+"/") {
+				if op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, string(record.KindMessages)+"/") {
 					committed.Store(true)
 				}
 				if committed.Load() && strings.HasPrefix(op.Path, string(record.KindOperations)+"/") && fail.Add(-1) >= 0 {

@@ -823,13 +823,35 @@ func (c *checker) relate(results []result) {
 		}
 	}
 
-	// Orphans: outbox records that no intact marker lists (the store's rule for
-	// dispatchable members; maintenance removes such records).
+	// Orphans: outbox records that no intact marker lists, or singles (DESIGN §7)
+	// that no message record commits (the store's rule for dispatchable members;
+	// maintenance removes such records).
 	for _, id := range sortedKeys(outbox) {
 		o := outbox[id]
 		mp := record.Path(record.KindBatches, o.BatchID)
 		b := markers[o.BatchID]
 		mfp, mpresent := c.present[mp]
+		p := record.Path(record.KindOutbox, id)
+		if b == nil && record.IsSingle(o.BatchID, o.EnvelopeID, o.Ordinal) {
+			msgPath := record.Path(record.KindMessages, o.MessageID)
+			m := messages[o.MessageID]
+			if record.CommitsSingle(m, o) {
+				committed[o.MessageID] = true
+				continue
+			}
+			gfp, gpresent := c.present[msgPath]
+			why := "a one-envelope member whose message record " + msgPath + " is missing (an enqueue that never committed); it can never be dispatched"
+			switch {
+			case m != nil:
+				why = "a one-envelope member that its message record " + msgPath + " does not commit (another envelope); it can never be dispatched"
+			case gpresent:
+				why = "a one-envelope member whose message record " + msgPath + " is unusable and is moved away; it can never be dispatched"
+			}
+			c.add(problem(CodeOrphanOutbox, p, why, actionMove,
+				moveFix(phaseRecords, true, dep{path: p, fp: fps[p]}, dep{path: mp, fp: mfp, absent: !mpresent, orAbsent: true},
+					dep{path: msgPath, fp: gfp, absent: !gpresent, orAbsent: true})))
+			continue
+		}
 		var why string
 		switch {
 		case b == nil && !mpresent:
@@ -843,12 +865,12 @@ func (c *checker) relate(results []result) {
 		default:
 			continue
 		}
-		p := record.Path(record.KindOutbox, id)
 		c.add(problem(CodeOrphanOutbox, p, why, actionMove+" (after its marker)",
 			moveFix(phaseRecords, true, dep{path: p, fp: fps[p]}, dep{path: mp, fp: mfp, absent: !mpresent, orAbsent: true})))
 	}
 
-	// Messages: a queued message is accepted only once an intact marker commits it.
+	// Messages: a queued message is accepted only once an intact marker (or its
+	// single) commits it.
 	for _, id := range sortedKeys(messages) {
 		if messages[id].Status == record.StatusQueued && !committed[id] {
 			c.add(note(CodeMessageUnaccepted, record.Path(record.KindMessages, id),

@@ -755,3 +755,34 @@ func TestStoreDirName(t *testing.T) {
 		t.Fatalf("%s", dir)
 	}
 }
+
+// A one-envelope message committed by its message record (a single, no marker) is
+// valid and stays; a single without its message record is an orphan, moved away by
+// repair; afterwards the store still delivers the committed one.
+func TestSingles(t *testing.T) {
+	dir := fsfixtures.Build(t, "single-member")
+	opts := fsck.Options{Owner: fsfixtures.Owner().DID()}
+	committed := record.Path(record.KindOutbox, fsfixtures.ID("msg-single/envelope/0"))
+	half := record.Path(record.KindOutbox, fsfixtures.ID("msg-single-half/envelope/0"))
+	rep := check(t, dir, opts)
+	mustFind(t, rep, half, fsck.CodeOrphanOutbox)
+	for _, f := range rep.Findings {
+		if f.Path == committed || f.Path == record.Path(record.KindMessages, fsfixtures.ID("msg-single")) {
+			t.Errorf("finding on the committed single's records: %+v", f)
+		}
+	}
+	repair(t, dir, opts)
+	if again := check(t, dir, opts); again.Problems() != 0 {
+		t.Fatalf("after repair: %+v", again.Findings)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, half)); !os.IsNotExist(err) {
+		t.Errorf("the orphan single is still in place: %v", err)
+	}
+	s, err := store.Open(fsfixtures.Owner().Signer(), store.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.Pending(ctx, fsfixtures.ID("msg-single")); err != nil || len(p) != 1 {
+		t.Fatalf("the committed single after repair: %v %v", p, err)
+	}
+}

@@ -519,6 +519,22 @@ func MemberOf(b *Batch, i int, o *Outbox) bool {
 		o.RelayURL == b.RelayURL && o.DeliveryDeadline == b.DeliveryDeadline && o.Ordinal == i
 }
 
+// IsSingle reports whether an outbox member with these fields is a single: the one
+// member of a one-envelope message, committed by its message record instead of a
+// marker (docs/FORMAT.md §5). Its batchId is its own envelopeId and its ordinal 0. A
+// marker of that id, if one exists, governs it instead.
+func IsSingle(batchID, envelopeID string, ordinal int) bool {
+	return batchID == envelopeID && ordinal == 0
+}
+
+// CommitsSingle reports whether message m commits the single o: same message, peer,
+// relay and deadline, and m's first-envelope digest is o's.
+func CommitsSingle(m *Message, o *Outbox) bool {
+	return m != nil && o != nil && IsSingle(o.BatchID, o.EnvelopeID, o.Ordinal) && m.MessageID == o.MessageID &&
+		m.EnvelopeDigest == o.EnvelopeDigest && m.PeerOwnerDID == o.PeerOwnerDID && m.RelayURL == o.RelayURL &&
+		m.DeliveryDeadline == o.DeliveryDeadline
+}
+
 func batchEqual(a, b *Batch) bool {
 	return a.BatchID == b.BatchID && a.MessageID == b.MessageID && slices.Equal(a.EnvelopeIDs, b.EnvelopeIDs) &&
 		a.PeerOwnerDID == b.PeerOwnerDID && a.RelayURL == b.RelayURL && a.DeliveryDeadline == b.DeliveryDeadline &&

@@ -123,14 +123,14 @@ func TestGenerationCompactsAtBound(t *testing.T) {
 	if got := genSize(t, dir); got != genBound {
 		t.Fatalf("a transaction that published nothing changed .generation to %d bytes", got)
 	}
-	_, _ = enqueue(t, s, 1) // outbox member, message, marker: the first compacts
+	_, _ = enqueue(t, s, 1) // outbox member, then the message record: the first compacts
 	if got := genSize(t, dir); got >= genBound {
 		t.Fatalf(".generation is %d bytes after a publication found it at the %d-byte bound: not compacted", got, genBound)
 	}
 	h1, _, _ := genHeaderOf(t, first)
 	h2, marks, ino2 := genFile(t, dir)
-	if string(marks) != "xmb" {
-		t.Errorf("marks after the compacting enqueue = %q, want \"xmb\"", marks)
+	if string(marks) != "xm" {
+		t.Errorf("marks after the compacting enqueue = %q, want \"xm\"", marks)
 	}
 	if h2 == h1 {
 		t.Errorf("the compacted file kept the epoch %q", h1)
@@ -180,7 +180,7 @@ func TestGenerationCompactionReadersRelist(t *testing.T) {
 			r := openStore(t, store.Options{Dir: dir})
 			_, m1 := enqueue(t, w, 1)
 			_, before, _ := genFile(t, dir)
-			if string(before) != "xmb" {
+			if string(before) != "xm" {
 				t.Fatalf("marks = %q", before)
 			}
 			sums, err := r.OutboxSummaries(context.Background())
@@ -204,7 +204,7 @@ func TestGenerationCompactionReadersRelist(t *testing.T) {
 				}
 			}
 			req2, m2 := enqueue(t, w, 1)
-			if _, after, _ := genFile(t, dir); string(after) != "xmb" || genSize(t, dir) != int64(len(before))+55 {
+			if _, after, _ := genFile(t, dir); string(after) != "xm" || genSize(t, dir) != int64(len(before))+55 {
 				t.Fatalf("after the %s the file should have the length readers remember: marks %q", how, after)
 			}
 			if st, err := r.ListingStamp(record.KindMessages); err != nil || st == stamp {

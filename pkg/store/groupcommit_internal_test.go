@@ -14,8 +14,8 @@ import (
 )
 
 // Publications queued at the same moment are published in one lock hold with one
-// fsync per directory: three enqueues → 3 directory fsyncs (outbox and messages after
-// the members, batches after the markers), not 9.
+// fsync per directory: three one-envelope enqueues → 2 directory fsyncs (outbox after
+// the members, messages after the message records that commit them), not 6.
 func TestGroupCommitOneHold(t *testing.T) {
 	var faulty *fsx.Faulty
 	s, err := Open(ed25519.NewKeyFromSeed(make([]byte, 32)), Options{Home: t.TempDir(), WrapFS: func(inner fsx.FS) fsx.FS {
@@ -66,21 +66,22 @@ func TestGroupCommitOneHold(t *testing.T) {
 			t.Fatal(p.err)
 		}
 	}
-	if renames != 9 || syncDirs != 3 {
-		t.Fatalf("3 enqueues in one hold: %d renames (want 9), %d directory fsyncs (want 3)", renames, syncDirs)
+	if renames != 6 || syncDirs != 2 {
+		t.Fatalf("3 enqueues in one hold: %d renames (want 6), %d directory fsyncs (want 2)", renames, syncDirs)
 	}
-	// and the markers were renamed after the member directories were fsynced
+	// and the message records, which commit the members, were renamed after the
+	// members' directory was fsynced
 	log := faulty.Log()
-	lastMemberSync, firstMarker := -1, -1
+	lastMemberSync, firstCommit := -1, -1
 	for i, op := range log {
-		if op.Kind == fsx.OpSyncDir && (op.Path == "outbox" || op.Path == "messages") {
+		if op.Kind == fsx.OpSyncDir && op.Path == "outbox" {
 			lastMemberSync = i
 		}
-		if op.Kind == fsx.OpRename && firstMarker < 0 && len(op.Path2) > 8 && op.Path2[:8] == "batches/" {
-			firstMarker = i
+		if op.Kind == fsx.OpRename && firstCommit < 0 && len(op.Path2) > 9 && op.Path2[:9] == "messages/" {
+			firstCommit = i
 		}
 	}
-	if firstMarker < lastMemberSync {
-		t.Fatalf("a batch marker was renamed (op %d) before its members were durable (op %d)", firstMarker, lastMemberSync)
+	if lastMemberSync < 0 || firstCommit < lastMemberSync {
+		t.Fatalf("a message record was renamed (op %d) before its member was durable (op %d)", firstCommit, lastMemberSync)
 	}
 }

@@ -18,8 +18,8 @@ const TempMaxAge = time.Hour
 // MaintenanceReport counts what one maintenance pass did.
 type MaintenanceReport struct {
 	ClosedByDeadline int // pending members closed because their deadline passed
-	BatchesFinished  int // settled batches removed (marker first, then members)
-	OrphansRemoved   int // outbox records that no marker lists
+	BatchesFinished  int // settled batches removed (marker first, then members; a single by itself)
+	OrphansRemoved   int // outbox records that no marker lists (singles: that no message record commits), unbound operations
 	ExpiredRemoved   int // records past retainUntil
 	TempsRemoved     int // staged temps older than TempMaxAge
 	Errors           []error
@@ -50,6 +50,16 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 	}
 	for _, id := range batches {
 		if err := step(func(tx *Tx) error { return s.maintainBatch(tx, id, &rep) }); err != nil {
+			return rep, err
+		}
+	}
+	// The same for singles (DESIGN §7), up to maintainChunk outbox records a step.
+	outbox, err := s.listLenient(record.KindOutbox, &rep)
+	if err != nil {
+		return rep, err
+	}
+	for chunk := range slices.Chunk(outbox, maintainChunk) {
+		if err := step(func(tx *Tx) error { return s.maintainSingles(tx, chunk, &rep) }); err != nil {
 			return rep, err
 		}
 	}
@@ -134,8 +144,27 @@ func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) error {
 	return s.finishBatch(tx, id, members, rep)
 }
 
+// maintainSingles runs maintainBatch on those of the outbox records ids that are
+// committed singles (DESIGN §7); a single's batch id is its envelope id.
+func (s *Store) maintainSingles(tx *Tx, ids []string, rep *MaintenanceReport) error {
+	for _, id := range ids {
+		r, err := tx.get(record.KindOutbox, id)
+		if err != nil {
+			return err
+		}
+		if o, _ := r.(*record.Outbox); o == nil || !record.IsSingle(o.BatchID, o.EnvelopeID, o.Ordinal) {
+			continue
+		}
+		if err := s.maintainBatch(tx, id, rep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // finishBatch removes a batch whose members are all settled: the marker first, so an
-// interrupted cleanup can never make a member dispatchable again.
+// interrupted cleanup can never make a member dispatchable again. A single has no
+// marker; removing it is one unlink.
 func (s *Store) finishBatch(tx *Tx, id string, members []*record.Outbox, rep *MaintenanceReport) error {
 	if slices.ContainsFunc(members, func(m *record.Outbox) bool { return m.State == record.StatePending }) {
 		return nil
@@ -222,7 +251,15 @@ func (s *Store) removable(tx *Tx, k record.Kind, id string, bound map[string]boo
 		if err != nil {
 			return keep, err
 		}
-		if b == nil || !slices.Contains(b.EnvelopeIDs, id) {
+		if b == nil && record.IsSingle(o.BatchID, o.EnvelopeID, o.Ordinal) {
+			m, err := TxGet[*record.Message](tx, o.MessageID)
+			if err != nil {
+				return keep, err
+			}
+			if !record.CommitsSingle(m, o) {
+				return removeOrphan, nil // its message record never committed it
+			}
+		} else if b == nil || !slices.Contains(b.EnvelopeIDs, id) {
 			return removeOrphan, nil
 		}
 	}

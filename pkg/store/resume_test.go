@@ -112,51 +112,59 @@ func TestExpireOperationLeases(t *testing.T) {
 	}
 }
 
-// An enqueue whose batch marker was renamed into place but whose directory fsync
-// failed answers OUTBOX_STORE_UNWRITABLE although the message is visible: it may be
-// accepted. ResumeEnqueue (what a retry with the same Idempotency-Key runs) fsyncs
-// the directories again before it reports the message, and reports the fsync's
-// failure as OUTBOX_STORE_UNWRITABLE instead of an accepted message.
+// An enqueue whose commit (the batch marker; for a one-envelope message, its message
+// record) was renamed into place but whose directory fsync failed answers
+// OUTBOX_STORE_UNWRITABLE although the message is visible: it may be accepted.
+// ResumeEnqueue (what a retry with the same Idempotency-Key runs) fsyncs the
+// directories again before it reports the message, and reports the fsync's failure as
+// OUTBOX_STORE_UNWRITABLE instead of an accepted message.
 func TestResumeEnqueueAfterFailedDirSync(t *testing.T) {
-	ctx := context.Background()
-	var failing atomic.Bool
-	var faulty *fsx.Faulty
-	s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
-		faulty = fsx.NewFaulty(inner)
-		faulty.Inject = func(op fsx.Op) error {
-			if failing.Load() && op.Kind == fsx.OpSyncDir && op.Path == string(record.KindBatches) {
-				return syscall.EIO
+	for _, c := range []struct {
+		envelopes int
+		commit    record.Kind
+	}{{2, record.KindBatches}, {1, record.KindMessages}} {
+		t.Run(string(c.commit), func(t *testing.T) {
+			ctx := context.Background()
+			var failing atomic.Bool
+			var faulty *fsx.Faulty
+			s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
+				faulty = fsx.NewFaulty(inner)
+				faulty.Inject = func(op fsx.Op) error {
+					if failing.Load() && op.Kind == fsx.OpSyncDir && op.Path == string(c.commit) {
+						return syscall.EIO
+					}
+					return nil
+				}
+				return faulty
+			}})
+			req := sendRequest(t, c.envelopes)
+			failing.Store(true)
+			if _, err := s.Enqueue(ctx, req); !errors.Is(err, errcode.OutboxStoreUnwritable) {
+				t.Fatalf("enqueue with a failing %s fsync: %v", c.commit, err)
 			}
-			return nil
-		}
-		return faulty
-	}})
-	req := sendRequest(t, 1)
-	failing.Store(true)
-	if _, err := s.Enqueue(ctx, req); !errors.Is(err, errcode.OutboxStoreUnwritable) {
-		t.Fatalf("enqueue with a failing batches fsync: %v", err)
-	}
-	if m, err := s.Message(req.MessageID); err != nil || m == nil {
-		t.Fatalf("the marker was renamed: the message is visible: %v %v", m, err)
-	}
-	// Still failing: the retry cannot report the message as accepted.
-	if m, ok, err := s.ResumeEnqueue(ctx, req.MessageID); !errors.Is(err, errcode.OutboxStoreUnwritable) || m != nil || ok {
-		t.Fatalf("resume with the fsync still failing: %v %v %v", m, ok, err)
-	}
-	failing.Store(false)
-	faulty.Reset()
-	m, ok, err := s.ResumeEnqueue(ctx, req.MessageID)
-	if err != nil || !ok || m == nil || m.MessageID != req.MessageID {
-		t.Fatalf("resume: %v %v %v", m, ok, err)
-	}
-	synced := false
-	for _, op := range faulty.Log() {
-		synced = synced || (op.Kind == fsx.OpSyncDir && op.Path == string(record.KindBatches) && op.Err == nil)
-	}
-	if !synced {
-		t.Fatalf("the batches directory was not fsynced before the message was reported: %v", faulty.Log())
-	}
-	if ids, err := s.List(record.KindMessages); err != nil || len(ids) != 1 {
-		t.Fatalf("messages: %v %v", ids, err)
+			if m, err := s.Message(req.MessageID); err != nil || m == nil {
+				t.Fatalf("the commit was renamed: the message is visible: %v %v", m, err)
+			}
+			// Still failing: the retry cannot report the message as accepted.
+			if m, ok, err := s.ResumeEnqueue(ctx, req.MessageID); !errors.Is(err, errcode.OutboxStoreUnwritable) || m != nil || ok {
+				t.Fatalf("resume with the fsync still failing: %v %v %v", m, ok, err)
+			}
+			failing.Store(false)
+			faulty.Reset()
+			m, ok, err := s.ResumeEnqueue(ctx, req.MessageID)
+			if err != nil || !ok || m == nil || m.MessageID != req.MessageID {
+				t.Fatalf("resume: %v %v %v", m, ok, err)
+			}
+			synced := false
+			for _, op := range faulty.Log() {
+				synced = synced || (op.Kind == fsx.OpSyncDir && op.Path == string(c.commit) && op.Err == nil)
+			}
+			if !synced {
+				t.Fatalf("the %s directory was not fsynced before the message was reported: %v", c.commit, faulty.Log())
+			}
+			if ids, err := s.List(record.KindMessages); err != nil || len(ids) != 1 {
+				t.Fatalf("messages: %v %v", ids, err)
+			}
+		})
 	}
 }

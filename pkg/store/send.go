@@ -36,7 +36,9 @@ type SendRequest struct {
 // batch marker are signed and fsynced outside the lock; then, under the lock and with
 // capacity checked there (DESIGN §5 limits, OUTBOX_FULL with nothing written), the members
 // and the message are renamed into place and their directories fsynced, and only then
-// the marker that makes the members dispatchable. When Enqueue returns nil the message
+// the marker that makes the members dispatchable. A one-envelope message has no marker:
+// its member (a single, DESIGN §7) is renamed and fsynced first, then the message
+// record that commits it. When Enqueue returns nil the message
 // is accepted: it will be delivered or explicitly expired. Enqueueing the same message
 // again (same id and first envelope) returns the stored message without writing.
 func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*record.Message, error) {
@@ -85,7 +87,11 @@ func (s *Store) checkSendRequest(req SendRequest) error {
 // batch committed) it plans nothing and returns it. If an earlier enqueue of the same
 // message was interrupted after some of its records were published but before the
 // marker, the plan finishes it: it keeps the members already there (same envelopes)
-// and their batch id, and writes what is missing, the marker last.
+// and their batch id, and writes what is missing, the marker last. A one-envelope
+// message gets the batch id of its envelope and no marker (a single, DESIGN §7): the
+// member first, the message record last. One whose member is already stored keeps
+// that member's batch id, so an interrupted enqueue of the marker protocol is finished
+// with its marker.
 func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*record.Message, error) {
 	now := s.nowMs()
 	deadline := req.DeliveryDeadline.UnixMilli()
@@ -127,9 +133,20 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*record.Message, error) {
 		msg = prev // keep the first attempt's times
 		deadline, retain = prev.DeliveryDeadline, prev.RetainUntil
 	}
+	if batchID == "" && len(req.Envelopes) == 1 {
+		// A single, unless a marker already has that id (envelope ids are the caller's).
+		b, err := TxGet[*record.Batch](tx, req.Envelopes[0].EnvelopeID)
+		if err != nil {
+			return nil, err
+		}
+		if b == nil {
+			batchID = req.Envelopes[0].EnvelopeID
+		}
+	}
 	if batchID == "" {
 		batchID = uuid.NewString()
 	}
+	single := len(req.Envelopes) == 1 && record.IsSingle(batchID, req.Envelopes[0].EnvelopeID, 0)
 	var writes []record.Record
 	for i, e := range req.Envelopes {
 		if existing[i] != nil {
@@ -139,6 +156,18 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*record.Message, error) {
 			EnvelopeKind: e.Kind, State: record.StatePending, Ordinal: i, RelayURL: req.RelayURL,
 			PeerOwnerDID: string(req.PeerOwnerDID), DeliveryDeadline: deadline, NextAttemptAt: now,
 			Envelope: e.Envelope, EnvelopeDigest: envelope.Digest(e.Envelope), RetainUntil: retain})
+	}
+	if single {
+		// The member first, then the message record that commits it.
+		if err := tx.PutAll(writes...); err != nil {
+			return nil, err
+		}
+		if prev == nil {
+			if err := tx.putLast(msg); err != nil {
+				return nil, err
+			}
+		}
+		return record.Clone(msg).(*record.Message), nil
 	}
 	if prev == nil {
 		writes = append(writes, msg)
@@ -193,7 +222,8 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 // Committed returns the members of batch id if its marker exists and every member it
 // lists is present and consistent (same message, peer, relay and deadline, ordinals
 // 0..n-1 in order); (nil, nil) if the marker is absent; OUTBOX_STORE_INVALID if the
-// batch is broken.
+// batch is broken. Without a marker, a single whose envelope id is id (DESIGN §7) is
+// its batch's one member if its message record commits it; (nil, nil) if not.
 func (tx *Tx) Committed(batchID string) ([]*record.Outbox, error) {
 	return committed(batchID, tx.get)
 }
@@ -207,8 +237,11 @@ func (s *Store) Committed(batchID string) ([]*record.Outbox, error) {
 
 func committed(batchID string, get func(record.Kind, string) (record.Record, error)) ([]*record.Outbox, error) {
 	r, err := get(record.KindBatches, batchID)
-	if err != nil || r == nil {
+	if err != nil {
 		return nil, err
+	}
+	if r == nil {
+		return committedSingle(batchID, get)
 	}
 	b := r.(*record.Batch)
 	members := make([]*record.Outbox, 0, len(b.EnvelopeIDs))
@@ -226,8 +259,30 @@ func committed(batchID string, get func(record.Kind, string) (record.Record, err
 	return members, nil
 }
 
+// committedSingle returns outbox record id as its batch's one member if it is a single
+// that its message record commits, or nil.
+func committedSingle(id string, get func(record.Kind, string) (record.Record, error)) ([]*record.Outbox, error) {
+	r, err := get(record.KindOutbox, id)
+	if err != nil || r == nil {
+		return nil, err
+	}
+	o := r.(*record.Outbox)
+	if !record.IsSingle(o.BatchID, o.EnvelopeID, o.Ordinal) {
+		return nil, nil
+	}
+	mr, err := get(record.KindMessages, o.MessageID)
+	if err != nil {
+		return nil, err
+	}
+	if m, _ := mr.(*record.Message); !record.CommitsSingle(m, o) {
+		return nil, nil // an enqueue that never committed
+	}
+	return []*record.Outbox{record.Clone(o).(*record.Outbox)}, nil
+}
+
 // Message returns the status of a sent message, or nil if there is none. A queued
-// message whose batch marker is missing was never accepted and is reported as absent.
+// message whose batch is not committed (its marker missing; for a single, the member
+// missing) was never accepted and is reported as absent.
 func (s *Store) Message(id string) (*record.Message, error) {
 	m, err := GetAs[*record.Message](s, id)
 	if err != nil || m == nil {
@@ -288,7 +343,8 @@ func (s *Store) Pending(ctx context.Context, messageID string) ([]*record.Outbox
 }
 
 // AcceptedMessage returns message id if it is accepted (its batch committed), or
-// nil. It first fsyncs the directories of the message's records: the publication
+// nil. It first fsyncs the directories of the message's records (outbox, messages and,
+// if a marker commits it, batches): the publication
 // that made the message visible may have been followed by a failed directory fsync
 // (its Enqueue answered OUTBOX_STORE_UNWRITABLE although the marker was renamed into
 // place), and whoever reports the message as accepted must rest on durable records.
@@ -298,7 +354,21 @@ func (s *Store) AcceptedMessage(id string) (*record.Message, error) {
 	if err != nil || m == nil {
 		return nil, err
 	}
-	if err := s.syncDirs(map[string]bool{string(record.KindOutbox): true, string(record.KindMessages): true, string(record.KindBatches): true}); err != nil {
+	dirs := map[string]bool{string(record.KindOutbox): true, string(record.KindMessages): true}
+	batch, err := s.batchOf(context.Background(), id)
+	if err != nil {
+		return nil, err
+	}
+	if batch != "" {
+		b, err := GetAs[*record.Batch](s, batch)
+		if err != nil {
+			return nil, err
+		}
+		if b != nil { // a marker commits it; a single needs no batches directory
+			dirs[string(record.KindBatches)] = true
+		}
+	}
+	if err := s.syncDirs(dirs); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -313,7 +383,10 @@ func (s *Store) AcceptedMessage(id string) (*record.Message, error) {
 // An already accepted message is returned by AcceptedMessage (its directories
 // fsynced again), so resuming also finishes an enqueue whose last directory fsync
 // failed. Members that do not form ordinals 0..n-1 of one batch answer
-// OUTBOX_STORE_INVALID.
+// OUTBOX_STORE_INVALID. Before it finishes the enqueue it fsyncs the directories of
+// the records already there (outbox, and messages if the record is there): the
+// interrupted attempt may have renamed them and then failed its directory fsync, and
+// the commit written now must rest on durable records.
 func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*record.Message, bool, error) {
 	if m, err := s.AcceptedMessage(messageID); err != nil || m != nil {
 		return m, m != nil, err
@@ -348,6 +421,15 @@ func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*record.Me
 			return nil, false, invalidAt("outbox/"+o.EnvelopeID, fmt.Errorf("interrupted enqueue of message %s cannot be resumed", messageID))
 		}
 		req.Envelopes = append(req.Envelopes, OutgoingEnvelope{EnvelopeID: o.EnvelopeID, Kind: o.EnvelopeKind, Envelope: o.Envelope})
+	}
+	dirs := map[string]bool{string(record.KindOutbox): true}
+	if m, err := GetAs[*record.Message](s, messageID); err != nil {
+		return nil, false, err
+	} else if m != nil {
+		dirs[string(record.KindMessages)] = true
+	}
+	if err := s.syncDirs(dirs); err != nil {
+		return nil, false, err
 	}
 	m, err := s.Enqueue(ctx, req)
 	if err != nil {
