@@ -4,8 +4,10 @@ import (
 	"context"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/record"
@@ -178,6 +180,49 @@ func TestIndexFollowsAnotherProcessWithoutScanningHistory(t *testing.T) {
 	}
 	if perRound[1000] > perRound[10]+8 {
 		t.Fatalf("record lstats of an index refresh after another process's writes: %d with 10 messages, %d with 1000", perRound[10], perRound[1000])
+	}
+}
+
+// The same when every indexed entry is racy (the reader's clock is frozen before the
+// files' change times, as on a file system with coarse timestamps or a store whose last
+// sends were milliseconds ago): when the generation marks account for every change, a
+// refresh reads only the names that changed, not every racy entry again. Two
+// publications to one name that restore its inode number leave a mark no change
+// explains, so that case still falls back to the full reconcile.
+func TestIndexRefreshDoesNotRereadRacyHistory(t *testing.T) {
+	perRound := map[int]int64{}
+	for _, n := range []int{10, 1000} {
+		dir := filepath.Join(t.TempDir(), "store")
+		frozen := time.Now() // before every file's change time: every entry stays racy
+		writeHistory(t, dir, n)
+		var lstats, otherLstats atomic.Int64
+		r := openStore(t, store.Options{Dir: dir, Limits: historyLimits, Now: func() time.Time { return frozen },
+			WrapFS: func(inner fsx.FS) fsx.FS { return lstatCounter{FS: inner, os: inner, lstats: &lstats} }})
+		w := historyStore(t, dir, n, &otherLstats, nil)
+		ctx := context.Background()
+		enqueue(t, w, 1)
+		if sums, err := r.MessageSummaries(ctx); err != nil || len(sums) != n+1 {
+			t.Fatalf("%d summaries, %v", len(sums), err)
+		}
+		var worst int64
+		for round := range 3 {
+			_, added := enqueue(t, w, 1)
+			before := lstats.Load()
+			sums, err := r.MessageSummaries(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst = max(worst, lstats.Load()-before)
+			if len(sums) != n+2+round || !slices.ContainsFunc(sums, func(m store.MessageSummary) bool { return m.MessageID == added.MessageID }) {
+				t.Fatalf("round %d: %d summaries, the new message listed: %v", round, len(sums),
+					slices.ContainsFunc(sums, func(m store.MessageSummary) bool { return m.MessageID == added.MessageID }))
+			}
+		}
+		perRound[n] = worst
+	}
+	t.Logf("record lstats per refresh: %v", perRound)
+	if perRound[1000] > perRound[10]+8 {
+		t.Fatalf("record lstats of a refresh with every entry racy: %d with 10 messages, %d with 1000", perRound[10], perRound[1000])
 	}
 }
 

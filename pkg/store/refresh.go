@@ -71,8 +71,13 @@ func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *
 // lock admits one publisher, which renames before it marks). If that count equals the
 // number of detected changes, each detected name had exactly one publication and
 // every other name none (an undetected changed name needs two publications, one more
-// than the slack): only the detected names are read and verified again, with every
-// entry still racy. Otherwise the caller reconciles every entry.
+// than the slack): only the detected names are read and verified again. An entry
+// whose fingerprint is still racy is not read again either: racy matters where a
+// change is judged by comparing fingerprints (reconcile), and here it is judged by the
+// inode number and the marks, which no store publication can leave both unchanged.
+// (A file rewritten in place, bypassing the store, makes no mark and keeps its inode;
+// no refresh can see it, racy or not, and its signature still guards every read of
+// the record itself.) Otherwise the caller reconciles every entry.
 //
 // If this process had a publication in flight (flying, of id inFlight) when st was
 // taken, that id is read again and left out of the count, whose mark may or may not
@@ -133,8 +138,6 @@ func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old
 		case flying && id == inFlight:
 		case !present || fp.Ino != inos[i]:
 			changed = append(changed, id)
-		case old.racy[id]:
-			reread = append(reread, id)
 		}
 	}
 	_, flownIndexed := old.fps[inFlight]
