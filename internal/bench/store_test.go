@@ -424,16 +424,14 @@ func BenchmarkChurnAfterDelete20k(b *testing.B) {
 	b.ReportMetric(float64(churnRecords)/f.removed.Seconds(), "bulk-removed/s")
 }
 
-// BenchmarkMaintainRemove is the "retention, then bulk removal" cleanup strategy as
-// the store runs it: Store.Maintain removing b.N records past their retainUntil, a
-// chunk of up to 64 per lock hold with one directory fsync each. Compare its rate
-// with StoreRemove1 (one durable removal per transaction).
-func BenchmarkMaintainRemove(b *testing.B) {
+// durableMessages writes n signed message records into a new store directory and
+// makes them durable (syncfs), outside the timer's concern.
+func durableMessages(b *testing.B, n int) (string, *records) {
 	dir := filepath.Join(benchDir(b), "store")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		b.Fatal(err)
 	}
-	recs, err := makeRecords(b.N)
+	recs, err := makeRecords(n)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -443,6 +441,15 @@ func BenchmarkMaintainRemove(b *testing.B) {
 	if err := syncFS(dir); err != nil {
 		b.Fatal(err)
 	}
+	return dir, recs
+}
+
+// BenchmarkMaintainRemove is the "retention, then bulk removal" cleanup strategy as
+// the store runs it: Store.Maintain removing b.N records past their retainUntil, a
+// chunk of up to 64 per lock hold with one directory fsync each. Compare its rate
+// with StoreRemove1 (one durable removal per transaction).
+func BenchmarkMaintainRemove(b *testing.B) {
+	dir, _ := durableMessages(b, b.N)
 	past := func() time.Time { return time.Now().Add(9 * 24 * time.Hour) } // past every retainUntil
 	s := openStore(b, store.Options{Dir: dir, Now: past})
 	b.ResetTimer()
@@ -458,20 +465,7 @@ func BenchmarkMaintainRemove(b *testing.B) {
 // time: a Transaction that Deletes one durable record (read it, unlink, generation,
 // directory fsync). Compare its rate with bulk-removed/s of ChurnAfterDelete20k.
 func BenchmarkStoreRemove1(b *testing.B) {
-	dir := filepath.Join(benchDir(b), "store")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		b.Fatal(err)
-	}
-	recs, err := makeRecords(b.N)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := writeRecords(dir, recs); err != nil {
-		b.Fatal(err)
-	}
-	if err := syncFS(dir); err != nil {
-		b.Fatal(err)
-	}
+	dir, recs := durableMessages(b, b.N)
 	s := openStore(b, store.Options{Dir: dir, Now: later})
 	ctx := context.Background()
 	b.ResetTimer()

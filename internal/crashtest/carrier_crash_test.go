@@ -40,16 +40,25 @@ func batchedDeliveryWorkload() workload {
 			}
 		}
 	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
-		cr := carrier.New(s, acceptAll{}, carrier.Options{Clock: wall{c}, Watch: carrier.WatchOff})
+		settled := make(chan struct{}, 64) // one per settled attempt (a wake-up, not a count)
+		cr := carrier.New(s, acceptAll{}, carrier.Options{Clock: wall{c}, Watch: carrier.WatchOff, Events: func(e carrier.Event) {
+			if e.Kind == carrier.EventAttempt {
+				select {
+				case settled <- struct{}{}:
+				default:
+				}
+			}
+		}})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { cr.Run(ctx); close(done) }()
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.After(60 * time.Second)
 		for cr.Stats().Attempts["accepted"] < 4 || !allRelayed(t, s, reqs) {
-			if time.Now().After(deadline) {
+			select {
+			case <-settled: // look again after each settled attempt
+			case <-deadline:
 				t.Fatal("the carrier did not deliver")
 			}
-			time.Sleep(time.Millisecond) // polling with a deadline
 		}
 		cancel()
 		<-done

@@ -539,35 +539,27 @@ func (f *osFile) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func (f *osFile) Write(p []byte) (int, error) {
-	done := 0
-	for done < len(p) {
-		n, err := unix.Write(f.fd, p[done:])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return done, &fs.PathError{Op: "write", Path: f.name, Err: err}
-		}
-		if n == 0 {
-			return done, &fs.PathError{Op: "write", Path: f.name, Err: io.ErrShortWrite}
-		}
-		done += n
-	}
-	return done, nil
+	return f.writeAll("write", p, func(b []byte, _ int) (int, error) { return unix.Write(f.fd, b) })
 }
 
 func (f *osFile) WriteAt(p []byte, off int64) (int, error) {
+	return f.writeAll("pwrite", p, func(b []byte, done int) (int, error) { return unix.Pwrite(f.fd, b, off+int64(done)) })
+}
+
+// writeAll calls write until all of p is written (write is given what is left and how
+// much is done), retrying EINTR; a call that writes nothing is io.ErrShortWrite.
+func (f *osFile) writeAll(op string, p []byte, write func(b []byte, done int) (int, error)) (int, error) {
 	done := 0
 	for done < len(p) {
-		n, err := unix.Pwrite(f.fd, p[done:], off+int64(done))
+		n, err := write(p[done:], done)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			return done, &fs.PathError{Op: "pwrite", Path: f.name, Err: err}
+			return done, &fs.PathError{Op: op, Path: f.name, Err: err}
 		}
 		if n == 0 {
-			return done, &fs.PathError{Op: "pwrite", Path: f.name, Err: io.ErrShortWrite}
+			return done, &fs.PathError{Op: op, Path: f.name, Err: io.ErrShortWrite}
 		}
 		done += n
 	}
