@@ -13,6 +13,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -66,6 +67,10 @@ func BenchmarkBuildPlan10k(b *testing.B) {
 func relayStub(b *testing.B) *httptest.Server {
 	relay := relayIdentity(b)
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != relayproto.PathEnvelopes {
+			w.WriteHeader(http.StatusNotFound) // a relay without the batch endpoint: the single path
+			return
+		}
 		body, _ := io.ReadAll(io.LimitReader(r.Body, envelope.MaxSize+1))
 		var e struct {
 			Payload struct {
