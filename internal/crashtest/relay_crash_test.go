@@ -429,16 +429,7 @@ func TestRelayCrashStates(t *testing.T) {
 	total := 0
 	for _, w := range relayWorkloads(t, now) {
 		t.Run(w.name, func(t *testing.T) {
-			res := exploreRelay(t, w, now, nil, false)
-			total += res.states
-			t.Logf("%s: %d crash states explored", w.name, res.states)
-			for i, v := range res.violations {
-				if i == 10 {
-					t.Errorf("… and %d more", len(res.violations)-10)
-					break
-				}
-				t.Error(v)
-			}
+			total += report(t, w.name, exploreRelay(t, w, now, nil, false))
 		})
 	}
 	t.Logf("%d relay crash states explored in all", total)

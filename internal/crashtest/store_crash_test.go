@@ -796,21 +796,27 @@ func bulkExpirySetup(t *testing.T, s *store.Store, c *clock) {
 	}
 }
 
+// report logs how many states an exploration of workload name covered, fails t with
+// its first ten violations, and returns the state count.
+func report(t *testing.T, name string, res result) int {
+	t.Helper()
+	t.Logf("%s: %d crash states explored", name, res.states)
+	for i, v := range res.violations {
+		if i == 10 {
+			t.Errorf("… and %d more", len(res.violations)-10)
+			break
+		}
+		t.Error(v)
+	}
+	return res.states
+}
+
 func TestCrashStates(t *testing.T) {
 	t.Parallel() // sequential inside; independent of the other explorations
 	total := 0
 	for _, w := range workloads() {
 		t.Run(w.name, func(t *testing.T) {
-			res := explore(t, w, nil)
-			total += res.states
-			t.Logf("%s: %d crash states explored", w.name, res.states)
-			for i, v := range res.violations {
-				if i == 10 {
-					t.Errorf("… and %d more", len(res.violations)-10)
-					break
-				}
-				t.Error(v)
-			}
+			total += report(t, w.name, explore(t, w, nil))
 		})
 	}
 	t.Logf("%d crash states explored in all", total)

@@ -5,9 +5,12 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
@@ -75,4 +78,23 @@ func enqueue(t testing.TB, s *store.Store, n int) (store.SendRequest, *record.Me
 		t.Fatal(err)
 	}
 	return req, m
+}
+
+// dirSyncFailing opens a store whose fsyncs of directory dir fail with EIO while the
+// returned flag is set; every call is recorded in the returned Faulty.
+func dirSyncFailing(t testing.TB, dir record.Kind) (*store.Store, *atomic.Bool, *fsx.Faulty) {
+	t.Helper()
+	failing := new(atomic.Bool)
+	var faulty *fsx.Faulty
+	s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
+		faulty = fsx.NewFaulty(inner)
+		faulty.Inject = func(op fsx.Op) error {
+			if failing.Load() && op.Kind == fsx.OpSyncDir && op.Path == string(dir) {
+				return syscall.EIO
+			}
+			return nil
+		}
+		return faulty
+	}})
+	return s, failing, faulty
 }

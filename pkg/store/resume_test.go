@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -125,18 +124,7 @@ func TestResumeEnqueueAfterFailedDirSync(t *testing.T) {
 	}{{2, record.KindBatches}, {1, record.KindMessages}} {
 		t.Run(string(c.commit), func(t *testing.T) {
 			ctx := context.Background()
-			var failing atomic.Bool
-			var faulty *fsx.Faulty
-			s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
-				faulty = fsx.NewFaulty(inner)
-				faulty.Inject = func(op fsx.Op) error {
-					if failing.Load() && op.Kind == fsx.OpSyncDir && op.Path == string(c.commit) {
-						return syscall.EIO
-					}
-					return nil
-				}
-				return faulty
-			}})
+			s, failing, faulty := dirSyncFailing(t, c.commit)
 			req := sendRequest(t, c.envelopes)
 			failing.Store(true)
 			if _, err := s.Enqueue(ctx, req); !errors.Is(err, errcode.OutboxStoreUnwritable) {

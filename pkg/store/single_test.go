@@ -202,18 +202,7 @@ func TestOneEnvelopeMessageWithMarkerStillValid(t *testing.T) {
 // commits the member, so the commit never rests on a member that may not be durable.
 func TestResumeSingleAfterFailedMemberSync(t *testing.T) {
 	ctx := context.Background()
-	var failing atomic.Bool
-	var faulty *fsx.Faulty
-	s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
-		faulty = fsx.NewFaulty(inner)
-		faulty.Inject = func(op fsx.Op) error {
-			if failing.Load() && op.Kind == fsx.OpSyncDir && op.Path == string(record.KindOutbox) {
-				return syscall.EIO
-			}
-			return nil
-		}
-		return faulty
-	}})
+	s, failing, faulty := dirSyncFailing(t, record.KindOutbox)
 	req := sendRequest(t, 1)
 	failing.Store(true)
 	if _, err := s.Enqueue(ctx, req); !errors.Is(err, errcode.OutboxStoreUnwritable) {

@@ -295,36 +295,13 @@ func (tx *Tx) checkBatchMembers(b *record.Batch) error {
 // Transaction the removal is durable when Delete returns. Outside this package only
 // tests call it (the crash explorer and the benchmarks remove records through a
 // Transaction to exercise the removal path); it is kept as the counterpart of Put.
-func (tx *Tx) Delete(k record.Kind, id string) error {
-	prev, err := tx.get(k, id)
-	if err != nil || prev == nil {
-		return err
-	}
-	w := &write{kind: k, id: id}
-	if tx.prepared {
-		tx.writes = append(tx.writes, w)
-		tx.reads[w.path()] = nil
-		return nil
-	}
-	dirs, err := tx.publish([]*write{w})
-	if serr := tx.s.syncDirs(dirs); err == nil {
-		err = serr
-	}
-	return err
-}
+func (tx *Tx) Delete(k record.Kind, id string) error { return tx.deleteAll(k, []string{id}) }
 
-// deleteAll removes the records kind/ids of a Transaction together: every unlink,
-// then one fsync of the kind's directory. They are durable when it returns nil; on
-// error some may be removed, none is acknowledged. Absent ids are skipped.
+// deleteAll removes the records kind/ids together; absent ids are skipped. In a
+// PreparedTransaction it only plans the removals. In a Transaction it unlinks them all,
+// then fsyncs the kind's directory once: they are durable when it returns nil; on error
+// some may be removed, none is acknowledged.
 func (tx *Tx) deleteAll(k record.Kind, ids []string) error {
-	if tx.prepared {
-		for _, id := range ids {
-			if err := tx.Delete(k, id); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	var ws []*write
 	for _, id := range ids {
 		prev, err := tx.get(k, id)
@@ -334,6 +311,13 @@ func (tx *Tx) deleteAll(k record.Kind, ids []string) error {
 		if prev != nil {
 			ws = append(ws, &write{kind: k, id: id})
 		}
+	}
+	if tx.prepared {
+		for _, w := range ws {
+			tx.writes = append(tx.writes, w)
+			tx.reads[w.path()] = nil
+		}
+		return nil
 	}
 	if len(ws) == 0 {
 		return nil
