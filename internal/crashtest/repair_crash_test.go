@@ -55,10 +55,35 @@ func repairConverges(t *testing.T, dir string, valid map[string][]byte) []string
 	return bad
 }
 
+// repairFixtures are the damaged stores whose repair is explored crash state by crash
+// state: the combined fixture (most kinds of damage at once), then single kinds of
+// damage alone, among them those the combined one lacks (a half-done single, which is an
+// orphan; a batch missing a member; a flipped byte; an oversize record; a wrong id),
+// so every repair action — quarantine, orphan removal, mode fixes, lock and temp
+// cleanup — is cut at every call on its own as well as among the others.
+var repairFixtures = []string{
+	"combined", "single-member", "wrong-mode", "stale-lock",
+	"flipped-byte", "batch-missing-member", "leftover-temps", "oversize-record", "wrong-id",
+}
+
 // Crash states of a repair (mid fsck repair): a rerun converges and loses nothing.
 func TestCrashStatesOfRepair(t *testing.T) {
 	t.Parallel() // sequential inside; independent of the other explorations
-	dir := fsfixtures.Build(t, "combined")
+	total := 0
+	for _, name := range repairFixtures {
+		n := exploreRepair(t, name)
+		if n < 2 {
+			t.Errorf("repair of the %s fixture made %d crash states: it repaired nothing", name, n)
+		}
+		total += n
+	}
+	t.Logf("repair of %d fixtures: %d crash states explored", len(repairFixtures), total)
+}
+
+// exploreRepair repairs the named fixture with every call recorded, then checks that a
+// rerun converges from every crash state of that repair; it returns the state count.
+func exploreRepair(t *testing.T, name string) int {
+	dir := fsfixtures.Build(t, name)
 	valid := fsfixtures.ValidRecords(t, dir)
 	initial, err := crashtest.Snapshot(dir)
 	if err != nil {
@@ -67,11 +92,11 @@ func TestCrashStatesOfRepair(t *testing.T) {
 	var faulty *fsx.Faulty
 	opts := fsck.Options{Owner: fsfixtures.OwnerDID(), WrapFS: sharedFaulty(&faulty, nil)}
 	if _, err := fsck.Repair(context.Background(), dir, opts); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", name, err)
 	}
 	states, err := crashtest.Explore(initial, faulty.Log())
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", name, err)
 	}
 	violations := 0
 	for i, st := range states {
@@ -85,11 +110,12 @@ func TestCrashStatesOfRepair(t *testing.T) {
 		ageTree(t, sdir)
 		for _, v := range repairConverges(t, sdir, valid) {
 			if violations++; violations <= 10 {
-				t.Errorf("state %d (%s): %s", i, st.Desc, v)
+				t.Errorf("%s: state %d (%s): %s", name, i, st.Desc, v)
 			}
 		}
 	}
-	t.Logf("repair of the combined fixture: %d crash states explored", len(states))
+	t.Logf("repair of the %s fixture: %d crash states explored", name, len(states))
+	return len(states)
 }
 
 // A fault during recovery itself: every mutating call of a repair fails in turn; the
