@@ -16,6 +16,7 @@ func Clone(r Record) Record {
 			l := *v.Lease
 			c.Lease = &l
 		}
+		c.Held, c.Operator = cloneAction(v.Held), cloneAction(v.Operator)
 		return &c
 	case *Batch:
 		c := *v
@@ -23,6 +24,7 @@ func Clone(r Record) Record {
 		return &c
 	case *Message:
 		c := *v
+		c.Held, c.Operator = cloneAction(v.Held), cloneAction(v.Operator)
 		return &c
 	case *Receipt:
 		c := *v
@@ -44,4 +46,12 @@ func Clone(r Record) Record {
 		return &c
 	}
 	return r
+}
+
+func cloneAction(a *Action) *Action {
+	if a == nil {
+		return nil
+	}
+	c := *a
+	return &c
 }

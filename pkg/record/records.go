@@ -58,10 +58,60 @@ type Outbox struct {
 	Lease            *Lease `json:"lease,omitempty"`
 	// UnreachableSince, when not 0, is when the carrier first found this envelope's
 	// relay unreachable: the persisted target wait (DESIGN §11). It may change.
-	UnreachableSince int64           `json:"unreachableSince,omitempty"`
-	Envelope         json.RawMessage `json:"envelope"`
-	EnvelopeDigest   string          `json:"envelopeDigest"`
-	RetainUntil      int64           `json:"retainUntil"`
+	UnreachableSince int64 `json:"unreachableSince,omitempty"`
+	// Held, when set, is the operator's hold in force (Op hold): the carrier never
+	// dispatches a held envelope, and its deadline still closes it. Only a pending
+	// envelope is held; settling or closing one clears it.
+	Held *Action `json:"held,omitempty"`
+	// Operator is the last operator action that changed this envelope (hold,
+	// release, cancel, retry); the carrier never writes one.
+	Operator       *Action         `json:"operator,omitempty"`
+	Envelope       json.RawMessage `json:"envelope"`
+	EnvelopeDigest string          `json:"envelopeDigest"`
+	RetainUntil    int64           `json:"retainUntil"`
+}
+
+// Operator actions (docs/FORMAT.md §5).
+const (
+	ActionHold    = "hold"
+	ActionRelease = "release"
+	ActionCancel  = "cancel"
+	ActionRetry   = "retry"
+)
+
+// Action is one operator action as the records it changed keep it: which action, who
+// asked (the caller as the daemon identified it, e.g. "uid:1000"), when, and why. The
+// carrier never writes one, so a reader can tell an operator's decision from the
+// carrier's own.
+type Action struct {
+	Op     string `json:"op"`
+	By     string `json:"by"`
+	At     int64  `json:"at"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Bounds of an Action's free-text fields, in bytes.
+const (
+	MaxActionBy     = 128
+	MaxActionReason = 256
+)
+
+func checkAction(field string, a *Action, wantOp string) error {
+	if a == nil {
+		return nil
+	}
+	switch a.Op {
+	case ActionHold, ActionRelease, ActionCancel, ActionRetry:
+	default:
+		return invalid("%s.op %q is not hold, release, cancel or retry", field, a.Op)
+	}
+	if wantOp != "" && a.Op != wantOp {
+		return invalid("%s.op must be %s", field, wantOp)
+	}
+	if a.By == "" || len(a.By) > MaxActionBy || len(a.Reason) > MaxActionReason {
+		return invalid("%s needs a by of 1..%d bytes and a reason of at most %d", field, MaxActionBy, MaxActionReason)
+	}
+	return checkTime(field+".at", a.At)
 }
 
 // Batch is the commit marker of 1..N outbox members of one message.
@@ -86,6 +136,8 @@ const (
 	ClosedByDeadline = "deadline"
 	ClosedByRefused  = "refused"
 	ClosedByExpired  = "expired"
+	// ClosedByCancelled is an operator's cancel (the message's Operator says who).
+	ClosedByCancelled = "cancelled"
 )
 
 // Message is a sent message's status.
@@ -101,7 +153,12 @@ type Message struct {
 	CreatedAt        int64  `json:"createdAt"`
 	UpdatedAt        int64  `json:"updatedAt"`
 	Attempts         int    `json:"attempts"`
-	RetainUntil      int64  `json:"retainUntil"`
+	// Held, when set, is the operator's hold on the message's pending envelopes (Op
+	// hold); only a queued or relayed message is held, and closing one clears it.
+	Held *Action `json:"held,omitempty"`
+	// Operator is the last operator action that changed this message.
+	Operator    *Action `json:"operator,omitempty"`
+	RetainUntil int64   `json:"retainUntil"`
 }
 
 // Receipt states, in rank order.
@@ -287,7 +344,7 @@ func (r *Outbox) Validate() error {
 	if len(r.LastError) > 1024 {
 		return invalid("lastError is too long")
 	}
-	return nil
+	return firstErr(checkAction("held", r.Held, ActionHold), checkAction("operator", r.Operator, ""))
 }
 
 func (r *Batch) Validate() error {
@@ -330,8 +387,9 @@ func (r *Message) Validate() error {
 		return invalid("status %q is unknown", r.Status)
 	}
 	switch {
-	case r.Status == StatusClosed && r.ClosedBy != ClosedByDeadline && r.ClosedBy != ClosedByRefused && r.ClosedBy != ClosedByExpired:
-		return invalid("closed message needs closedBy deadline, refused or expired")
+	case r.Status == StatusClosed && r.ClosedBy != ClosedByDeadline && r.ClosedBy != ClosedByRefused &&
+		r.ClosedBy != ClosedByExpired && r.ClosedBy != ClosedByCancelled:
+		return invalid("closed message needs closedBy deadline, refused, expired or cancelled")
 	case r.Status != StatusClosed && r.ClosedBy != "":
 		return invalid("closedBy is only for closed messages")
 	case r.Attempts < 0:
@@ -339,7 +397,7 @@ func (r *Message) Validate() error {
 	case len(r.LastError) > 1024:
 		return invalid("lastError is too long")
 	}
-	return nil
+	return firstErr(checkAction("held", r.Held, ActionHold), checkAction("operator", r.Operator, ""))
 }
 
 var receiptRank = map[string]int{ReceiptPersisted: 0, ReceiptProcessed: 1, ReceiptTerminal: 2}
@@ -425,6 +483,9 @@ func CheckReplacement(prev, next Record) error {
 				return statusErr(n, "outbox state %s is final", p.State)
 			}
 		}
+		if n.Held != nil && n.State != StatePending {
+			return statusErr(n, "only a pending envelope can be held")
+		}
 	case *Batch:
 		if p, ok := prev.(*Batch); ok && !batchEqual(p, n) {
 			return conflict(n, "a batch marker never changes")
@@ -438,6 +499,9 @@ func CheckReplacement(prev, next Record) error {
 			if err := checkMessageTransition(p, n); err != nil {
 				return err
 			}
+		}
+		if n.Held != nil && n.Status != StatusQueued && n.Status != StatusRelayed {
+			return statusErr(n, "only a queued or relayed message can be held")
 		}
 	case *Receipt:
 		if p, ok := prev.(*Receipt); ok {
