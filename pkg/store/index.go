@@ -24,6 +24,8 @@ type OutboxSummary struct {
 	Attempts         int
 	Lease            *record.Lease
 	UnreachableSince int64 // the persisted target wait, 0 if none
+	Held             bool  // an operator's hold is in force
+	LastError        string
 	Bytes            int64 // size of the signed envelope
 	RetainUntil      int64
 }
@@ -39,6 +41,7 @@ type MessageSummary struct {
 	CreatedAt        int64
 	UpdatedAt        int64
 	Attempts         int
+	Held             bool // an operator's hold is in force
 	RetainUntil      int64
 }
 
@@ -84,13 +87,14 @@ func summarizeOutbox(r *record.Outbox) OutboxSummary {
 	return OutboxSummary{EnvelopeID: r.EnvelopeID, MessageID: r.MessageID, BatchID: r.BatchID,
 		EnvelopeKind: r.EnvelopeKind, State: r.State, Ordinal: r.Ordinal, RelayURL: r.RelayURL,
 		PeerOwnerDID: r.PeerOwnerDID, DeliveryDeadline: r.DeliveryDeadline, NextAttemptAt: r.NextAttemptAt,
-		Attempts: r.Attempts, Lease: lease, UnreachableSince: r.UnreachableSince, Bytes: int64(len(r.Envelope)), RetainUntil: r.RetainUntil}
+		Attempts: r.Attempts, Lease: lease, UnreachableSince: r.UnreachableSince, Held: r.Held != nil, LastError: r.LastError, Bytes: int64(len(r.Envelope)),
+		RetainUntil: r.RetainUntil}
 }
 
 func summarizeMessage(r *record.Message) MessageSummary {
 	return MessageSummary{MessageID: r.MessageID, Status: r.Status, ClosedBy: r.ClosedBy,
 		PeerOwnerDID: r.PeerOwnerDID, RelayURL: r.RelayURL, DeliveryDeadline: r.DeliveryDeadline,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Attempts: r.Attempts, RetainUntil: r.RetainUntil}
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Attempts: r.Attempts, Held: r.Held != nil, RetainUntil: r.RetainUntil}
 }
 
 func newIndex(k record.Kind, st Stamp) *index {
