@@ -40,8 +40,12 @@ Commands:
                                                 prints the key and the command that
                                                 finishes the send without a duplicate
   status   ID [--json]                          show one sent message
-  ls       [--status S] [--limit N] [--after ID] [--json]
-                                                list sent messages
+  ls       [--status S] [--limit N] [--after ID] [--all] [--json]
+                                                list sent messages (--all: every page;
+                                                --json: one JSON object per line)
+  queue    [--json]                             show each relay target's backlog:
+                                                pending, held, in flight, state, last
+                                                error, and the envelopes by age
   inbox    [--limit N] [--after ID] [--json]    list received messages (the daemon
                                                 needs --inbox-relay)
   watch    [--topics messages,outbox,receipts,observations] [--json]
@@ -60,7 +64,7 @@ Common flags:
                      $SEALBRIDGE_IDENTITY, else "default")
   --version          print the version and exit
 
-send, status and ls talk to the identity's daemon over its unix socket; start it
+send, status, ls and queue talk to the identity's daemon over its unix socket; start it
 with: sealbridged --home DIR --identity NAME
 
 Examples:
@@ -107,6 +111,7 @@ var commands = []command{
 	{"send", cmdSend},
 	{"status", cmdStatus},
 	{"ls", cmdLs},
+	{"queue", cmdQueue},
 	{"inbox", cmdInbox},
 	{"relay", cmdRelay},
 	{"demo", cmdDemo},

@@ -336,13 +336,14 @@ func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	return tw.Flush()
 }
 
-// cmdLs: sealbridge ls [--status S] [--limit N] [--after ID] [--json]
+// cmdLs: sealbridge ls [--status S] [--limit N] [--after ID] [--all] [--json]
 func cmdLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("ls")
 	w := identityFlags(fs)
 	status := fs.String("status", "", "")
 	limit := fs.Int("limit", 0, "")
 	after := fs.String("after", "", "")
+	all := fs.Bool("all", false, "")
 	asJSON := fs.Bool("json", false, "")
 	if err := noArgs(fs, args); err != nil {
 		return err
@@ -357,47 +358,69 @@ func cmdLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	l, err := d.c.Messages(ctx, *status, *limit, *after)
-	if err != nil {
-		return d.explain(err)
+	var tw *tabwriter.Writer
+	if !*asJSON {
+		tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "MESSAGE\tSTATUS\tATTEMPTS\tUPDATED\tNEXT ATTEMPT\tTO\tLAST ERROR")
 	}
-	if *asJSON {
-		if l.Messages == nil {
-			l.Messages = []client.Message{}
+	enc := json.NewEncoder(stdout)
+	unreadable, next := 0, *after
+	for {
+		l, err := d.c.Messages(ctx, *status, *limit, next)
+		if err != nil {
+			return d.explain(err)
 		}
-		return writeJSON(stdout, l)
+		for _, m := range l.Messages {
+			if m.Error != nil {
+				unreadable++
+			}
+			if *asJSON {
+				if err := enc.Encode(m); err != nil {
+					return err
+				}
+				continue
+			}
+			lsRow(tw, &m)
+		}
+		next = l.Next
+		if !*all || next == "" {
+			break
+		}
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MESSAGE\tSTATUS\tATTEMPTS\tUPDATED\tNEXT ATTEMPT\tTO\tLAST ERROR")
-	unreadable := 0
-	for _, m := range l.Messages {
-		if m.Error != nil {
-			unreadable++
-			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t%s\n", m.MessageID, "UNREADABLE", oneLine(m.Error.Message))
-			continue
+	if tw != nil {
+		if err := tw.Flush(); err != nil {
+			return err
 		}
-		st := m.Status
-		if m.ClosedBy != "" {
-			st += "/" + m.ClosedBy
-		}
-		last := ""
-		if m.Status == "queued" {
-			last = oneLine(m.LastError)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.MessageID, st, m.Attempts, formatTime(m.UpdatedAt),
-			nextAttempt(&m), m.To, last)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
 	}
 	if unreadable > 0 {
 		fmt.Fprintf(stderr, "sealbridge: %d message record(s) could not be read\nsealbridge: hint: check the store with: sealbridge-fsck --home %s --identity %s\n",
 			unreadable, shellQuote(w.root), shellQuote(string(d.did)))
 	}
-	if l.Next != "" {
-		fmt.Fprintf(stderr, "sealbridge: more: sealbridge ls %s --after %s\n", w.flags(), shellQuote(l.Next))
+	if next != "" {
+		fmt.Fprintf(stderr, "sealbridge: more: sealbridge ls %s --after %s (or --all)\n", w.flags(), shellQuote(next))
 	}
 	return nil
+}
+
+// lsRow is one message's row of the ls table.
+func lsRow(tw io.Writer, m *client.Message) {
+	if m.Error != nil {
+		fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t%s\n", m.MessageID, "UNREADABLE", oneLine(m.Error.Message))
+		return
+	}
+	st := m.Status
+	if m.ClosedBy != "" {
+		st += "/" + m.ClosedBy
+	}
+	if m.Held != nil {
+		st += " (held)"
+	}
+	last := ""
+	if m.Status == "queued" || m.Status == "closed" {
+		last = oneLine(m.LastError)
+	}
+	fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.MessageID, st, m.Attempts, formatTime(m.UpdatedAt),
+		nextAttempt(m), m.To, last)
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -65,17 +65,35 @@ Shows one sent message: status, attempts, last error, times.
 Examples:
   sealbridge status --home ~/sb --identity alice 0190b6a4-…
 `,
-	"ls": `usage: sealbridge ls [--status S] [--limit N] [--after ID] [--json] [--home DIR] [--identity NAME]
+	"ls": `usage: sealbridge ls [--status S] [--limit N] [--after ID] [--all] [--json]
+                     [--home DIR] [--identity NAME]
 
-Lists sent messages.
+Lists sent messages by id: status (with closedBy and "(held)" when an operator holds
+it), attempts, next attempt and last error (for a queued or closed message).
 
   --status S         only messages with this status (queued, relayed, delivered, closed)
-  --limit N          at most N messages (default: the daemon's page size)
+  --limit N          at most N messages (default: the daemon's page size); with
+                     --all, the page size
   --after ID         start after message ID (the "more:" line names it)
-  --json             print the daemon's JSON
+  --all              page through every message
+  --json             one JSON object per line, a message as the daemon reports it
 ` + identityFlagsUsage + `
 Examples:
   sealbridge ls --home ~/sb --identity alice --status queued
+  sealbridge ls --all --json --status closed | jq -r .lastError
+`,
+	"queue": `usage: sealbridge queue [--json] [--home DIR] [--identity NAME]
+
+Shows the backlog of each relay target with pending envelopes: pending (held ones
+included), held, in flight, bytes, the oldest one's age, attempts, the state (ready,
+backing off until T, unreachable since T with the next probe at T, held) and the
+last error; then the pending envelopes by age (under 5m, 10m, 20m, 40m, 80m, 160m,
+older) per target and in total.
+
+  --json             print the daemon's JSON (GET /v1/targets)
+` + identityFlagsUsage + `
+Examples:
+  sealbridge queue --home ~/sb --identity alice
 `,
 	"inbox": `usage: sealbridge inbox [--limit N] [--after ID] [--json] [--home DIR] [--identity NAME]
 

@@ -270,10 +270,11 @@ func TestStrangerFirstUse(t *testing.T) {
 		t.Fatalf("status (text) does not name the recipient:\n%s", out)
 	}
 
-	// ls: the message, listed with the status that status showed (or a later one).
-	var l client.MessageList
-	if out := u.run("", "sealbridge", "ls", "--identity", "alice", "--json"); json.Unmarshal([]byte(out), &l) != nil ||
-		len(l.Messages) != 1 || l.Messages[0].MessageID != id || (l.Messages[0].Status != "relayed" && l.Messages[0].Status != "delivered") {
+	// ls: the message, listed with the status that status showed (or a later one);
+	// --json writes one object per line.
+	var lm client.Message
+	if out := u.run("", "sealbridge", "ls", "--identity", "alice", "--json"); strings.Count(out, "\n") != 1 || json.Unmarshal([]byte(out), &lm) != nil ||
+		lm.MessageID != id || (lm.Status != "relayed" && lm.Status != "delivered") {
 		t.Fatalf("ls --json:\n%s", out)
 	}
 	if out := u.run("", "sealbridge", "ls", "--identity", "alice"); !strings.HasPrefix(out, "MESSAGE") || !strings.Contains(out, id) {

@@ -33,7 +33,8 @@ type SendRequest struct {
 // Message is a sent message's status as the daemon reports it. For a queued
 // message, LastError is the last failed attempt's error and NextAttemptAt when the
 // next attempt is due (zero: now, or none scheduled); for a closed one LastError is
-// why it closed.
+// why it closed (the relay's answer to a refused one) and ClosedBy by what
+// (deadline, refused, expired, cancelled).
 type Message struct {
 	MessageID     string    `json:"messageId"`
 	Status        string    `json:"status"`
@@ -46,6 +47,11 @@ type Message struct {
 	CreatedAt     time.Time `json:"createdAt"`
 	UpdatedAt     time.Time `json:"updatedAt"`
 	Deadline      time.Time `json:"deadline"`
+
+	// Held is an operator's hold in force, Operator the last operator action on the
+	// message (in a list: given for queued, closed and held messages).
+	Held     *OperatorAction `json:"held,omitempty"`
+	Operator *OperatorAction `json:"operator,omitempty"`
 	// Error, set only on an entry of a list, says that this message's record could
 	// not be read (OUTBOX_STORE_INVALID: run sealbridge-fsck); the entry then carries
 	// only MessageID.

@@ -52,6 +52,7 @@ func (d *Daemon) handler() http.Handler {
 	mux.HandleFunc("GET /v1/messages", d.route("messages", d.serveMessages))
 	mux.HandleFunc("GET /v1/inbox", d.route("inbox", d.serveInbox))
 	mux.HandleFunc("GET /v1/changes", d.route("changes", d.serveChanges))
+	mux.HandleFunc("GET /v1/targets", d.route("targets", d.serveTargets))
 	mux.HandleFunc("GET /livez", d.route("livez", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}))
@@ -133,7 +134,8 @@ func withDelivery(cm *client.Message, envs []*record.Outbox) {
 
 // serveMessages lists messages from the messages index. A queued message is read
 // from its record (it may be an interrupted enqueue, which is not listed) with its
-// pending envelopes. A record that cannot be read is listed as an entry carrying
+// pending envelopes; so are a closed one (for why it closed) and a held one (for
+// the hold). A record that cannot be read is listed as an entry carrying
 // only its id and the error, and the daemon reports itself not ready; if the index
 // itself cannot be made, each record is read instead. Only a listing that fails (a
 // name that is no record's in the directory) fails the request.
@@ -213,7 +215,7 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 		cm := client.Message{MessageID: s.MessageID, Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
 			RelayURL: s.RelayURL, Attempts: s.Attempts, CreatedAt: msTime(s.CreatedAt), UpdatedAt: msTime(s.UpdatedAt),
 			Deadline: msTime(s.DeliveryDeadline)}
-		if degraded || s.Status == record.StatusQueued {
+		if degraded || s.Status == record.StatusQueued || s.Status == record.StatusClosed || s.Held {
 			m, err := d.st.Message(s.MessageID)
 			var envs []*record.Outbox
 			if err == nil && m != nil && m.Status == record.StatusQueued {
@@ -425,7 +427,8 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 func toClient(m *record.Message) client.Message {
 	return client.Message{MessageID: m.MessageID, Status: m.Status, ClosedBy: m.ClosedBy, LastError: m.LastError,
 		To: m.PeerOwnerDID, RelayURL: m.RelayURL, Attempts: m.Attempts, CreatedAt: msTime(m.CreatedAt),
-		UpdatedAt: msTime(m.UpdatedAt), Deadline: msTime(m.DeliveryDeadline)}
+		UpdatedAt: msTime(m.UpdatedAt), Deadline: msTime(m.DeliveryDeadline), Held: actionOf(m.Held),
+		Operator: actionOf(m.Operator)}
 }
 
 func msTime(ms int64) time.Time {

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
@@ -78,6 +79,19 @@ var (
 	descLockHolds = prometheus.NewDesc("sealbridge_store_lock_acquisitions_total", "Times the daemon took the store lock.", nil, nil)
 	descLockWait  = prometheus.NewDesc("sealbridge_store_lock_wait_seconds_total",
 		"Time spent waiting for the store lock (behind other holders in this process and other processes).", nil, nil)
+	descTargetPending = prometheus.NewDesc("sealbridge_target_pending_envelopes",
+		"Pending envelopes by relay target (held ones included); the targets beyond the 32 with the most are summed under target=\"other\".",
+		[]string{"target"}, nil)
+	descTargetHeld = prometheus.NewDesc("sealbridge_target_held_envelopes",
+		"Pending envelopes an operator holds, by relay target (as sealbridge_target_pending_envelopes).", []string{"target"}, nil)
+	descTargetInFlight = prometheus.NewDesc("sealbridge_target_in_flight_envelopes",
+		"Pending envelopes with an attempt under way (a live lease), by relay target.", []string{"target"}, nil)
+	descTargetBytes = prometheus.NewDesc("sealbridge_target_pending_bytes",
+		"Signed bytes of the pending envelopes, by relay target.", []string{"target"}, nil)
+	descTargetOldest = prometheus.NewDesc("sealbridge_target_oldest_pending_age_seconds",
+		"Age of the oldest pending envelope's message, by relay target.", []string{"target"}, nil)
+	descTargetStates = prometheus.NewDesc("sealbridge_targets",
+		"Relay targets with pending envelopes by state (ready, backing-off, unreachable, held).", []string{"state"}, nil)
 	descScrapeErr = prometheus.NewDesc("sealbridge_metrics_store_scrape_errors",
 		"1 if the store's indexes could not be read for this scrape.", nil, nil)
 )
@@ -87,7 +101,8 @@ type scrape struct{ d *Daemon }
 
 func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descOutbox, descMessages, descOldest, descAttempts, descClosed,
-		descCarrierErr, descTargets, descWaiting, descInFlight, descLeaseSkips, descLockHolds, descLockWait, descScrapeErr} {
+		descCarrierErr, descTargets, descWaiting, descInFlight, descLeaseSkips, descLockHolds, descLockWait, descScrapeErr,
+		descTargetPending, descTargetHeld, descTargetInFlight, descTargetBytes, descTargetOldest, descTargetStates} {
 		ch <- d
 	}
 }
@@ -114,9 +129,11 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	failed := 0.0
+	now := s.d.now()
 	outbox, err1 := s.d.st.OutboxSummaries(ctx)
 	msgs, err2 := s.d.st.MessageSummaries(ctx)
-	if err1 != nil || err2 != nil {
+	views, err3 := carrier.Targets(ctx, s.d.st, now)
+	if err1 != nil || err2 != nil || err3 != nil {
 		failed = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, failed)
@@ -150,4 +167,28 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 		age = max(0, time.Since(time.UnixMilli(oldest)).Seconds())
 	}
 	ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, age)
+	collectTargets(ch, views, now)
+}
+
+// collectTargets reports the per-target series (bounded by targetMetrics) and the
+// targets by state.
+func collectTargets(ch chan<- prometheus.Metric, views []carrier.TargetView, now time.Time) {
+	states := map[string]int{carrier.TargetReady: 0, carrier.TargetBackingOff: 0, carrier.TargetUnreachable: 0, carrier.TargetHeld: 0}
+	for _, v := range views {
+		states[v.State]++
+	}
+	for k, v := range states {
+		ch <- prometheus.MustNewConstMetric(descTargetStates, prometheus.GaugeValue, float64(v), k)
+	}
+	for _, t := range targetMetrics(views) {
+		ch <- prometheus.MustNewConstMetric(descTargetPending, prometheus.GaugeValue, float64(t.pending), t.target)
+		ch <- prometheus.MustNewConstMetric(descTargetHeld, prometheus.GaugeValue, float64(t.held), t.target)
+		ch <- prometheus.MustNewConstMetric(descTargetInFlight, prometheus.GaugeValue, float64(t.inFlight), t.target)
+		ch <- prometheus.MustNewConstMetric(descTargetBytes, prometheus.GaugeValue, float64(t.bytes), t.target)
+		age := 0.0
+		if t.oldest != 0 {
+			age = max(0, now.Sub(time.UnixMilli(t.oldest)).Seconds())
+		}
+		ch <- prometheus.MustNewConstMetric(descTargetOldest, prometheus.GaugeValue, age, t.target)
+	}
 }
