@@ -97,10 +97,25 @@ func (d *Daemon) inbound() *follower {
 	return nil
 }
 
-// checkOptions refuses options the daemon cannot run with: an InboxRelay that is
-// not an absolute http(s) URL with a host, or that carries user information, a
-// query or a fragment.
+// Bounds of Options.DeliveredRetention and ClosedRetention when set.
+const (
+	minRetention = time.Minute
+	maxRetention = 10 * 365 * 24 * time.Hour
+)
+
+// checkOptions refuses options the daemon cannot run with: a retention out of its
+// bounds, and an InboxRelay that is not an absolute http(s) URL with a host, or that
+// carries user information, a query or a fragment.
 func checkOptions(o Options) error {
+	for _, r := range []struct {
+		flag string
+		d    time.Duration
+	}{{"--delivered-retention", o.DeliveredRetention}, {"--closed-retention", o.ClosedRetention}} {
+		if r.d != 0 && (r.d < minRetention || r.d > maxRetention) {
+			return &OptionError{Option: r.flag, Err: fmt.Errorf("%v is out of range; give a duration from %v to %v, e.g. 72h",
+				r.d, minRetention, maxRetention)}
+		}
+	}
 	if o.InboxRelay == "" {
 		return nil
 	}
@@ -409,7 +424,7 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 			if m != nil && env.ConfirmsDelivery(d.id.DID(), identity.DID(m.PeerOwnerDID), m.MessageID, m.EnvelopeDigest) == nil {
 				rc.OutcomeCode, applied = outcomeApplied, true
 				if m.Status == record.StatusQueued || m.Status == record.StatusRelayed {
-					m.Status, m.UpdatedAt = record.StatusDelivered, now
+					tx.EndMessage(m, record.StatusDelivered, "", "", now)
 					if err := tx.Put(m); err != nil {
 						return err
 					}
