@@ -43,7 +43,8 @@ Commands:
   ls       [--status S] [--limit N] [--after ID] [--json]
                                                 list sent messages
   inbox    [--limit N] [--after ID] [--json]    list received messages (the daemon
-                                                needs --inbox-relay)
+                                                needs --inbox-relay); --refused: the
+                                                envelopes it refused
   watch    [--topics messages,outbox,receipts,observations] [--json]
                                                 follow the daemon's change feed, one
                                                 line per change: TIME TOPIC ID STATE
