@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -18,11 +19,15 @@ func cmdInbox(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	limit := fs.Int("limit", 0, "")
 	after := fs.String("after", "", "")
 	asJSON := fs.Bool("json", false, "")
+	refused := fs.Bool("refused", false, "")
 	if err := noArgs(fs, args); err != nil {
 		return err
 	}
 	if *limit < 0 {
 		return usageErrorf("inbox: --limit must not be negative")
+	}
+	if *refused && (*limit != 0 || *after != "") {
+		return usageErrorf("inbox: --refused lists every kept refusal; it takes no --limit or --after")
 	}
 	if err := w.resolve(); err != nil {
 		return err
@@ -30,6 +35,9 @@ func cmdInbox(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	d, err := w.connect()
 	if err != nil {
 		return err
+	}
+	if *refused {
+		return inboxRefused(ctx, d, *asJSON, stdout)
 	}
 	l, err := d.c.Inbox(ctx, *limit, *after)
 	if err != nil {
@@ -69,4 +77,22 @@ func preview(b []byte) string {
 		return strconv.Quote(s[:cut]) + "…"
 	}
 	return strconv.Quote(s)
+}
+
+// inboxRefused prints the daemon's refused inbound envelopes.
+func inboxRefused(ctx context.Context, d *daemonConn, asJSON bool, stdout io.Writer) error {
+	l, err := d.c.InboxRefused(ctx)
+	if err != nil {
+		return d.explain(err)
+	}
+	if asJSON {
+		return writeJSON(stdout, l)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RECEIVED\tREASON\tENVELOPE\tFROM\tSIZE\tDIGEST")
+	for _, r := range l.Refused {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", formatTime(r.ReceivedAt), r.Reason, cmp.Or(r.EnvelopeID, "-"),
+			cmp.Or(r.From, "-"), r.Size, r.EnvelopeDigest)
+	}
+	return tw.Flush()
 }

@@ -47,7 +47,8 @@ Commands:
                                                 pending, held, in flight, state, last
                                                 error, and the envelopes by age
   inbox    [--limit N] [--after ID] [--json]    list received messages (the daemon
-                                                needs --inbox-relay)
+                                                needs --inbox-relay); --refused: the
+                                                envelopes it refused
   watch    [--topics messages,outbox,receipts,observations] [--json]
                                                 follow the daemon's change feed, one
                                                 line per change: TIME TOPIC ID STATE

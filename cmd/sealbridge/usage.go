@@ -95,16 +95,20 @@ older) per target and in total.
 Examples:
   sealbridge queue --home ~/sb --identity alice
 `,
-	"inbox": `usage: sealbridge inbox [--limit N] [--after ID] [--json] [--home DIR] [--identity NAME]
+	"inbox": `usage: sealbridge inbox [--limit N] [--after ID] [--refused] [--json] [--home DIR] [--identity NAME]
 
 Lists received messages. The daemon receives only when it runs with --inbox-relay.
 
   --limit N          at most N messages (default: the daemon's page size)
   --after ID         start after message ID (the "more:" line names it)
+  --refused          list the inbound envelopes the daemon refused instead (bad
+                     signature, wrong recipient, oversize, expired, …): evidence,
+                     never delivered; kept for the daemon's --closed-retention
   --json             print the daemon's JSON
 ` + identityFlagsUsage + `
 Examples:
   sealbridge inbox --home ~/sb --identity bob
+  sealbridge inbox --refused --json
 `,
 	"watch": `usage: sealbridge watch [--topics messages,outbox,receipts,observations] [--json]
                         [--home DIR] [--identity NAME]

@@ -56,6 +56,11 @@ and exits 0.
   --inbox-relay URL    follow this relay's inbox: receive messages and delivery
                        confirmations (default: none, send only)
   --poll-every D       period of inbox fetches (default 1s)
+  --delivered-retention D
+                       keep a delivered message's record this long after its
+                       delivery (default 24h)
+  --closed-retention D keep a closed (failed or cancelled) message's record, and a
+                       refused inbound envelope's, this long (default 168h)
   --version            print the version and exit
 
 Examples:
@@ -97,6 +102,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	leaseFor := fs.Duration("lease-for", 0, "")
 	inboxRelay := fs.String("inbox-relay", "", "")
 	pollEvery := fs.Duration("poll-every", 0, "")
+	keepDelivered := fs.Duration("delivered-retention", 0, "")
+	keepClosed := fs.Duration("closed-retention", 0, "")
 	showVersion := fs.Bool("version", false, "")
 	pos, err := cli.ParseFlags(fs, args)
 	if err != nil {
@@ -115,7 +122,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	d, err := daemon.New(daemon.Options{Home: home, Identity: name, Logger: log, DrainTimeout: *drain,
 		Version: version(), Carrier: carrier.Options{SendTimeout: *sendTimeout, LeaseFor: *leaseFor},
-		InboxRelay: *inboxRelay, PollEvery: *pollEvery})
+		InboxRelay: *inboxRelay, PollEvery: *pollEvery, DeliveredRetention: *keepDelivered, ClosedRetention: *keepClosed})
 	if err != nil {
 		if errors.Is(err, iofs.ErrNotExist) && errcode.HintOf(err) == "" {
 			if root, rerr := dataroot.Resolve(home); rerr == nil {

@@ -57,6 +57,8 @@ func TestErrorsAndExitCodes(t *testing.T) {
 		{"empty home", []string{"--home", ""}, 2, "empty"},
 		{"empty identity", []string{"--home", home, "--identity="}, 2, "empty"},
 		{"option error", []string{"--home", home, "--identity", "../x"}, 2, "--identity: "},
+		{"negative retention", []string{"--home", home, "--closed-retention", "-1h"}, 2, "--closed-retention: -1h0m0s is out of range"},
+		{"short retention", []string{"--home", home, "--delivered-retention", "1s"}, 2, "--delivered-retention: 1s is out of range"},
 		{"no identity", []string{"--home", home}, 1, "no identity default"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

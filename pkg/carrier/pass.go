@@ -546,7 +546,8 @@ func (c *Carrier) messageTx(tx *store.Tx, o *record.Outbox, now int64, status, c
 		}
 	case record.StatusClosed:
 		if m.Status == record.StatusQueued || m.Status == record.StatusRelayed {
-			m.Status, m.ClosedBy, m.LastError, changed = record.StatusClosed, closedBy, reason, true
+			tx.EndMessage(m, record.StatusClosed, closedBy, reason, now)
+			changed = true
 		}
 	}
 	if o.Attempts > m.Attempts {

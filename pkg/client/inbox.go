@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -40,6 +41,35 @@ func (c *Client) Inbox(ctx context.Context, limit int, after string) (*InboxList
 	}
 	var l InboxList
 	if err := c.do(ctx, http.MethodGet, path, nil, nil, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// RefusedEnvelope is one inbound envelope the daemon refused (GET /v1/inbox/refused):
+// evidence only, never delivered. EnvelopeID and From are what the envelope claims
+// (empty when they do not parse); Envelope is its bytes when the daemon kept them.
+type RefusedEnvelope struct {
+	RefusalID      string          `json:"refusalId"`
+	Reason         string          `json:"reason"`
+	EnvelopeID     string          `json:"envelopeId,omitempty"`
+	From           string          `json:"from,omitempty"`
+	EnvelopeDigest string          `json:"envelopeDigest"`
+	Size           int64           `json:"size"`
+	ReceivedAt     time.Time       `json:"receivedAt"`
+	RetainUntil    time.Time       `json:"retainUntil"`
+	Envelope       json.RawMessage `json:"envelope,omitempty"`
+}
+
+// RefusedList is GET /v1/inbox/refused: every kept refusal, oldest first.
+type RefusedList struct {
+	Refused []RefusedEnvelope `json:"refused"`
+}
+
+// InboxRefused lists the inbound envelopes the daemon refused.
+func (c *Client) InboxRefused(ctx context.Context) (*RefusedList, error) {
+	var l RefusedList
+	if err := c.do(ctx, http.MethodGet, "/v1/inbox/refused", nil, nil, &l); err != nil {
 		return nil, err
 	}
 	return &l, nil

@@ -51,6 +51,7 @@ func (d *Daemon) handler() http.Handler {
 	mux.HandleFunc("GET /v1/messages/{id}", d.route("message", d.serveMessage))
 	mux.HandleFunc("GET /v1/messages", d.route("messages", d.serveMessages))
 	mux.HandleFunc("GET /v1/inbox", d.route("inbox", d.serveInbox))
+	mux.HandleFunc("GET /v1/inbox/refused", d.route("inbox-refused", d.serveInboxRefused))
 	mux.HandleFunc("GET /v1/changes", d.route("changes", d.serveChanges))
 	mux.HandleFunc("GET /v1/targets", d.route("targets", d.serveTargets))
 	mux.HandleFunc("GET /livez", d.route("livez", func(w http.ResponseWriter, _ *http.Request) {

@@ -60,6 +60,11 @@ type Options struct {
 	// no inbound. PollEvery is the period of its fetches (default 1 s).
 	InboxRelay string
 	PollEvery  time.Duration
+	// DeliveredRetention and ClosedRetention are how long a message's record is kept
+	// after it was delivered (default 24 h) or closed (default 7 days), and
+	// ClosedRetention also how long a refused inbound envelope's record is kept; 0
+	// means the default, else 1 minute to 10 years. They override the Store's.
+	DeliveredRetention, ClosedRetention time.Duration
 	// Store holds further options of the identity's store (tests inject faults with
 	// its WrapFS); its Home and Dir are ignored.
 	Store store.Options
@@ -135,6 +140,12 @@ func New(opts Options) (*Daemon, error) {
 	}
 	so := opts.Store
 	so.Home, so.Dir = root, ""
+	if opts.DeliveredRetention > 0 {
+		so.DeliveredRetention = opts.DeliveredRetention
+	}
+	if opts.ClosedRetention > 0 {
+		so.ClosedRetention = opts.ClosedRetention
+	}
 	st, err := store.Open(id.Signer(), so)
 	if err != nil {
 		return nil, err

@@ -97,10 +97,25 @@ func (d *Daemon) inbound() *follower {
 	return nil
 }
 
-// checkOptions refuses options the daemon cannot run with: an InboxRelay that is
-// not an absolute http(s) URL with a host, or that carries user information, a
-// query or a fragment.
+// Bounds of Options.DeliveredRetention and ClosedRetention when set.
+const (
+	minRetention = time.Minute
+	maxRetention = 10 * 365 * 24 * time.Hour
+)
+
+// checkOptions refuses options the daemon cannot run with: a retention out of its
+// bounds, and an InboxRelay that is not an absolute http(s) URL with a host, or that
+// carries user information, a query or a fragment.
 func checkOptions(o Options) error {
+	for _, r := range []struct {
+		flag string
+		d    time.Duration
+	}{{"--delivered-retention", o.DeliveredRetention}, {"--closed-retention", o.ClosedRetention}} {
+		if r.d != 0 && (r.d < minRetention || r.d > maxRetention) {
+			return &OptionError{Option: r.flag, Err: fmt.Errorf("%v is out of range; give a duration from %v to %v, e.g. 72h",
+				r.d, minRetention, maxRetention)}
+		}
+	}
 	if o.InboxRelay == "" {
 		return nil
 	}
@@ -333,8 +348,7 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 		err = env.CheckDeadline(time.Now())
 	}
 	if err != nil {
-		d.log.Warn("inbox: refused an envelope", "envelope", ie.EnvelopeID, "err", err)
-		return nil, true, nil
+		return f.refuse(ctx, ie, env, refusalReason(err), err)
 	}
 	rid := record.ReceiptID(env.ID())
 	prev, err := store.GetAs[*record.Receipt](d.st, rid)
@@ -342,7 +356,7 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 		return nil, false, err
 	}
 	if prev != nil {
-		return f.duplicate(env, prev)
+		return f.duplicate(ctx, ie, env, prev)
 	}
 	now := time.Now().UnixMilli()
 	retain := env.DeliveryDeadlineMillis() + inboundRetain.Milliseconds()
@@ -353,8 +367,7 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 	case envelope.KindMessage:
 		body, err := envelope.Open(d.id, env)
 		if err != nil {
-			d.log.Warn("inbox: refused an envelope whose body does not open", "envelope", env.ID(), "err", err)
-			return nil, true, nil
+			return f.refuse(ctx, ie, env, record.RefusedBody, err)
 		}
 		fc, _ := json.Marshal(fact{EnvelopeID: env.ID(), ReceivedAt: now, Body: base64.StdEncoding.EncodeToString(body)})
 		obs := &record.Observation{MessageID: env.MessageID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
@@ -384,9 +397,8 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 			return nil, false, err
 		}
 		if conflictObs {
-			d.log.Warn("inbox: refused an envelope: message id already observed from another envelope",
-				"envelope", env.ID(), "message", env.MessageID(), "sender", env.Sender())
-			return nil, true, nil
+			return f.refuse(ctx, ie, env, record.RefusedObserved, errors.New("message id already observed from another envelope"),
+				"message", env.MessageID())
 		}
 		d.log.Debug("inbox: observed a message", "message", env.MessageID(), "sender", env.Sender())
 	case envelope.KindDeliveryStatus:
@@ -409,7 +421,7 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 			if m != nil && env.ConfirmsDelivery(d.id.DID(), identity.DID(m.PeerOwnerDID), m.MessageID, m.EnvelopeDigest) == nil {
 				rc.OutcomeCode, applied = outcomeApplied, true
 				if m.Status == record.StatusQueued || m.Status == record.StatusRelayed {
-					m.Status, m.UpdatedAt = record.StatusDelivered, now
+					tx.EndMessage(m, record.StatusDelivered, "", "", now)
 					if err := tx.Put(m); err != nil {
 						return err
 					}
@@ -431,8 +443,7 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 				"sender", env.Sender(), "err", why)
 		}
 	default:
-		d.log.Warn("inbox: refused an envelope of unknown kind", "envelope", env.ID(), "kind", env.Kind())
-		return nil, true, nil
+		return f.refuse(ctx, ie, env, record.RefusedKind, fmt.Errorf("unknown kind %q", env.Kind()))
 	}
 	f.mu.Lock()
 	f.pending[rid] = p
@@ -441,11 +452,10 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 }
 
 // duplicate answers an envelope we already hold a receipt for.
-func (f *follower) duplicate(env *envelope.Envelope, prev *record.Receipt) (*pendingReceipt, bool, error) {
+func (f *follower) duplicate(ctx context.Context, ie relayproto.InboxEnvelope, env *envelope.Envelope, prev *record.Receipt) (*pendingReceipt, bool, error) {
 	if prev.EnvelopeDigest != env.Digest() {
-		f.d.log.Warn("inbox: refused a conflicting envelope (same id, other digest)", "envelope", env.ID(),
-			"sender", env.Sender(), "stored", prev.EnvelopeDigest, "received", env.Digest())
-		return nil, true, nil
+		return f.refuse(ctx, ie, env, record.RefusedConflict, errors.New("same envelope id, other digest"),
+			"stored", prev.EnvelopeDigest)
 	}
 	f.d.log.Debug("inbox: duplicate envelope", "envelope", env.ID())
 	f.mu.Lock()

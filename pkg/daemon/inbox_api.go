@@ -74,3 +74,25 @@ func (d *Daemon) serveInbox(w http.ResponseWriter, r *http.Request) {
 	out.Messages = append(out.Messages, rest...)
 	writeJSON(w, http.StatusOK, out)
 }
+
+// serveInboxRefused answers GET /v1/inbox/refused: the refused inbound envelopes
+// still kept (refusals records), oldest first. They are evidence, never part of
+// GET /v1/inbox.
+func (d *Daemon) serveInboxRefused(w http.ResponseWriter, r *http.Request) {
+	out := client.RefusedList{Refused: []client.RefusedEnvelope{}}
+	err := d.st.Scan(r.Context(), record.KindRefusals, func(rec record.Record) error {
+		f := rec.(*record.Refusal)
+		out.Refused = append(out.Refused, client.RefusedEnvelope{RefusalID: f.RefusalID, Reason: f.Reason,
+			EnvelopeID: f.EnvelopeID, From: f.SenderDID, EnvelopeDigest: f.EnvelopeDigest, Size: f.Size,
+			ReceivedAt: msTime(f.ReceivedAt), RetainUntil: msTime(f.RetainUntil), Envelope: f.Envelope})
+		return nil
+	})
+	if err != nil {
+		d.writeStoreError(w, err)
+		return
+	}
+	slices.SortStableFunc(out.Refused, func(a, b client.RefusedEnvelope) int {
+		return cmp.Or(a.ReceivedAt.Compare(b.ReceivedAt), cmp.Compare(a.RefusalID, b.RefusalID))
+	})
+	writeJSON(w, http.StatusOK, out)
+}

@@ -21,6 +21,8 @@ type metrics struct {
 	enqueue     prometheus.Histogram
 	refused     prometheus.Counter
 	storeErrors *prometheus.CounterVec // the API's and maintenance's store errors
+	// inboxRefused counts refused inbound envelopes by reason (record.RefusalReasons).
+	inboxRefused *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -34,8 +36,13 @@ func newMetrics(d *Daemon) *metrics {
 			Help: "Socket connections refused because the peer is another user (SO_PEERCRED)."}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sealbridge_daemon_store_errors_total",
 			Help: "Store errors met by the API and the daemon's background loops (startup, change detector, inbox, maintenance), by error code."}, []string{"code"}),
+		inboxRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sealbridge_inbox_refused_envelopes_total",
+			Help: "Inbound envelopes the daemon refused (kept in GET /v1/inbox/refused), by reason."}, []string{"reason"}),
 	}
-	m.reg.MustRegister(m.requests, m.enqueue, m.refused, m.storeErrors,
+	for _, r := range record.RefusalReasons {
+		m.inboxRefused.WithLabelValues(r) // every reason shows, at 0
+	}
+	m.reg.MustRegister(m.requests, m.enqueue, m.refused, m.storeErrors, m.inboxRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&scrape{d: d})
 	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sealbridge_build_info", Help: "Build information.",

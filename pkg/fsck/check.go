@@ -727,6 +727,8 @@ func retainUntil(r record.Record) int64 {
 		return v.RetainUntil
 	case *record.Binding:
 		return v.RetainUntil
+	case *record.Refusal:
+		return v.RetainUntil
 	}
 	return 0
 }

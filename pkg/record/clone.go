@@ -44,6 +44,10 @@ func Clone(r Record) Record {
 	case *Binding:
 		c := *v
 		return &c
+	case *Refusal:
+		c := *v
+		c.Envelope = bytes.Clone(v.Envelope)
+		return &c
 	}
 	return r
 }

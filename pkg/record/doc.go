@@ -1,4 +1,4 @@
-// Package record is the store's record format: the seven record types, the rules
+// Package record is the store's record format: the record types, the rules
 // each one keeps on its own (Validate) and across versions (CheckReplacement, the
 // batch rule CheckBatch), and the signed one-line file that holds one record
 // (Encode, Parse). docs/FORMAT.md is its specification; this package is that

@@ -12,7 +12,7 @@ import (
 // Kind names a record kind and its directory.
 type Kind string
 
-// The seven record kinds (DESIGN §5).
+// The record kinds (DESIGN §5; refusals: docs/FORMAT.md §5).
 const (
 	KindObservations Kind = "observations"
 	KindMessages     Kind = "messages"
@@ -21,12 +21,13 @@ const (
 	KindReceipts     Kind = "receipts"
 	KindOperations   Kind = "operations"
 	KindIdempotency  Kind = "idempotency"
+	KindRefusals     Kind = "refusals"
 )
 
 // Kinds lists every kind, in directory order.
-var Kinds = []Kind{KindObservations, KindMessages, KindOutbox, KindBatches, KindReceipts, KindOperations, KindIdempotency}
+var Kinds = []Kind{KindObservations, KindMessages, KindOutbox, KindBatches, KindReceipts, KindOperations, KindIdempotency, KindRefusals}
 
-// Valid reports whether k is one of the seven kinds.
+// Valid reports whether k is one of the kinds.
 func (k Kind) Valid() bool {
 	for _, x := range Kinds {
 		if k == x {
@@ -52,6 +53,13 @@ func isHex(s string, n int) bool { return envelope.IsHex(s, n) }
 // sender's envelope id therefore never chooses a file name by itself.
 func ReceiptID(envelopeID string) string {
 	return uuid.FromDomain("sealbridge/receipt-id/v1", envelopeID)
+}
+
+// RefusalID returns the file id of the refusal of the inbound envelope whose bytes
+// have SHA-256 digest: a UUID made from SHA-256("sealbridge/refusal-id/v1" 0x00
+// digest), so the same bytes refused twice are one record.
+func RefusalID(digest string) string {
+	return uuid.FromDomain("sealbridge/refusal-id/v1", digest)
 }
 
 // IdempotencyID returns the file id of an Idempotency-Key: hex SHA-256 of the key.

@@ -192,6 +192,82 @@ type Observation struct {
 	RetainUntil      int64             `json:"retainUntil"`
 }
 
+// Refusal reasons: why the daemon refused an inbound envelope (a bounded set, the
+// label of its metric).
+const (
+	RefusedOversize  = "oversize"         // larger than an envelope may be
+	RefusedMalformed = "malformed"        // not a canonical, valid envelope (or another version)
+	RefusedSignature = "signature"        // its signature does not verify under its sender's key
+	RefusedRecipient = "recipient"        // addressed to someone else
+	RefusedExpired   = "expired"          // its delivery deadline had passed
+	RefusedConflict  = "conflict"         // a known envelope id with other bytes
+	RefusedObserved  = "message-observed" // its message id was already observed from another envelope
+	RefusedKind      = "unknown-kind"     // a kind this daemon does not handle
+	RefusedBody      = "body-unopenable"  // its body does not open with our key
+)
+
+// RefusalReasons lists every refusal reason.
+var RefusalReasons = []string{RefusedOversize, RefusedMalformed, RefusedSignature, RefusedRecipient, RefusedExpired,
+	RefusedConflict, RefusedObserved, RefusedKind, RefusedBody}
+
+// Refusal is the evidence of an inbound envelope the daemon refused: never a receipt,
+// never delivered. EnvelopeID and SenderDID are what the envelope claims, when they
+// parse (unverified unless the reason comes after the signature check); Envelope
+// holds its bytes when they are a compact JSON object of at most MaxRefusalEnvelope
+// bytes.
+type Refusal struct {
+	RefusalID      string          `json:"refusalId"`
+	Reason         string          `json:"reason"`
+	EnvelopeID     string          `json:"envelopeId,omitempty"`
+	SenderDID      string          `json:"senderDid,omitempty"`
+	EnvelopeDigest string          `json:"envelopeDigest"`
+	Size           int64           `json:"size"`
+	ReceivedAt     int64           `json:"receivedAt"`
+	Envelope       json.RawMessage `json:"envelope,omitempty"`
+	RetainUntil    int64           `json:"retainUntil"`
+}
+
+// MaxRefusalEnvelope bounds the envelope bytes a refusal keeps (an envelope's size limit).
+const MaxRefusalEnvelope = envelope.MaxSize
+
+func (r *Refusal) Validate() error {
+	if err := firstErr(checkUUID("refusalId", r.RefusalID), checkDigest("envelopeDigest", r.EnvelopeDigest),
+		checkTime("receivedAt", r.ReceivedAt), checkTime("retainUntil", r.RetainUntil)); err != nil {
+		return err
+	}
+	if r.RefusalID != RefusalID(r.EnvelopeDigest) {
+		return invalid("refusalId is not the refusal id of envelopeDigest")
+	}
+	if !slices.Contains(RefusalReasons, r.Reason) {
+		return invalid("reason %q is unknown", r.Reason)
+	}
+	if r.EnvelopeID != "" {
+		if err := checkUUID("envelopeId", r.EnvelopeID); err != nil {
+			return err
+		}
+	}
+	if r.SenderDID != "" {
+		if err := checkDID("senderDid", r.SenderDID); err != nil {
+			return err
+		}
+	}
+	if r.Size < 0 {
+		return invalid("size must not be negative")
+	}
+	if r.Envelope != nil {
+		if len(r.Envelope) > MaxRefusalEnvelope || int64(len(r.Envelope)) != r.Size {
+			return invalid("envelope must be the refused bytes, at most %d", MaxRefusalEnvelope)
+		}
+		if err := checkCompactObject("envelope", r.Envelope); err != nil {
+			return err
+		}
+		if envelope.Digest(r.Envelope) != r.EnvelopeDigest {
+			return invalid("envelopeDigest does not match the envelope bytes")
+		}
+	}
+	return nil
+}
+
 // Operation states.
 const (
 	OperationInFlight = "in-flight"
@@ -225,6 +301,7 @@ func (*Receipt) Kind() Kind     { return KindReceipts }
 func (*Observation) Kind() Kind { return KindObservations }
 func (*Operation) Kind() Kind   { return KindOperations }
 func (*Binding) Kind() Kind     { return KindIdempotency }
+func (*Refusal) Kind() Kind     { return KindRefusals }
 
 func (r *Outbox) RecordID() string      { return r.EnvelopeID }
 func (r *Batch) RecordID() string       { return r.BatchID }
@@ -233,6 +310,7 @@ func (r *Receipt) RecordID() string     { return ReceiptID(r.EnvelopeID) }
 func (r *Observation) RecordID() string { return r.MessageID }
 func (r *Operation) RecordID() string   { return r.OperationID }
 func (r *Binding) RecordID() string     { return r.KeyHash }
+func (r *Refusal) RecordID() string     { return r.RefusalID }
 
 // newRecord returns an empty record of kind k.
 func newRecord(k Kind) Record {
@@ -251,6 +329,8 @@ func newRecord(k Kind) Record {
 		return new(Operation)
 	case KindIdempotency:
 		return new(Binding)
+	case KindRefusals:
+		return new(Refusal)
 	}
 	return nil
 }

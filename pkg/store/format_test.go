@@ -77,7 +77,12 @@ func tamperRecords(t testing.TB) []record.Record {
 			RetainUntil: tamperT0 + 86_400_000},
 		&record.Binding{KeyHash: record.IdempotencyID("client key <1>"), OperationID: tamperOpID,
 			RequestDigest: envelope.Digest([]byte("req")), CreatedAt: tamperT0, RetainUntil: tamperT0 + 86_400_000},
+		&record.Refusal{RefusalID: record.RefusalID(envelope.Digest(env)), Reason: record.RefusedRecipient,
+			EnvelopeID: tamperInID, SenderDID: peer, EnvelopeDigest: envelope.Digest(env), Size: int64(len(env)),
+			ReceivedAt: tamperT0, Envelope: env, RetainUntil: tamperT0 + 604_800_000},
 		// optional fields empty
+		&record.Refusal{RefusalID: record.RefusalID(envelope.Digest([]byte("x"))), Reason: record.RefusedMalformed,
+			EnvelopeDigest: envelope.Digest([]byte("x")), Size: 1, ReceivedAt: tamperT0, RetainUntil: tamperT0 + 1},
 		&record.Outbox{EnvelopeID: tamperEnvID2, MessageID: tamperMsgID, BatchID: tamperBatchID,
 			EnvelopeKind: record.EnvelopeMessage, State: record.StateRelayed, RelayURL: "http://relay.example",
 			PeerOwnerDID: peer, DeliveryDeadline: tamperT0 + 1, Envelope: json.RawMessage(`{}`),

@@ -36,6 +36,8 @@ func tamperNewRecord(k record.Kind) record.Record {
 		return new(record.Operation)
 	case record.KindIdempotency:
 		return new(record.Binding)
+	case record.KindRefusals:
+		return new(record.Refusal)
 	}
 	return nil
 }

@@ -135,7 +135,7 @@ func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) error {
 			return err
 		}
 		if msg != nil && (msg.Status == record.StatusQueued || msg.Status == record.StatusRelayed) && m.EnvelopeKind == record.EnvelopeMessage {
-			msg.Status, msg.ClosedBy, msg.LastError, msg.UpdatedAt = record.StatusClosed, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String(), now
+			tx.EndMessage(msg, record.StatusClosed, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String(), now)
 			if err := tx.Put(msg); err != nil {
 				return err
 			}
@@ -284,6 +284,8 @@ func retainUntil(r record.Record) int64 {
 	case *record.Operation:
 		return v.RetainUntil
 	case *record.Binding:
+		return v.RetainUntil
+	case *record.Refusal:
 		return v.RetainUntil
 	}
 	return 0

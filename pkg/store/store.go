@@ -95,6 +95,11 @@ type Options struct {
 	LockWait, LockStale time.Duration
 	// Retention is how long settled records are kept (default 7 days).
 	Retention time.Duration
+	// DeliveredRetention and ClosedRetention are how long a message record is kept
+	// after its message ended: delivered (default 24 h after its delivery) or closed
+	// (deadline, refused, expired, cancelled; default 7 days after it closed). See
+	// Tx.EndMessage.
+	DeliveredRetention, ClosedRetention time.Duration
 	// OptimisticOnly makes prepared transactions give up with OUTBOX_STORE_BUSY after
 	// their bounded optimistic rounds instead of running their last round locked. Only
 	// tests set it, to reach the bound of the optimistic rounds (OUTBOX_STORE_BUSY).
@@ -137,6 +142,8 @@ type Store struct {
 	lockOpts lockfile.Options
 	retain   time.Duration
 	opLease  time.Duration
+	// keepDelivered and keepClosed are Options.DeliveredRetention and ClosedRetention.
+	keepDelivered, keepClosed time.Duration
 
 	optimisticOnly bool
 
@@ -191,6 +198,13 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	}
 	if s.retain <= 0 {
 		s.retain = 7 * 24 * time.Hour
+	}
+	s.keepDelivered, s.keepClosed = opts.DeliveredRetention, opts.ClosedRetention
+	if s.keepDelivered <= 0 {
+		s.keepDelivered = DefaultDeliveredRetention
+	}
+	if s.keepClosed <= 0 {
+		s.keepClosed = DefaultClosedRetention
 	}
 	s.optimisticOnly = opts.OptimisticOnly
 	s.lockHeld = opts.LockHoldObserver

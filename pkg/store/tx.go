@@ -514,6 +514,7 @@ func (tx *Tx) published(w *write, before Stamp) error {
 var kindMark = map[record.Kind]byte{
 	record.KindObservations: 'o', record.KindMessages: 'm', record.KindOutbox: 'x', record.KindBatches: 'b',
 	record.KindReceipts: 'r', record.KindOperations: 'p', record.KindIdempotency: 'i',
+	record.KindRefusals: 'f',
 }
 
 // removeFile removes a file that is not a record (a staged temp) from dir.
