@@ -2,6 +2,7 @@ package fsck
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -117,6 +118,12 @@ func Repair(ctx context.Context, dir string, opts Options) (*RepairReport, error
 			return nil, fmt.Errorf("%w: %v", ErrOwner, err)
 		}
 	}
+	if opts.Signer != nil {
+		pub, ok := opts.Signer.Public().(ed25519.PublicKey)
+		if !ok || identity.FormatDID(pub) != before.Owner {
+			return rep, fmt.Errorf("%w: the key given to sign repaired records is not the owner's (%s)", ErrOwner, before.Owner)
+		}
+	}
 	for i, f := range plan {
 		if err := ctx.Err(); err != nil {
 			return rep, err
@@ -192,6 +199,7 @@ type repairer struct {
 	owner    identity.DID
 	ownerKey identity.PublicKey
 	moved    map[string]string // original path → lost+found path
+	st       *store.Store      // opened by the first state fix (Options.Signer)
 }
 
 var errChanged = errors.New("changed since the check")
@@ -230,6 +238,24 @@ func (r *repairer) apply(ctx context.Context, f Finding) (ActionResult, error) {
 		}
 		res.Result, res.Detail = ResultSkipped, "the lock is no longer stale; run fsck again"
 		return res, nil
+	case fx.kind == fixState:
+		// The store's own transaction takes the store lock and decides the rule again
+		// on the records it reads.
+		if err := r.recheck(); err != nil {
+			res.Result, res.Detail = ResultSkipped, sanitize(err.Error())
+			return res, err
+		}
+		switch err := r.repairState(ctx, f); {
+		case errors.Is(err, errStateGone):
+			res.Result, res.Detail = ResultSkipped, "the records no longer break this rule; run fsck again"
+			return res, nil
+		case err != nil && ctx.Err() != nil:
+			res.Result, res.Detail = ResultSkipped, sanitize(err.Error())
+			return res, ctx.Err()
+		case err != nil:
+			return failed(err)
+		}
+		return done("rewritten by a store transaction: " + f.Action)
 	case fx.phase == phaseLockFile:
 		// A planted .lock: not a lock by the protocol, and no lock can be taken while
 		// it is there. Moved without the lock.
