@@ -78,8 +78,9 @@ type MoveNote struct {
 // a stale lock and orphan lock temps: every other file it does not keep is moved into
 // lost+found/ (0700) with a MoveNote beside it, by rename followed by an fsync of
 // both directories. Batches are unwound by the store's rule: a broken batch's marker
-// is moved before its members. It never signs anything and never needs the private
-// key: a record is kept byte for byte or moved.
+// is moved before its members. A record is kept byte for byte or moved, except for
+// the state rules (state.go): with opts.Signer (the owner's key) their record is
+// rewritten by a store transaction; without it they are left, not repairable.
 //
 // Each change is made under the store lock (lockfile.Acquire, one short hold per
 // change) after confirming, by fingerprint, that what the check saw is still there;
