@@ -92,7 +92,7 @@ var names = []string{
 	"flipped-byte", "foreign-signer", "wrong-id", "wrong-kind", "wrong-mode",
 	"symlinked-record", "symlinked-dir", "orphan-outbox", "batch-missing-member",
 	"oversize-record", "unknown-file", "expired-records", "unacknowledged-receipt", "combined",
-	"single-member",
+	"single-member", "message-status", "held-flags",
 }
 
 // Names returns the name of every fixture, in a fixed order.
@@ -179,6 +179,12 @@ func Build(t testing.TB, name string, opts ...Option) string {
 	case "single-member":
 		b.base()
 		b.singles()
+	case "message-status":
+		b.base()
+		b.messageStatus()
+	case "held-flags":
+		b.base()
+		b.heldFlags()
 	case "combined":
 		b.base()
 		b.temps(false)
@@ -513,6 +519,56 @@ func (b *builder) singles() {
 		}
 		return tx.Put(msg)
 	})
+}
+
+// plant writes records signed by the owner directly, past the store's write rules
+// (record.CheckReplacement), as a restored backup or a lost write leaves them.
+func (b *builder) plant(recs ...record.Record) {
+	for _, r := range recs {
+		b.write(record.Path(r.Kind(), r.RecordID()), b.encode(b.owner, r), 0o600)
+	}
+}
+
+// operatorAction is the fixtures' operator action op.
+func operatorAction(op string) *record.Action {
+	return &record.Action{Op: op, By: "uid:1000", At: ms(T0.Add(time.Minute)), Reason: "fixture"}
+}
+
+// messageStatus writes messages behind their envelopes: a queued message whose
+// envelope of kind message is relayed (msg-behind), a relayed message whose envelope
+// the relay refused (msg-unclosed), and a message closed by cancel without the
+// operator's action recorded (msg-cancel-unrecorded).
+func (b *builder) messageStatus() {
+	retain := Far.Add(week)
+	b.send("msg-behind", 2, Far, retain)
+	b.send("msg-unclosed", 1, Far, retain)
+	b.send("msg-cancel-unrecorded", 1, Far, retain)
+	behind, _, _ := message("msg-behind", 2, Far, retain)
+	behind[0].State, behind[0].Attempts = record.StateRelayed, 1
+	unclosed, um, _ := message("msg-unclosed", 1, Far, retain)
+	unclosed[0].State, unclosed[0].Attempts, unclosed[0].LastError = record.StateClosed, 2, "refused by the relay: no such recipient"
+	um.Status, um.Attempts = record.StatusRelayed, 1
+	cancelled, cm, _ := message("msg-cancel-unrecorded", 1, Far, retain)
+	cancelled[0].State, cancelled[0].LastError = record.StateClosed, "cancelled by operator: fixture"
+	cm.Status, cm.ClosedBy, cm.LastError = record.StatusClosed, record.ClosedByCancelled, cancelled[0].LastError
+	b.plant(behind[0], unclosed[0], um, cancelled[0], cm)
+}
+
+// heldFlags writes operator holds the store never leaves: a hold on a closed message
+// and on its closed envelope (msg-held-closed), and a hold made on one side only, an
+// interrupted hold: the first envelope of msg-half-held is held, its message and its
+// other pending envelope are not.
+func (b *builder) heldFlags() {
+	retain := Far.Add(week)
+	b.send("msg-held-closed", 1, Far, retain)
+	b.send("msg-half-held", 2, Far, retain)
+	hold := operatorAction(record.ActionHold)
+	closed, cm, _ := message("msg-held-closed", 1, Far, retain)
+	closed[0].State, closed[0].LastError, closed[0].Held = record.StateClosed, "OUTBOX_DEADLINE_EXPIRED", hold
+	cm.Status, cm.ClosedBy, cm.LastError, cm.Held = record.StatusClosed, record.ClosedByDeadline, "OUTBOX_DEADLINE_EXPIRED", hold
+	half, _, _ := message("msg-half-held", 2, Far, retain)
+	half[0].Held, half[0].Operator = hold, hold
+	b.plant(closed[0], cm, half[0])
 }
 
 // unknownFiles plants names that are not part of the layout.

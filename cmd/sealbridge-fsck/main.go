@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -36,7 +37,10 @@ const usage = `usage: sealbridge-fsck [--json] [--repair] [--progress] [--identi
 Checks a sealbridge store directory offline: every record against the store's
 validity rules (signatures verified on every core), batches, orphans, messages,
 receipts, leftover temps, the lock, modes, owners, symbolic links and unknown
-files. Read-only unless --repair is given. Never needs the private key.
+files. Read-only unless --repair is given. Checking never needs the private key;
+repairing a message's state (a message behind its envelopes, a hold left on a
+closed record or made on one side only) signs the corrected record with the key of
+--identity NAME.
 
   STORE-DIR          the store directory, <data root>/delivery/<hex sha256(DID)>;
                      never a data root, an empty path or any other directory
@@ -131,7 +135,8 @@ type config struct {
 	identity                        identity.DID // the owner, once known
 	root                            string       // the data root, when known
 	dir                             string
-	viaHome                         bool // the store was named by --home/--identity
+	viaHome                         bool          // the store was named by --home/--identity
+	signer                          crypto.Signer // the key of --identity NAME, for the state repairs
 }
 
 // identityEnv names the identity when --identity is not given (as in sealbridge and
@@ -233,6 +238,9 @@ func resolveOwner(cfg *config) error {
 			return &identityError{fmt.Sprintf("identity %s: %s", cfg.identityArg, strings.TrimPrefix(err.Error(), "identity: "))}
 		}
 		cfg.identity = id.DID()
+		if cfg.repair {
+			cfg.signer = id.Signer()
+		}
 	}
 	if cfg.viaHome {
 		cfg.dir = dataroot.StoreDir(cfg.root, string(cfg.identity))
@@ -327,7 +335,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 
 	bar := &progressBar{w: stderr, tty: isTerminal(stderr), force: cfg.progress, now: time.Now}
-	opts := fsck.Options{Owner: cfg.identity, Tool: "sealbridge-fsck " + version(), Progress: func(p fsck.Progress) {
+	opts := fsck.Options{Owner: cfg.identity, Signer: cfg.signer, Tool: "sealbridge-fsck " + version(), Progress: func(p fsck.Progress) {
 		bar.update(p)
 		if testOnlyProgress != nil {
 			testOnlyProgress(p)

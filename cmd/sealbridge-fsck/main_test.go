@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/fsfixtures"
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
+	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
 // result is one run of the command.
@@ -150,7 +152,7 @@ func TestFixtures(t *testing.T) {
 				t.Fatal("a read-only run changed the store")
 			}
 
-			rr := runArgs(t, "--repair", "--json", dir)
+			rr := runArgs(t, append(signWith(t, name, dir), "--repair", "--json", dir)...)
 			rd := doc(t, rr)
 			switch {
 			case name == "live-lock":
@@ -201,6 +203,41 @@ func TestFixtures(t *testing.T) {
 			}
 			fsfixtures.AssertKept(t, dir, files, removable(d.Findings))
 		})
+	}
+}
+
+// stateFixtures are the fixtures whose repair rewrites records (the state rules),
+// which needs the owner's key.
+var stateFixtures = map[string]bool{"message-status": true, "held-flags": true}
+
+// signWith gives a state fixture's data root the owner's key file and returns the
+// arguments that name it; nil for the other fixtures.
+func signWith(t *testing.T, name, dir string) []string {
+	t.Helper()
+	if !stateFixtures[name] {
+		return nil
+	}
+	root := fsfixtures.DataRoot(dir)
+	if err := os.MkdirAll(filepath.Join(root, dataroot.IdentitiesDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := identity.WriteKeyFile(dataroot.KeyFile(root, "owner"), fsfixtures.Owner()); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--identity", "owner"}
+}
+
+// TestStateRepairNeedsTheKey: without the owner's key, a state problem is reported
+// as not repairable and repair leaves it (exit 4) and the records as they were.
+func TestStateRepairNeedsTheKey(t *testing.T) {
+	dir := fsfixtures.Build(t, "message-status")
+	hash := fsfixtures.HashTree(t, dir)
+	r := runArgs(t, "--repair", "--json", dir)
+	if r.code != exitProblems {
+		t.Fatalf("--repair without the key: exit %d, want %d", r.code, exitProblems)
+	}
+	if got := fsfixtures.HashTree(t, dir); got != hash {
+		t.Fatal("--repair without the key changed the store")
 	}
 }
 

@@ -784,6 +784,11 @@ func (c *checker) relate(results []result) {
 	// Batches: every member present, valid and consistent (record.CheckBatch).
 	broken := map[string]bool{}
 	committed := map[string]bool{} // message ids with an intact batch
+	type intactBatch struct {
+		ref     stateRef
+		members []*record.Outbox
+	}
+	var intact []intactBatch // the committed batches and singles, for the state rules
 	for _, id := range sortedKeys(markers) {
 		b := markers[id]
 		p := record.Path(record.KindBatches, id)
@@ -818,6 +823,7 @@ func (c *checker) relate(results []result) {
 				continue
 			}
 			committed[b.MessageID] = true
+			intact = append(intact, intactBatch{stateRef{b.MessageID, id}, members})
 			mp := record.Path(record.KindMessages, b.MessageID)
 			if _, ok := c.present[mp]; !ok {
 				c.add(note(CodeMessageMissing, p, "its message record "+mp+" is absent: delivery goes on, but the message's status cannot be reported"))
@@ -839,6 +845,7 @@ func (c *checker) relate(results []result) {
 			m := messages[o.MessageID]
 			if record.CommitsSingle(m, o) {
 				committed[o.MessageID] = true
+				intact = append(intact, intactBatch{stateRef{o.MessageID, o.BatchID}, []*record.Outbox{o}})
 				continue
 			}
 			gfp, gpresent := c.present[msgPath]
@@ -878,6 +885,11 @@ func (c *checker) relate(results []result) {
 			c.add(note(CodeMessageUnaccepted, record.Path(record.KindMessages, id),
 				"a queued message that no intact batch commits: the store reports it as absent, and sending it again finishes it"))
 		}
+	}
+
+	// State rules: each committed message against its members (state.go).
+	for _, b := range intact {
+		c.addStateFindings(b.ref, messages[b.ref.messageID], b.members)
 	}
 
 	// Receipts: the inbox follower writes a "persisted" receipt and the observation

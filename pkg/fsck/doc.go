@@ -25,7 +25,9 @@
 //     (record.CheckBatch); outbox records that no intact marker lists (orphans);
 //   - messages (a queued message no intact batch commits; an intact batch without its
 //     message record), receipts against observations (a receipt whose state went
-//     back down), records past retainUntil;
+//     back down), the state rules between a message and its members (a status behind
+//     its envelopes, a hold left on a closed record or made on one side only),
+//     records past retainUntil;
 //   - staged temps (with their age) and unknown names (in kind directories a problem;
 //     at the top a note, never moved);
 //   - the lock (lockfile.Inspect: absent, live with its holder, held, stale,
@@ -44,7 +46,9 @@
 // (never deletes) every file it will not keep into lost+found/ with a JSON note, removes
 // stale temps, a stale lock and orphan lock temps, unwinds broken batches marker first,
 // fixes modes, and rewrites hard-linked or foreign-owned valid records as private
-// copies of the same bytes. Each change is made under the store lock, after checking
+// copies of the same bytes. Given the owner's key (Options.Signer), it also repairs
+// the state rules between a message and its members by a store transaction
+// (state.go). Each change is made under the store lock, after checking
 // that the file is still the one the check saw, and is durable when made. A second run
 // finds nothing to repair.
 package fsck

@@ -1,6 +1,7 @@
 package fsck
 
 import (
+	"crypto"
 	"errors"
 	"time"
 
@@ -83,6 +84,20 @@ const (
 	// binary refuses the data root until it is fixed. The finding's path is absolute;
 	// not repairable: the action is the fix.
 	CodeDataRootUnsafe Code = "data-root-unsafe"
+	// CodeMessageBehind: a queued message with a committed envelope of kind message
+	// that is relayed (the carrier moves the message to relayed in the transaction
+	// that settles the envelope). Repair moves the message forward to relayed.
+	CodeMessageBehind Code = "message-behind"
+	// CodeMessageNotClosed: a queued or relayed message with a committed envelope of
+	// kind message that is closed (closing an envelope closes its message in the same
+	// transaction). Repair closes the message with the envelope's closer and reason.
+	CodeMessageNotClosed Code = "message-not-closed"
+	// CodeHeldNotOpen: an operator's hold left on a record that is no longer open (an
+	// outbox envelope not pending, a message delivered or closed). Repair clears it.
+	CodeHeldNotOpen Code = "held-not-open"
+	// CodeHoldIncomplete: a queued or relayed message and its pending envelopes
+	// disagree on the hold (an interrupted hold or release). Repair holds both.
+	CodeHoldIncomplete Code = "hold-incomplete"
 )
 
 // Notes: facts worth knowing that are not damage. They never change the exit code and
@@ -109,6 +124,9 @@ const (
 	// CodeMessageUnaccepted: a queued message that no intact batch marker commits; the
 	// store reports it as absent, and sending it again finishes it.
 	CodeMessageUnaccepted Code = "message-unaccepted"
+	// CodeCancelUnrecorded: a message closed by "cancelled" without an operator's
+	// cancel recorded on it: who cancelled it cannot be told. Kept.
+	CodeCancelUnrecorded Code = "cancel-unrecorded"
 )
 
 // Severity says whether a finding is a problem or a note.
@@ -246,6 +264,12 @@ type Options struct {
 	// with ErrLive if one has started). An error also stops the repair: whether a
 	// daemon is live must be known.
 	DaemonLive func(storeDir string) (live bool, who string, err error)
+	// Signer, if set, holds the owner's private key: Repair then also repairs the
+	// state rules (a message behind its envelopes, a hold left or half made), by
+	// rewriting the record through the store's own transaction, signed with it.
+	// Without it those problems are reported as not repairable. Its public key must
+	// be the owner's.
+	Signer crypto.Signer
 	// Tool names the program in lost+found notes (default "sealbridge-fsck").
 	Tool string
 	// WrapFS, if set, wraps the file system fsck uses (fault injection in tests).
@@ -281,6 +305,7 @@ const (
 	fixRewrite                           // rewrite the same bytes as a new private file
 	fixBreakLock                         // lockfile.BreakStale
 	fixCleanLockTemps                    // lockfile.CleanOrphans
+	fixState                             // rewrite a record by a store transaction (state rules)
 )
 
 // Repair phases: the order in which fixes run.
@@ -290,6 +315,7 @@ const (
 	phaseMarkers         // batch markers: a marker is removed before its members
 	phaseRecords         // every other record-level move
 	phaseMetadata        // modes and private copies of records we keep
+	phaseState           // state rules: records rewritten by the store, once the layout is sound
 	phaseTemps           // staged temps and lock temps
 )
 
@@ -303,6 +329,9 @@ type fix struct {
 	record record.Kind
 	// bump: grow .generation after the change (it changes a kind's listing).
 	bump bool
+	// state names the records of a fixState, whose rule is decided again under the
+	// store's lock.
+	state *stateRef
 	// deps must all still hold, under the lock, for the fix to run.
 	deps []dep
 }

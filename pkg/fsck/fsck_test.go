@@ -786,3 +786,111 @@ func TestSingles(t *testing.T) {
 		t.Fatalf("the committed single after repair: %v %v", p, err)
 	}
 }
+
+// TestStateRulesReadRecordsWithoutOperatorFields: records written before the hold and
+// operator fields existed (the valid fixture's have neither) are checked as before —
+// no state finding — and a repair given the owner's key rewrites nothing.
+func TestStateRulesReadRecordsWithoutOperatorFields(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid")
+	before := fsfixtures.Files(t, dir)
+	for p, data := range before {
+		if strings.Contains(string(data), `"held"`) || strings.Contains(string(data), `"operator"`) {
+			t.Fatalf("%s has a hold or operator field; the fixture must predate them", p)
+		}
+	}
+	opts := fsck.Options{Owner: fsfixtures.OwnerDID(), Signer: fsfixtures.Owner().Signer()}
+	rep, err := fsck.Repair(context.Background(), dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Before.Findings) != 0 || len(rep.Actions) != 0 {
+		t.Fatalf("findings %+v, actions %+v", rep.Before.Findings, rep.Actions)
+	}
+	for p, data := range fsfixtures.Files(t, dir) {
+		if string(before[p]) != string(data) {
+			t.Errorf("%s changed", p)
+		}
+	}
+}
+
+// TestStateRepair: with the owner's key, each state problem is repaired as
+// docs/FSCK.md says (a message moved forward or closed with its envelope's closer, a
+// hold cleared or completed), every envelope stays where it was, and a second check
+// finds nothing.
+func TestStateRepair(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{"message-status", "held-flags"} {
+		dir := fsfixtures.Build(t, name)
+		opts := fsck.Options{Owner: fsfixtures.OwnerDID(), Signer: fsfixtures.Owner().Signer()}
+		rep, err := fsck.Repair(ctx, dir, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range rep.Actions {
+			if a.Result != fsck.ResultDone {
+				t.Errorf("%s: %s %s: %s (%s)", name, a.Code, a.Path, a.Result, a.Detail)
+			}
+		}
+		for _, f := range rep.After.Findings {
+			if f.Severity == fsck.Problem {
+				t.Errorf("%s: after repair: %s %s", name, f.Code, f.Path)
+			}
+		}
+		s, err := store.Open(fsfixtures.Owner().Signer(), store.Options{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := func(label string) *record.Message {
+			m, err := store.GetAs[*record.Message](s, fsfixtures.ID(label))
+			if err != nil || m == nil {
+				t.Fatalf("%s: %v", label, err)
+			}
+			return m
+		}
+		out := func(label string) *record.Outbox {
+			o, err := store.GetAs[*record.Outbox](s, fsfixtures.ID(label))
+			if err != nil || o == nil {
+				t.Fatalf("%s: %v", label, err)
+			}
+			return o
+		}
+		switch name {
+		case "message-status":
+			if m := msg("msg-behind"); m.Status != record.StatusRelayed || m.Attempts != 1 {
+				t.Errorf("msg-behind: %s, %d attempts; want relayed, 1", m.Status, m.Attempts)
+			}
+			if m := msg("msg-unclosed"); m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByRefused ||
+				m.LastError != "refused by the relay: no such recipient" || m.Attempts != 2 {
+				t.Errorf("msg-unclosed: %+v", m)
+			}
+			if o := out("msg-behind/envelope/1"); o.State != record.StatePending {
+				t.Errorf("msg-behind's pending envelope is %s", o.State)
+			}
+		case "held-flags":
+			if m := msg("msg-held-closed"); m.Held != nil || m.Status != record.StatusClosed {
+				t.Errorf("msg-held-closed: %+v", m)
+			}
+			if o := out("msg-held-closed/envelope/0"); o.Held != nil || o.State != record.StateClosed {
+				t.Errorf("msg-held-closed's envelope: %+v", o)
+			}
+			m := msg("msg-half-held")
+			o := out("msg-half-held/envelope/1")
+			if m.Held == nil || m.Held.Op != record.ActionHold || o.Held == nil || o.State != record.StatePending {
+				t.Errorf("msg-half-held: message held %v, other envelope held %v (%s): the repair must complete the hold", m.Held, o.Held, o.State)
+			}
+		}
+	}
+}
+
+// TestStateRepairRefusesAnotherKey: a key that is not the owner's signs nothing.
+func TestStateRepairRefusesAnotherKey(t *testing.T) {
+	dir := fsfixtures.Build(t, "held-flags")
+	hash := fsfixtures.HashTree(t, dir)
+	_, err := fsck.Repair(context.Background(), dir, fsck.Options{Owner: fsfixtures.OwnerDID(), Signer: fsfixtures.Foreign().Signer()})
+	if !errors.Is(err, fsck.ErrOwner) {
+		t.Fatalf("err %v, want ErrOwner", err)
+	}
+	if fsfixtures.HashTree(t, dir) != hash {
+		t.Fatal("a repair with another key changed the store")
+	}
+}

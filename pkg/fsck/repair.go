@@ -2,6 +2,7 @@ package fsck
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -77,8 +78,9 @@ type MoveNote struct {
 // a stale lock and orphan lock temps: every other file it does not keep is moved into
 // lost+found/ (0700) with a MoveNote beside it, by rename followed by an fsync of
 // both directories. Batches are unwound by the store's rule: a broken batch's marker
-// is moved before its members. It never signs anything and never needs the private
-// key: a record is kept byte for byte or moved.
+// is moved before its members. A record is kept byte for byte or moved, except for
+// the state rules (state.go): with opts.Signer (the owner's key) their record is
+// rewritten by a store transaction; without it they are left, not repairable.
 //
 // Each change is made under the store lock (lockfile.Acquire, one short hold per
 // change) after confirming, by fingerprint, that what the check saw is still there;
@@ -115,6 +117,12 @@ func Repair(ctx context.Context, dir string, opts Options) (*RepairReport, error
 	if before.Owner != "" {
 		if r.ownerKey, err = identity.ParseDID(string(before.Owner)); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrOwner, err)
+		}
+	}
+	if opts.Signer != nil {
+		pub, ok := opts.Signer.Public().(ed25519.PublicKey)
+		if !ok || identity.FormatDID(pub) != before.Owner {
+			return rep, fmt.Errorf("%w: the key given to sign repaired records is not the owner's (%s)", ErrOwner, before.Owner)
 		}
 	}
 	for i, f := range plan {
@@ -192,6 +200,7 @@ type repairer struct {
 	owner    identity.DID
 	ownerKey identity.PublicKey
 	moved    map[string]string // original path → lost+found path
+	st       *store.Store      // opened by the first state fix (Options.Signer)
 }
 
 var errChanged = errors.New("changed since the check")
@@ -230,6 +239,24 @@ func (r *repairer) apply(ctx context.Context, f Finding) (ActionResult, error) {
 		}
 		res.Result, res.Detail = ResultSkipped, "the lock is no longer stale; run fsck again"
 		return res, nil
+	case fx.kind == fixState:
+		// The store's own transaction takes the store lock and decides the rule again
+		// on the records it reads.
+		if err := r.recheck(); err != nil {
+			res.Result, res.Detail = ResultSkipped, sanitize(err.Error())
+			return res, err
+		}
+		switch err := r.repairState(ctx, f); {
+		case errors.Is(err, errStateGone):
+			res.Result, res.Detail = ResultSkipped, "the records no longer break this rule; run fsck again"
+			return res, nil
+		case err != nil && ctx.Err() != nil:
+			res.Result, res.Detail = ResultSkipped, sanitize(err.Error())
+			return res, ctx.Err()
+		case err != nil:
+			return failed(err)
+		}
+		return done("rewritten by a store transaction: " + f.Action)
 	case fx.phase == phaseLockFile:
 		// A planted .lock: not a lock by the protocol, and no lock can be taken while
 		// it is there. Moved without the lock.

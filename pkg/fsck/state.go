@@ -1,0 +1,223 @@
+package fsck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// The state rules: what a message record and its committed outbox members must agree
+// on, as the store's writers keep them. The carrier settles or closes an envelope and
+// moves its message forward in one transaction (only an envelope of kind message
+// speaks for its message), and an operator's hold, release or cancel changes a
+// message and its pending members together; so a message behind its members, a hold
+// on a closed record, or a hold on only one side is a write lost or undone (a restored
+// backup, a replayed file), never a state in progress.
+
+// stateRule is one broken state rule: the finding, and the record that repairs it
+// (nil: nothing can be written that keeps every acknowledged message).
+type stateRule struct {
+	code     Code
+	severity Severity
+	path     string
+	why      string
+	action   string
+	fixed    record.Record
+}
+
+// stateRef names the records a state rule relates: a message and its batch.
+type stateRef struct {
+	messageID, batchID string
+}
+
+// closerOf returns the closedBy of the message whose member o was closed, from how the
+// store's writers close a member: an operator's cancel records its action, the carrier
+// words the relay's refusal, the target's expiry and the deadline; "" if none says so.
+func closerOf(o *record.Outbox, nowMs int64) string {
+	switch {
+	case o.Operator != nil && o.Operator.Op == record.ActionCancel:
+		return record.ClosedByCancelled
+	case strings.HasPrefix(o.LastError, "refused by the relay: "):
+		return record.ClosedByRefused
+	case strings.HasPrefix(o.LastError, "expired: "):
+		return record.ClosedByExpired
+	case strings.HasPrefix(o.LastError, errcode.OutboxDeadlineExpired.String()) || o.DeliveryDeadline <= nowMs:
+		return record.ClosedByDeadline
+	}
+	return ""
+}
+
+func cloneAction(a *record.Action) *record.Action {
+	if a == nil {
+		return nil
+	}
+	c := *a
+	return &c
+}
+
+// stateRules returns the state rules that message m (nil if absent) and its committed
+// members break. It is pure: the check calls it on what it read, and the repair again
+// on what its transaction reads, so a repair is decided on the records it replaces.
+func stateRules(m *record.Message, messageID string, members []*record.Outbox, nowMs int64) []stateRule {
+	var out []stateRule
+	msgPath := record.Path(record.KindMessages, messageID)
+	for _, o := range members {
+		if o.Held != nil && o.State != record.StatePending {
+			c := record.Clone(o).(*record.Outbox)
+			c.Held = nil
+			out = append(out, stateRule{code: CodeHeldNotOpen, severity: Problem, path: record.Path(record.KindOutbox, o.EnvelopeID),
+				why:    "a " + o.State + " envelope still held: only a pending envelope is held, and settling or closing one clears the hold",
+				action: "clear the hold (the envelope stays " + o.State + ")", fixed: c})
+		}
+	}
+	if m == nil {
+		return out
+	}
+	if m.Held != nil && m.Status != record.StatusQueued && m.Status != record.StatusRelayed {
+		c := record.Clone(m).(*record.Message)
+		c.Held = nil
+		out = append(out, stateRule{code: CodeHeldNotOpen, severity: Problem, path: msgPath,
+			why:    "a " + m.Status + " message still held: only a queued or relayed message is held, and closing one clears the hold",
+			action: "clear the hold (the message stays " + m.Status + ")", fixed: c})
+	}
+	if m.Status == record.StatusClosed && m.ClosedBy == record.ClosedByCancelled && (m.Operator == nil || m.Operator.Op != record.ActionCancel) {
+		out = append(out, stateRule{code: CodeCancelUnrecorded, severity: Note, path: msgPath,
+			why: "closed by cancel, but no operator's cancel is recorded on the message: who cancelled it cannot be told"})
+	}
+	if m.Status != record.StatusQueued && m.Status != record.StatusRelayed {
+		return out
+	}
+	var closed, relayed *record.Outbox
+	var held, unheld []*record.Outbox
+	for _, o := range members {
+		if o.EnvelopeKind == record.EnvelopeMessage {
+			switch {
+			case o.State == record.StateClosed && closed == nil:
+				closed = o
+			case o.State == record.StateRelayed && relayed == nil:
+				relayed = o
+			}
+		}
+		if o.State == record.StatePending {
+			if o.Held != nil {
+				held = append(held, o)
+			} else {
+				unheld = append(unheld, o)
+			}
+		}
+	}
+	if closed != nil {
+		op := record.Path(record.KindOutbox, closed.EnvelopeID)
+		why := "a " + m.Status + " message whose envelope " + op + " is closed: closing an envelope closes its message in the same transaction"
+		by := closerOf(closed, nowMs)
+		if by == "" {
+			return append(out, stateRule{code: CodeMessageNotClosed, severity: Problem, path: msgPath, why: why + "; its envelope does not say why it was closed",
+				action: "none: the closer cannot be told; leave it, or cancel the message if that was meant"})
+		}
+		c := record.Clone(m).(*record.Message)
+		c.Status, c.ClosedBy, c.LastError, c.Held = record.StatusClosed, by, closed.LastError, nil
+		c.Attempts = max(c.Attempts, closed.Attempts)
+		c.UpdatedAt = max(nowMs, c.UpdatedAt, 1)
+		if by == record.ClosedByCancelled {
+			c.Operator = cloneAction(closed.Operator)
+		}
+		return append(out, stateRule{code: CodeMessageNotClosed, severity: Problem, path: msgPath, why: why,
+			action: "close the message by " + by + " with its envelope's reason, as the writer that closed the envelope would have", fixed: c})
+	}
+	if relayed != nil && m.Status == record.StatusQueued {
+		c := record.Clone(m).(*record.Message)
+		c.Status = record.StatusRelayed
+		c.Attempts = max(c.Attempts, relayed.Attempts)
+		c.UpdatedAt = max(nowMs, c.UpdatedAt, 1)
+		out = append(out, stateRule{code: CodeMessageBehind, severity: Problem, path: msgPath,
+			why:    "a queued message whose envelope " + record.Path(record.KindOutbox, relayed.EnvelopeID) + " is relayed: settling an envelope as relayed moves its message to relayed in the same transaction",
+			action: "move the message forward to relayed, as the carrier would have", fixed: c})
+	}
+	// A hold or release changes a message and its pending members together; one side
+	// held alone is an interrupted hold or release. Repair completes the hold: it never
+	// lets go what an operator may have asked to stop.
+	const hint = "; to let it go, release the message (sealbridge release) after the repair"
+	hold := m.Held
+	if hold == nil && len(held) > 0 {
+		hold = held[0].Held
+		c := record.Clone(m).(*record.Message)
+		c.Held, c.Operator = cloneAction(hold), cloneAction(hold)
+		out = append(out, stateRule{code: CodeHoldIncomplete, severity: Problem, path: msgPath,
+			why:    fmt.Sprintf("a %s message not held while its pending envelope %s is held: an interrupted hold or release", m.Status, record.Path(record.KindOutbox, held[0].EnvelopeID)),
+			action: "hold the message too, with its envelope's hold" + hint, fixed: c})
+	}
+	if hold != nil {
+		for _, o := range unheld {
+			c := record.Clone(o).(*record.Outbox)
+			c.Held, c.Operator = cloneAction(hold), cloneAction(hold)
+			out = append(out, stateRule{code: CodeHoldIncomplete, severity: Problem, path: record.Path(record.KindOutbox, o.EnvelopeID),
+				why:    "a pending envelope not held while its message " + msgPath + " or another of its envelopes is held: an interrupted hold or release",
+				action: "hold the envelope too, with its message's hold" + hint, fixed: c})
+		}
+	}
+	return out
+}
+
+// addStateFindings reports the state rules that a committed message breaks.
+func (c *checker) addStateFindings(ref stateRef, m *record.Message, members []*record.Outbox) {
+	for _, r := range stateRules(m, ref.messageID, members, c.now.UnixMilli()) {
+		if r.severity == Note {
+			c.add(note(r.code, r.path, r.why))
+			continue
+		}
+		switch {
+		case r.fixed == nil:
+			c.add(problem(r.code, r.path, r.why, r.action, nil))
+		case c.opts.Signer == nil:
+			c.add(problem(r.code, r.path, r.why,
+				"none without the owner's key: run the repair with --identity NAME (it signs the corrected record), which will "+r.action, nil))
+		default:
+			ref := ref
+			c.add(problem(r.code, r.path, r.why, r.action, &fix{kind: fixState, phase: phaseState, state: &ref}))
+		}
+	}
+}
+
+// errStateGone: a state fix found nothing left to do (the records changed since the
+// check, or a fix before it already made them consistent).
+var errStateGone = errors.New("the records no longer break this rule")
+
+// repairState rewrites the record that repairs f, through the store's own
+// transaction (signed with opts.Signer, durable, under the store lock), after
+// deciding the rule again on the records the transaction reads.
+func (r *repairer) repairState(ctx context.Context, f Finding) error {
+	if r.st == nil {
+		st, err := store.Open(r.opts.Signer, store.Options{Dir: r.dir, Now: r.opts.Now, Limits: r.opts.Limits,
+			LockWait: r.opts.LockWait, LockStale: r.opts.LockStale, WrapFS: r.opts.WrapFS, CacheEntries: -1})
+		if err != nil {
+			return err
+		}
+		r.st = st
+	}
+	ref := f.fix.state
+	nowMs := r.opts.Now().UnixMilli()
+	return r.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
+		m, err := store.TxGet[*record.Message](tx, ref.messageID)
+		if err != nil {
+			return err
+		}
+		members, err := tx.Committed(ref.batchID)
+		if err != nil {
+			return err
+		}
+		if members == nil {
+			return errStateGone
+		}
+		for _, rule := range stateRules(m, ref.messageID, members, nowMs) {
+			if rule.code == f.Code && rule.path == f.Path && rule.fixed != nil {
+				return tx.Put(rule.fixed)
+			}
+		}
+		return errStateGone
+	})
+}
