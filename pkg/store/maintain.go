@@ -125,7 +125,8 @@ func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) error {
 		if m.State != record.StatePending || m.DeliveryDeadline > now {
 			continue
 		}
-		m.State, m.LastError, m.Lease = record.StateClosed, errcode.OutboxDeadlineExpired.String(), nil
+		// A held envelope closes by its deadline too; a closed one is never held.
+		m.State, m.LastError, m.Lease, m.Held = record.StateClosed, errcode.OutboxDeadlineExpired.String(), nil, nil
 		if err := tx.Put(m); err != nil {
 			return err
 		}

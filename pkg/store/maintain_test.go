@@ -66,6 +66,35 @@ func TestMaintenanceClosesPastDeadlineAndFinishesBatch(t *testing.T) {
 	}
 }
 
+// A held message closes by its deadline all the same: maintenance clears the holds
+// of the envelopes and the message it closes (a closed record is never held).
+func TestMaintenanceClosesHeldPastDeadline(t *testing.T) {
+	clock := newTestClock(time.Now())
+	s := openStore(t, store.Options{Now: clock.Now})
+	req := sendRequest(t, 2)
+	req.DeliveryDeadline = clock.Now().Add(time.Minute)
+	if _, err := s.Enqueue(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	hold := &record.Action{Op: record.ActionHold, By: "uid:1000", At: clock.Now().UnixMilli()}
+	for _, e := range req.Envelopes {
+		o, _ := store.GetAs[*record.Outbox](s, e.EnvelopeID)
+		o.Held, o.Operator = hold, hold
+		mustPut(t, s, o)
+	}
+	m, _ := s.Message(req.MessageID)
+	m.Held, m.Operator = hold, hold
+	mustPut(t, s, m)
+	clock.Advance(2 * time.Minute)
+	if rep := maintain(t, s); rep.ClosedByDeadline != 2 {
+		t.Fatalf("report %+v, want the 2 held envelopes closed", rep)
+	}
+	m, err := s.Message(req.MessageID)
+	if err != nil || m == nil || m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByDeadline || m.Held != nil {
+		t.Fatalf("held message after its deadline: %+v %v", m, err)
+	}
+}
+
 func TestMaintenanceFinishesSettledBatchOnly(t *testing.T) {
 	s := openStore(t, store.Options{})
 	req, _ := enqueue(t, s, 2)
