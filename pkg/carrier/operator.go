@@ -158,6 +158,10 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 		}
 		return r, nil
 	}
+	if a.Op == record.ActionCancel && m.Status == record.StatusRelayed && !anyPending(members) {
+		r.Code, r.Message = errcode.MessageClosed.String(), "nothing to cancel: the message is already relayed, and an envelope at the relay is not recalled"
+		return r, nil
+	}
 	act := func() *record.Action { c := a; return &c }
 	pending, relayed, heldSkipped := 0, 0, 0
 	for _, o := range members {
@@ -213,8 +217,10 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 			m.Held, m.Operator, mchange = nil, act(), true
 		}
 	case record.ActionCancel:
-		m.Status, m.ClosedBy, m.LastError, m.Held, m.Operator = record.StatusClosed, record.ClosedByCancelled, cancelReason(a), nil, act()
-		mchange = true
+		// Closed as the carrier closes a message whose envelope closes, through the
+		// store's one rule for an ending message (closed retention, hold cleared).
+		tx.EndMessage(m, record.StatusClosed, record.ClosedByCancelled, cancelReason(a), a.At)
+		m.Operator, mchange = act(), true
 		if relayed > 0 {
 			r.Message = plural(relayed, "envelope") + " already relayed " + isAre(relayed) + " not recalled"
 		}
@@ -255,4 +261,13 @@ func isAre(n int) string {
 		return "is"
 	}
 	return "are"
+}
+
+func anyPending(members []*record.Outbox) bool {
+	for _, o := range members {
+		if o.State == record.StatePending {
+			return true
+		}
+	}
+	return false
 }

@@ -151,6 +151,29 @@ func TestApplyCancelKeepsRelayed(t *testing.T) {
 	if got := h.outbox(req.Envelopes[0].EnvelopeID); got.State != record.StateRelayed || got.Operator != nil {
 		t.Fatalf("the relayed envelope was changed: %+v", got)
 	}
+	// The cancelled message is kept for the closed retention, from the cancel.
+	if m := h.message(req.MessageID); m.RetainUntil != h.clock.Now().UnixMilli()+h.s.ClosedRetention().Milliseconds() {
+		t.Fatalf("cancelled message retained until %d, want now + the closed retention", m.RetainUntil)
+	}
+	// A relayed message with nothing pending has nothing to cancel: refused, unchanged.
+	req2 := h.enqueue(relayA, 1, time.Hour)
+	if err := h.s.Transaction(context.Background(), func(tx *store.Tx) error {
+		o := h.outbox(req2.Envelopes[0].EnvelopeID)
+		o.State = record.StateRelayed
+		m := h.message(req2.MessageID)
+		m.Status = record.StatusRelayed
+		return tx.PutAll(o, m)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	before := h.message(req2.MessageID)
+	rs = h.act(ids(req2.MessageID), record.ActionCancel, "")
+	if rs[0].Code != errcode.MessageClosed.String() || rs[0].Changed != 0 || !strings.Contains(rs[0].Message, "not recalled") {
+		t.Fatalf("cancel of a relayed message: %+v", rs)
+	}
+	if !reflect.DeepEqual(before, h.message(req2.MessageID)) {
+		t.Fatal("a refused cancel rewrote the relayed message")
+	}
 }
 
 func TestApplyRetry(t *testing.T) {

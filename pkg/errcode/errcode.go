@@ -67,7 +67,7 @@ var (
 	// committed record of.
 	MessageNotFound = &Code{"MESSAGE_NOT_FOUND", "no such message"}
 	// MessageClosed: an operator action would change a message that is already
-	// delivered or closed.
+	// delivered or closed, or cancel a relayed one with nothing pending.
 	MessageClosed = &Code{"MESSAGE_CLOSED", "the message is already delivered or closed"}
 )
 
