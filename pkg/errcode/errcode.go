@@ -63,6 +63,12 @@ var (
 	IdempotencyKeyReused = &Code{"IDEMPOTENCY_KEY_REUSED", "idempotency key reused with another request"}
 	// IdempotencyInProgress: the first request with this key is still in flight.
 	IdempotencyInProgress = &Code{"IDEMPOTENCY_IN_PROGRESS", "request with this idempotency key is in progress"}
+	// MessageNotFound: an operator action names a message the store has no
+	// committed record of.
+	MessageNotFound = &Code{"MESSAGE_NOT_FOUND", "no such message"}
+	// MessageClosed: an operator action would change a message that is already
+	// delivered or closed.
+	MessageClosed = &Code{"MESSAGE_CLOSED", "the message is already delivered or closed"}
 )
 
 // All lists every code, in catalogue order.
@@ -70,7 +76,7 @@ var All = []*Code{
 	OutboxFull, OutboxStoreBusy, OutboxStoreInvalid, OutboxStoreUnwritable,
 	OutboxDeadlineExpired, DeliveryRecordConflict, InvalidDeliveryStatus,
 	DeliveryStatusConflict, IdempotencyStoreFull, IdempotencyStoreBusy,
-	IdempotencyKeyReused, IdempotencyInProgress,
+	IdempotencyKeyReused, IdempotencyInProgress, MessageNotFound, MessageClosed,
 }
 
 // Lookup returns the code with the given string, or nil.

@@ -1,0 +1,258 @@
+package carrier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/store"
+)
+
+// Selector picks the messages an operator action applies to: the listed message
+// ids, or (Target set, MessageIDs empty) every message with pending envelopes to that
+// relay URL.
+type Selector struct {
+	MessageIDs []string
+	Target     string
+}
+
+// ActionResult is what an action did to one message.
+type ActionResult struct {
+	MessageID string
+	Changed   int    // envelopes this call changed (0: already so — idempotent)
+	Code      string // "" when applied or already so; else a stable errcode code
+	Message   string // the refusal's reason, or a note such as "1 envelope already relayed is not recalled"
+}
+
+// actionChunk bounds the envelopes one transaction of a target's action changes, so
+// that no lock hold grows with the target's backlog (a message has at most
+// record.MaxBatchMembers, which is this).
+const actionChunk = record.MaxBatchMembers
+
+// Apply performs operator action a (a.Op) on the selected messages, each message's
+// change a durable store transaction (a target's in chunks of at most 64 envelopes).
+// a.At is the action's time: a retry makes the envelopes due then. Every record an
+// action changes keeps a as its Operator, so a reader can tell the operator's
+// decision from the carrier's. Repeating an action changes nothing (Changed 0). The
+// error is for a bad action or selector, or the store's; a refusal for one message
+// (MESSAGE_NOT_FOUND, MESSAGE_CLOSED) is in its result. The carrier, if running,
+// should be kicked after a release or retry.
+func Apply(ctx context.Context, s *store.Store, sel Selector, a record.Action) ([]ActionResult, error) {
+	if err := checkAction(a); err != nil {
+		return nil, err
+	}
+	if (len(sel.MessageIDs) == 0) == (sel.Target == "") {
+		return nil, errors.New("carrier: an operator action needs message ids or a target, not both")
+	}
+	sums, err := s.OutboxSummaries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	batchOf := map[string]string{} // message id → its batch id
+	var order []string             // the target's messages with pending envelopes, in order
+	count := map[string]int{}      // message id → its envelopes
+	for i := range sums {
+		e := &sums[i]
+		if _, ok := batchOf[e.MessageID]; !ok {
+			batchOf[e.MessageID] = e.BatchID
+		}
+		count[e.MessageID]++
+		if sel.Target != "" && e.RelayURL == sel.Target && e.State == record.StatePending &&
+			(len(order) == 0 || order[len(order)-1] != e.MessageID) {
+			order = append(order, e.MessageID)
+		}
+	}
+	var results []ActionResult
+	if sel.Target == "" {
+		seen := map[string]bool{}
+		for _, id := range sel.MessageIDs {
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			var r ActionResult
+			err := s.PreparedTransaction(ctx, func(tx *store.Tx) error {
+				var err error
+				r, err = applyTx(tx, id, batchOf[id], a)
+				return err
+			})
+			if err != nil {
+				return results, err
+			}
+			results = append(results, r)
+		}
+		return results, nil
+	}
+	// A target's messages, whole messages per transaction, up to actionChunk envelopes.
+	for len(order) > 0 {
+		n, size := 0, 0
+		for n < len(order) && (n == 0 || size+count[order[n]] <= actionChunk) {
+			size += count[order[n]]
+			n++
+		}
+		chunk := order[:n]
+		order = order[n:]
+		var rs []ActionResult
+		err := s.PreparedTransaction(ctx, func(tx *store.Tx) error {
+			rs = rs[:0]
+			for _, id := range chunk {
+				r, err := applyTx(tx, id, batchOf[id], a)
+				if err != nil {
+					return err
+				}
+				rs = append(rs, r)
+			}
+			return nil
+		})
+		if err != nil {
+			return results, err
+		}
+		results = append(results, rs...)
+	}
+	return results, nil
+}
+
+// checkAction refuses an action the records could not keep.
+func checkAction(a record.Action) error {
+	switch a.Op {
+	case record.ActionHold, record.ActionRelease, record.ActionCancel, record.ActionRetry:
+	default:
+		return fmt.Errorf("carrier: operator action %q is not hold, release, cancel or retry", a.Op)
+	}
+	if a.By == "" || len(a.By) > record.MaxActionBy || len(a.Reason) > record.MaxActionReason || a.At <= 0 {
+		return fmt.Errorf("carrier: operator action %s needs a by of 1..%d bytes, a reason of at most %d and a time",
+			a.Op, record.MaxActionBy, record.MaxActionReason)
+	}
+	return nil
+}
+
+// applyTx performs a on message id (whose envelopes are batch batchID, "" if it has
+// none) inside tx, on the records as they are now: the members first, the message
+// last, so that a crash between them leaves a state the same action completes.
+func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, error) {
+	r := ActionResult{MessageID: id}
+	m, err := store.TxGet[*record.Message](tx, id)
+	if err != nil {
+		return r, err
+	}
+	var members []*record.Outbox
+	if m != nil && batchID != "" {
+		if members, err = tx.Committed(batchID); err != nil {
+			return r, err
+		}
+	}
+	if m == nil || (m.Status == record.StatusQueued && members == nil) {
+		r.Code, r.Message = errcode.MessageNotFound.String(), "no such message"
+		return r, nil
+	}
+	if m.Status == record.StatusDelivered || m.Status == record.StatusClosed {
+		if a.Op == record.ActionCancel && m.ClosedBy == record.ClosedByCancelled {
+			r.Message = "already cancelled"
+			return r, nil
+		}
+		r.Code, r.Message = errcode.MessageClosed.String(), "the message is already "+m.Status
+		if m.ClosedBy != "" {
+			r.Message += " (" + m.ClosedBy + ")"
+		}
+		return r, nil
+	}
+	act := func() *record.Action { c := a; return &c }
+	pending, relayed, heldSkipped := 0, 0, 0
+	for _, o := range members {
+		if o.State == record.StateRelayed {
+			relayed++
+		}
+		if o.State != record.StatePending {
+			continue
+		}
+		pending++
+		change := false
+		switch a.Op {
+		case record.ActionHold:
+			if o.Held == nil {
+				held := act()
+				o.Held, o.Operator, change = held, act(), true
+			}
+		case record.ActionRelease:
+			if o.Held != nil {
+				o.Held, o.Operator, change = nil, act(), true
+			}
+		case record.ActionCancel:
+			o.State, o.LastError, o.Held, o.Lease, o.Operator = record.StateClosed, cancelReason(a), nil, nil, act()
+			change = true
+		case record.ActionRetry:
+			if o.Held != nil {
+				heldSkipped++
+				if o.UnreachableSince != 0 { // the target's wait is cleared even so
+					o.UnreachableSince, o.Operator, change = 0, act(), true
+				}
+			} else if o.NextAttemptAt > a.At || o.UnreachableSince != 0 {
+				o.NextAttemptAt, o.UnreachableSince, o.Operator, change = min(o.NextAttemptAt, a.At), 0, act(), true
+			}
+		}
+		if change {
+			if err := tx.Put(o); err != nil {
+				return r, err
+			}
+			r.Changed++
+		}
+	}
+	mchange := false
+	switch a.Op {
+	case record.ActionHold:
+		if m.Held == nil && pending > 0 {
+			m.Held, m.Operator, mchange = act(), act(), true
+		}
+		if pending == 0 {
+			r.Message = "no pending envelope to hold"
+		}
+	case record.ActionRelease:
+		if m.Held != nil {
+			m.Held, m.Operator, mchange = nil, act(), true
+		}
+	case record.ActionCancel:
+		m.Status, m.ClosedBy, m.LastError, m.Held, m.Operator = record.StatusClosed, record.ClosedByCancelled, cancelReason(a), nil, act()
+		mchange = true
+		if relayed > 0 {
+			r.Message = plural(relayed, "envelope") + " already relayed " + isAre(relayed) + " not recalled"
+		}
+	case record.ActionRetry:
+		if r.Changed > 0 {
+			m.Operator, mchange = act(), true
+		}
+		if heldSkipped > 0 {
+			r.Message = plural(heldSkipped, "held envelope") + " " + isAre(heldSkipped) + " not retried (release first)"
+		}
+	}
+	if mchange {
+		m.UpdatedAt = max(m.UpdatedAt, a.At)
+		if err := tx.Put(m); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// cancelReason is the lastError a cancel leaves on its records.
+func cancelReason(a record.Action) string {
+	if a.Reason == "" {
+		return "cancelled by operator"
+	}
+	return clip("cancelled by operator: " + a.Reason)
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+func isAre(n int) string {
+	if n == 1 {
+		return "is"
+	}
+	return "are"
+}
