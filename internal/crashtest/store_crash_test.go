@@ -604,6 +604,10 @@ func workloads() []workload {
 		staleLockWorkload(),
 		batchedDeliveryWorkload(),
 		cancelledEnqueueWorkload(),
+		holdWorkload(),
+		releaseWorkload(),
+		cancelWorkload(),
+		retryWorkload(),
 		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			// The first hold makes .lock (temp with the free record, link, unlink);
 			// the second only writes the holder's details and the free record over it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,5 +247,223 @@ func TestApplyTarget(t *testing.T) {
 	}
 	if rs := h.act(Selector{Target: "http://nobody.test"}, record.ActionHold, ""); len(rs) != 0 {
 		t.Fatalf("hold of an unknown target: %+v", rs)
+	}
+}
+
+// A held message is never sent while held, and the timer does not fire for it before
+// its deadline; released, it is sent at once.
+func TestHeldNotSentUntilReleased(t *testing.T) {
+	h := newHarness(t, Options{}, store.Options{})
+	req := h.enqueue(relayA, 2, 24*time.Hour)
+	h.act(ids(req.MessageID), record.ActionHold, "")
+	t0 := h.clock.Now()
+	h.start()
+	h.runUntil(t0.Add(time.Hour))
+	if n := h.tr.count(); n != 0 {
+		t.Fatalf("%d sends of a held message", n)
+	}
+	if at := h.armed(); !at.IsZero() && at.Before(t0.Add(5*time.Minute)) {
+		t.Fatalf("the timer is armed for %v, before the sweep, for a held message", at.Sub(t0))
+	}
+	h.act(ids(req.MessageID), record.ActionRelease, "")
+	h.kick()
+	if n := h.tr.count(); n != 2 {
+		t.Fatalf("%d sends after release, want 2", n)
+	}
+	for _, o := range h.members(req) {
+		if o.State != record.StateRelayed || o.Held != nil {
+			t.Fatalf("released member %+v", o)
+		}
+	}
+	if m := h.message(req.MessageID); m.Status != record.StatusRelayed || m.Held != nil {
+		t.Fatalf("message %+v", m)
+	}
+}
+
+// The lease step re-reads the hold: an envelope held after the plan was made is not
+// sent.
+func TestLeaseSkipsHeld(t *testing.T) {
+	h := newHarness(t, Options{}, store.Options{})
+	req := h.enqueue(relayA, 1, time.Hour)
+	plans, err := h.c.plan(context.Background(), h.clock.Now())
+	if err != nil || len(plans) != 1 {
+		t.Fatalf("plan: %v %v", plans, err)
+	}
+	h.act(ids(req.MessageID), record.ActionHold, "")
+	h.c.pass(context.Background(), plans[0])
+	if n := h.tr.count(); n != 0 {
+		t.Fatalf("%d sends of an envelope held after the plan", n)
+	}
+	if o := h.outbox(req.Envelopes[0].EnvelopeID); o.Lease != nil || o.Held == nil {
+		t.Fatalf("outbox %+v", o)
+	}
+}
+
+// A held message past its deadline closes by deadline, and the hold ends.
+func TestHeldClosesByDeadline(t *testing.T) {
+	h := newHarness(t, Options{}, store.Options{})
+	req := h.enqueue(relayA, 2, 20*time.Minute)
+	h.act(ids(req.MessageID), record.ActionHold, "")
+	t0 := h.clock.Now()
+	h.start()
+	h.runUntil(t0.Add(time.Hour))
+	if n := h.tr.count(); n != 0 {
+		t.Fatalf("%d sends of a held message", n)
+	}
+	for _, o := range h.members(req) {
+		if o.State != record.StateClosed || o.Held != nil || !strings.Contains(o.LastError, errcode.OutboxDeadlineExpired.String()) {
+			t.Fatalf("member %+v", o)
+		}
+	}
+	m := h.message(req.MessageID)
+	if m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByDeadline || m.Held != nil || m.Operator.Op != record.ActionHold {
+		t.Fatalf("message %+v", m)
+	}
+	if at := m.UpdatedAt; at != t0.Add(20*time.Minute).UnixMilli() {
+		t.Fatalf("closed at %v, want at the deadline", time.UnixMilli(at).Sub(t0))
+	}
+}
+
+// A cancelled message is never sent afterwards.
+func TestCancelledNeverSent(t *testing.T) {
+	h := newHarness(t, Options{}, store.Options{})
+	h.tr.answer = failed
+	req := h.enqueue(relayA, 1, 24*time.Hour)
+	t0 := h.clock.Now()
+	h.start()
+	h.settle()
+	if n := h.tr.count(); n != 1 {
+		t.Fatalf("%d sends before the cancel", n)
+	}
+	h.act(ids(req.MessageID), record.ActionCancel, "")
+	h.runUntil(t0.Add(2 * time.Hour))
+	if n := h.tr.count(); n != 1 {
+		t.Fatalf("%d sends, a cancelled message was sent again", n)
+	}
+	if m := h.message(req.MessageID); m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByCancelled {
+		t.Fatalf("message %+v", m)
+	}
+}
+
+// Retry makes an attempt at once instead of after the backoff.
+func TestRetryAttemptsAtOnce(t *testing.T) {
+	h := newHarness(t, Options{BackoffMin: 10 * time.Minute, BackoffMax: time.Hour}, store.Options{})
+	h.tr.answer = failed
+	req := h.enqueue(relayA, 1, 24*time.Hour)
+	h.start()
+	h.settle()
+	if n := h.tr.count(); n != 1 {
+		t.Fatalf("%d sends", n)
+	}
+	h.clock.set(h.clock.Now().Add(time.Second))
+	h.tr.answer = nil
+	h.act(ids(req.MessageID), record.ActionRetry, "")
+	at := h.clock.Now()
+	h.kick()
+	sends := h.tr.log()
+	if len(sends) != 2 || !sends[1].at.Equal(at) {
+		t.Fatalf("sends %v, want a second at %v", sends, at)
+	}
+	if o := h.outbox(req.Envelopes[0].EnvelopeID); o.State != record.StateRelayed || o.Attempts != 2 {
+		t.Fatalf("outbox %+v", o)
+	}
+}
+
+// Retry of a target clears its unreachable wait: its envelopes go at once, not at the
+// next probe.
+func TestRetryTargetClearsWait(t *testing.T) {
+	h := newHarness(t, Options{}, store.Options{})
+	h.tr.answer = unreachable
+	var reqs []store.SendRequest
+	for range 3 {
+		reqs = append(reqs, h.enqueue(relayA, 1, 24*time.Hour))
+	}
+	h.start()
+	h.settle()
+	if n := h.tr.count(); n != 1 {
+		t.Fatalf("%d sends before the wait", n)
+	}
+	for _, r := range reqs {
+		if o := h.outbox(r.Envelopes[0].EnvelopeID); o.UnreachableSince == 0 {
+			t.Fatalf("not waiting: %+v", o)
+		}
+	}
+	h.clock.set(h.clock.Now().Add(time.Minute))
+	h.tr.answer = nil
+	rs := h.act(Selector{Target: relayA}, record.ActionRetry, "relay is back")
+	if len(rs) != 3 {
+		t.Fatalf("retry --target: %+v", rs)
+	}
+	at := h.clock.Now()
+	h.kick()
+	sends := h.tr.log()
+	if len(sends) != 4 {
+		t.Fatalf("sends %v, want 3 more at once", sends)
+	}
+	for _, s := range sends[1:] {
+		if !s.at.Equal(at) {
+			t.Fatalf("sent at %v, want %v", s.at, at)
+		}
+	}
+}
+
+// blockingSend blocks each send until release is closed, announcing it on started.
+func blockingSend(h *harness) (started chan sendRec, release chan struct{}) {
+	started, release = make(chan sendRec, 16), make(chan struct{})
+	h.tr.started = started
+	h.tr.answer = func(ctx context.Context, url, id string, n int) Result {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return Result{Outcome: Accepted, Status: 200}
+	}
+	return started, release
+}
+
+// A cancel while the envelope is in flight stands: the settlement leaves the closed
+// record as it is and does not fail.
+func TestCancelInFlight(t *testing.T) {
+	var mu sync.Mutex
+	var events []Event
+	h := newHarness(t, Options{Events: func(e Event) { mu.Lock(); events = append(events, e); mu.Unlock() }}, store.Options{})
+	started, release := blockingSend(h)
+	req := h.enqueue(relayA, 1, time.Hour)
+	h.start()
+	<-started
+	rs := h.act(ids(req.MessageID), record.ActionCancel, "")
+	if rs[0].Changed != 1 {
+		t.Fatalf("cancel: %+v", rs)
+	}
+	before := h.outbox(req.Envelopes[0].EnvelopeID)
+	close(release)
+	h.settle()
+	if after := h.outbox(req.Envelopes[0].EnvelopeID); !reflect.DeepEqual(before, after) {
+		t.Fatalf("the settlement rewrote a cancelled envelope: %+v", after)
+	}
+	if m := h.message(req.MessageID); m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByCancelled {
+		t.Fatalf("message %+v", m)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range events {
+		if e.Kind == EventStoreError {
+			t.Fatalf("the settlement failed: %+v", e)
+		}
+	}
+}
+
+// A hold that comes while the envelope is in flight ends with its relay.
+func TestHoldInFlightThenRelayed(t *testing.T) {
+	h := newHarness(t, Options{}, store.Options{})
+	started, release := blockingSend(h)
+	req := h.enqueue(relayA, 1, time.Hour)
+	h.start()
+	<-started
+	h.act(ids(req.MessageID), record.ActionHold, "")
+	close(release)
+	h.settle()
+	if o := h.outbox(req.Envelopes[0].EnvelopeID); o.State != record.StateRelayed || o.Held != nil || o.Operator.Op != record.ActionHold {
+		t.Fatalf("outbox %+v", o)
 	}
 }

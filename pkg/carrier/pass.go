@@ -244,8 +244,8 @@ func dueTime(ms int64) time.Time {
 }
 
 // leaseTx is the lease step of e inside a lease transaction: skipped (changed,
-// settled, not dispatchable, not due, or leased by another live holder), closed (its
-// deadline passed: closed here), or sent with the record to lease (not yet put).
+// settled, not dispatchable, held, not due, or leased by another live holder), closed
+// (its deadline passed, held or not: closed here), or sent with the record to lease (not yet put).
 // markers caches the batch markers read in this transaction.
 func (c *Carrier) leaseTx(tx *store.Tx, e *store.OutboxSummary, now int64, markers map[string][]*record.Outbox) (int, *record.Outbox, error) {
 	o, err := store.TxGet[*record.Outbox](tx, e.EnvelopeID)
@@ -268,8 +268,8 @@ func (c *Carrier) leaseTx(tx *store.Tx, e *store.OutboxSummary, now int64, marke
 	if o.DeliveryDeadline <= now {
 		return closed, nil, c.closeTx(tx, o, now, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String())
 	}
-	if o.NextAttemptAt > now {
-		return skipped, nil, nil
+	if o.Held != nil || o.NextAttemptAt > now {
+		return skipped, nil, nil // held by an operator, or not due
 	}
 	return sent, o, nil
 }
@@ -340,7 +340,8 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res R
 	o.Lease = nil
 	switch res.Outcome {
 	case Accepted:
-		o.State, o.LastError, o.UnreachableSince = record.StateRelayed, "", 0
+		// A hold that came while the envelope was in flight ends with the send.
+		o.State, o.LastError, o.UnreachableSince, o.Held = record.StateRelayed, "", 0, nil
 		if err := tx.Put(o); err != nil {
 			return false, 0, err
 		}
@@ -387,12 +388,12 @@ func (c *Carrier) markWaiting(ctx context.Context, tp *targetPlan, now int64, se
 	since := c.waitSince(tp, now)
 	var ids []string
 	for i := range tp.envs {
-		if e := &tp.envs[i]; !settled[e.EnvelopeID] && e.UnreachableSince == 0 {
+		if e := &tp.envs[i]; !settled[e.EnvelopeID] && e.UnreachableSince == 0 && !e.Held {
 			ids = append(ids, e.EnvelopeID)
 		}
 	}
 	return c.inChunks(ctx, ids, func(tx *store.Tx, x *record.Outbox) (bool, error) {
-		if x.UnreachableSince != 0 {
+		if x.UnreachableSince != 0 || x.Held != nil {
 			return false, nil
 		}
 		x.UnreachableSince, x.NextAttemptAt = since, now+c.o.ProbeEvery.Milliseconds()
@@ -518,9 +519,9 @@ func days(d time.Duration) string {
 	return d.String()
 }
 
-// closeTx closes o (and its message) with a reason.
+// closeTx closes o (and its message) with a reason; a hold on them ends.
 func (c *Carrier) closeTx(tx *store.Tx, o *record.Outbox, now int64, closedBy, reason string) error {
-	o.State, o.LastError, o.Lease = record.StateClosed, reason, nil
+	o.State, o.LastError, o.Lease, o.Held = record.StateClosed, reason, nil, nil
 	if err := tx.Put(o); err != nil {
 		return err
 	}
@@ -546,7 +547,7 @@ func (c *Carrier) messageTx(tx *store.Tx, o *record.Outbox, now int64, status, c
 		}
 	case record.StatusClosed:
 		if m.Status == record.StatusQueued || m.Status == record.StatusRelayed {
-			m.Status, m.ClosedBy, m.LastError, changed = record.StatusClosed, closedBy, reason, true
+			m.Status, m.ClosedBy, m.LastError, m.Held, changed = record.StatusClosed, closedBy, reason, nil, true
 		}
 	}
 	if o.Attempts > m.Attempts {

@@ -48,6 +48,8 @@ func (c *Carrier) plan(ctx context.Context, now time.Time) ([]*targetPlan, error
 // the wait's next probe (the latest nextAttemptAt among the waiting envelopes: each
 // probe pushes only the probed envelope forward); never after its deadline (so the
 // deadline closes it on time); and never before a live lease of another holder ends.
+// A held envelope is due only at its deadline, which still closes it, and takes no
+// part in a target wait: an operator's hold never makes the timer fire earlier.
 func buildPlan(sums []store.OutboxSummary, batches, messages []string, now int64, holder string) []*targetPlan {
 	byURL := map[string]*targetPlan{}
 	var order []*targetPlan
@@ -71,7 +73,7 @@ func buildPlan(sums []store.OutboxSummary, batches, messages []string, now int64
 			order = append(order, tp)
 		}
 		tp.envs = append(tp.envs, *e)
-		if e.UnreachableSince > 0 {
+		if e.UnreachableSince > 0 && !e.Held {
 			if !tp.waiting || e.UnreachableSince < tp.since {
 				tp.since = e.UnreachableSince
 			}
@@ -103,7 +105,9 @@ func buildPlan(sums []store.OutboxSummary, batches, messages []string, now int64
 
 func effectiveDue(e *store.OutboxSummary, tp *targetPlan, now int64, holder string) int64 {
 	d := e.NextAttemptAt
-	if tp.waiting {
+	if e.Held {
+		d = e.DeliveryDeadline
+	} else if tp.waiting {
 		d = max(d, tp.probeAt)
 	}
 	d = min(d, e.DeliveryDeadline)
