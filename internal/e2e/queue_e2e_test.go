@@ -27,10 +27,10 @@ import (
 type answer int
 
 const (
-	accept answer = iota // the real relay accepts it
-	fail                 // 503
-	failLong             // 503 with Retry-After: 3600
-	block                // wait until the test opens the gate, then 503
+	accept   answer = iota // the real relay accepts it
+	fail                   // 503
+	failLong               // 503 with Retry-After: 3600
+	block                  // wait until the test opens the gate, then 503
 )
 
 // scriptedRelay is a relay whose answer to each posted envelope the test sets per
