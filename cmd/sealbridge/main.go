@@ -52,6 +52,16 @@ Commands:
   watch    [--topics messages,outbox,receipts,observations] [--json]
                                                 follow the daemon's change feed, one
                                                 line per change: TIME TOPIC ID STATE
+  hold     [--reason R] [--json] (MESSAGE… | --target URL)
+                                                hold messages: not sent until released
+  release  [--reason R] [--json] (MESSAGE… | --target URL)
+                                                release held messages
+  cancel   [--reason R] [--json] (MESSAGE… | --target URL)
+                                                close what is not sent yet (closedBy
+                                                cancelled); relayed is not recalled
+  retry    [--reason R] [--json] (MESSAGE… | --target URL)
+                                                one attempt now, not after the backoff;
+                                                exit 1 if any message refused an action
   relay    [--listen 127.0.0.1:8470] [--home DIR]
                                                 run a reference relay in the foreground
   demo     [--messages 100] [--keep] [--timeout 2m]

@@ -54,6 +54,9 @@ func (d *Daemon) handler() http.Handler {
 	mux.HandleFunc("GET /v1/inbox/refused", d.route("inbox-refused", d.serveInboxRefused))
 	mux.HandleFunc("GET /v1/changes", d.route("changes", d.serveChanges))
 	mux.HandleFunc("GET /v1/targets", d.route("targets", d.serveTargets))
+	for _, op := range []string{record.ActionHold, record.ActionRelease, record.ActionCancel, record.ActionRetry} {
+		mux.HandleFunc("POST /v1/queue/"+op, d.route("queue-"+op, d.serveAction(op)))
+	}
 	mux.HandleFunc("GET /livez", d.route("livez", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}))
@@ -412,8 +415,7 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 	if _, err := identity.ParseDID(req.To); err != nil {
 		return codeBadRequest, "to must be a did:key of an Ed25519 key"
 	}
-	u, err := url.Parse(req.RelayURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+	if !validRelayURL(req.RelayURL) {
 		return codeBadRequest, "relayUrl must be an http(s) URL"
 	}
 	if len(req.Body) > envelope.MaxBodySize {
@@ -423,6 +425,12 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 		return errcode.OutboxDeadlineExpired.String(), "deadline is not in the future"
 	}
 	return "", ""
+}
+
+// validRelayURL reports whether s is a relay URL: http(s), a host, no user info.
+func validRelayURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil
 }
 
 func toClient(m *record.Message) client.Message {

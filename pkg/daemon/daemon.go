@@ -305,6 +305,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+		ConnContext:       connContext,
 	}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
@@ -529,7 +530,7 @@ func (l *peerListener) Accept() (net.Conn, error) {
 		}
 		uid, err := peerUID(c)
 		if err == nil && uid == l.uid {
-			return c, nil
+			return &peerConn{UnixConn: c, uid: uid}, nil
 		}
 		l.log.Warn("daemon: refused a connection from another user", "uid", uid, "err", err)
 		l.m.refused.Inc()

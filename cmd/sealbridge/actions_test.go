@@ -1,0 +1,59 @@
+package main
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+)
+
+// hold, a repeated hold, release, cancel, a repeated cancel and a hold of the
+// cancelled message: one line per message saying what happened; a refusal exits 1
+// with its code; a command line without exactly one selector is a usage error.
+func TestQueueActionCommands(t *testing.T) {
+	home := shortHome(t)
+	sb(t, "init", "--home", home, "--identity", "alice")
+	_, out, _ := sb(t, "init", "--home", home, "--identity", "bob")
+	bob := strings.TrimSpace(out)
+	startDaemon(t, home, "alice")
+	as := []string{"--home", home, "--identity", "alice"}
+	srv := httptest.NewServer(http.NotFoundHandler())
+	dead := srv.URL // refuses connections: the message stays queued
+	srv.Close()
+	stdin = strings.NewReader("hello")
+	t.Cleanup(func() { stdin = os.Stdin })
+	code, out, errs := sb(t, append([]string{"send", "--to", bob, "--relay", dead}, as...)...)
+	if code != 0 {
+		t.Fatalf("send: %d %s", code, errs)
+	}
+	id := strings.TrimSpace(out)
+
+	for _, step := range []struct {
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{[]string{"hold", id, "--reason", "checking"}, exitOK, id + "  held (1 envelope)\n", ""},
+		{[]string{"hold", id}, exitOK, id + "  already held\n", ""},
+		{[]string{"release", "--target", dead}, exitOK, id + "  released (1 envelope)\n", ""},
+		{[]string{"cancel", id}, exitOK, id + "  cancelled (1 envelope)\n", ""},
+		{[]string{"cancel", id}, exitOK, id + "  unchanged; ", ""},
+		{[]string{"hold", id}, exitFailure, id + "  refused MESSAGE_CLOSED: ", "hold: 1 of 1 messages refused (MESSAGE_CLOSED)"},
+		{[]string{"retry", "--target", dead}, exitOK, "", "no message has envelopes pending to " + dead},
+		{[]string{"hold"}, exitUsage, "", "give message ids or --target URL"},
+		{[]string{"hold", id, "--target", dead}, exitUsage, "", "not both"},
+		{[]string{"retry", "--target", ""}, exitUsage, "", "--target is empty"},
+	} {
+		code, out, errs := sb(t, append(step.args, as...)...)
+		if code != step.code || !strings.HasPrefix(out, step.stdout) || !strings.Contains(errs, step.stderr) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, stdout %q…, stderr with %q",
+				step.args, code, out, errs, step.code, step.stdout, step.stderr)
+		}
+	}
+	code, out, _ = sb(t, append([]string{"status", id}, as...)...)
+	if code != 0 || !strings.Contains(out, "cancelled") {
+		t.Errorf("status after cancel: %d\n%s", code, out)
+	}
+}
