@@ -3,10 +3,14 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -137,6 +141,31 @@ type queueNode struct {
 	t    *testing.T
 	c    *client.Client
 	peer *identity.Identity
+	home string
+	cli  string // the sealbridge binary
+}
+
+// queue runs `sealbridge queue --json` as an operator would and returns the target
+// of relayURL in it (nil if the queue lists none).
+func (n *queueNode) queue(relayURL string) *client.Target {
+	n.t.Helper()
+	cmd := exec.Command(n.cli, "queue", "--home", n.home, "--json")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		n.t.Fatalf("sealbridge queue --json: %v\n%s", err, stderr.Bytes())
+	}
+	var list client.TargetList
+	if err := json.Unmarshal(out, &list); err != nil {
+		n.t.Fatalf("sealbridge queue --json: %v\n%s", err, out)
+	}
+	for i := range list.Targets {
+		if list.Targets[i].RelayURL == relayURL {
+			return &list.Targets[i]
+		}
+	}
+	return nil
 }
 
 func (n *queueNode) send(relayURL string, deadline time.Time) string {
@@ -201,7 +230,7 @@ func startQueueNode(t *testing.T) *queueNode {
 	root, _ := dataroot.Resolve(home)
 	c := client.New(client.SocketPath(root, string(me.DID())))
 	startDaemonProcess(t, sealbridged, home, c)
-	return &queueNode{t: t, c: c, peer: peer}
+	return &queueNode{t: t, c: c, peer: peer, home: home, cli: filepath.Join(filepath.Dir(sealbridged), "sealbridge")}
 }
 
 func one(id string) client.Selector { return client.Selector{MessageIDs: []string{id}} }
@@ -239,6 +268,13 @@ func TestQueueActionsEndToEnd(t *testing.T) {
 		n.until(a, "the failed attempt settled, then due", func(m *client.Message) bool {
 			return m.Attempts == 1 && !m.NextAttemptAt.IsZero() && time.Now().After(m.NextAttemptAt.Add(100*time.Millisecond))
 		})
+		// The message view and the operator's queue show the hold, and who made it.
+		if m := n.message(a); m.Held == nil || m.Held.By != fmt.Sprintf("uid:%d", os.Getuid()) || m.Held.Reason != "e2e" {
+			t.Fatalf("held message's view: hold %+v", m.Held)
+		}
+		if q := n.queue(r.url); q == nil || q.Pending != 1 || q.Held != 1 || q.State != "held" || q.Attempts != 1 {
+			t.Fatalf("queue --json while held: %+v, want 1 pending, 1 held, state held, 1 attempt", q)
+		}
 		// A message sent to the same relay after a was due goes out; a does not.
 		r.set(a, accept)
 		b := n.send(r.url, time.Time{})
@@ -298,6 +334,13 @@ func TestQueueActionsEndToEnd(t *testing.T) {
 		m := n.until(e, "first attempt failed", func(m *client.Message) bool { return m.Attempts == 1 })
 		if !m.NextAttemptAt.After(time.Now().Add(time.Minute)) {
 			t.Fatalf("next attempt %v: want the relay's long Retry-After (the backoff the retry skips)", m.NextAttemptAt)
+		}
+		// What the relay did, as the operator's queue shows it: one failed attempt,
+		// its answer, and the relay's Retry-After as the backoff.
+		q := n.queue(r.url)
+		if q == nil || q.Pending != 1 || q.Held != 0 || q.State != "backing-off" || q.Attempts != 1 ||
+			!q.BackoffUntil.Equal(m.NextAttemptAt) || !strings.Contains(q.LastError, "503") {
+			t.Fatalf("queue --json after the failed attempt: %+v, want 1 pending backing off until %v after a 503", q, m.NextAttemptAt)
 		}
 		r.setDefault(accept)
 		n.act(n.c.Retry, one(e), 1, "")
