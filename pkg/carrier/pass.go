@@ -347,7 +347,7 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res R
 		}
 		return false, 0, c.messageTx(tx, o, now, record.StatusRelayed, "", "")
 	case Refused:
-		return false, 0, c.closeTx(tx, o, now, record.ClosedByRefused, clip("refused by the relay: "+why))
+		return false, 0, c.closeTx(tx, o, now, record.ClosedByRefused, clip(record.RefusedPrefix+why))
 	}
 	if o.DeliveryDeadline <= now {
 		return true, 0, c.closeTx(tx, o, now, record.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why))
@@ -488,7 +488,7 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 				if l := o.Lease; l != nil && l.Until > now && l.Holder != c.o.HolderID {
 					continue
 				}
-				reason := fmt.Sprintf("expired: relay %s unreachable for %s (since %s, %d attempts)",
+				reason := record.ExpiredPrefix + fmt.Sprintf("relay %s unreachable for %s (since %s, %d attempts)",
 					tp.url, days(c.o.OfflineLimit), time.UnixMilli(o.UnreachableSince).UTC().Format(time.RFC3339), o.Attempts)
 				if o.LastError != "" {
 					reason += "; last error: " + o.LastError

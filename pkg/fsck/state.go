@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
-	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -15,9 +13,12 @@ import (
 // on, as the store's writers keep them. The carrier settles or closes an envelope and
 // moves its message forward in one transaction (only an envelope of kind message
 // speaks for its message), and an operator's hold, release or cancel changes a
-// message and its pending members together; so a message behind its members, a hold
-// on a closed record, or a hold on only one side is a write lost or undone (a restored
-// backup, a replayed file), never a state in progress.
+// message and its pending members together. A message behind its members, or a hold
+// on only one side, is what a crash between the publications of such a transaction
+// leaves (each is published before its directory's fsync, and either may be lost), or
+// a write lost or undone (a restored backup, a replayed file); a hold on a closed
+// record only the latter. Maintenance brings a message behind its members forward
+// before it removes them (record.MessageFollow, the one rule of both).
 
 // stateRule is one broken state rule: the finding, and the record that repairs it
 // (nil: nothing can be written that keeps every acknowledged message).
@@ -33,23 +34,6 @@ type stateRule struct {
 // stateRef names the records a state rule relates: a message and its batch.
 type stateRef struct {
 	messageID, batchID string
-}
-
-// closerOf returns the closedBy of the message whose member o was closed, from how the
-// store's writers close a member: an operator's cancel records its action, the carrier
-// words the relay's refusal, the target's expiry and the deadline; "" if none says so.
-func closerOf(o *record.Outbox, nowMs int64) string {
-	switch {
-	case o.Operator != nil && o.Operator.Op == record.ActionCancel:
-		return record.ClosedByCancelled
-	case strings.HasPrefix(o.LastError, "refused by the relay: "):
-		return record.ClosedByRefused
-	case strings.HasPrefix(o.LastError, "expired: "):
-		return record.ClosedByExpired
-	case strings.HasPrefix(o.LastError, errcode.OutboxDeadlineExpired.String()) || o.DeliveryDeadline <= nowMs:
-		return record.ClosedByDeadline
-	}
-	return ""
 }
 
 func cloneAction(a *record.Action) *record.Action {
@@ -92,17 +76,8 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 	if m.Status != record.StatusQueued && m.Status != record.StatusRelayed {
 		return out
 	}
-	var closed, relayed *record.Outbox
 	var held, unheld []*record.Outbox
 	for _, o := range members {
-		if o.EnvelopeKind == record.EnvelopeMessage {
-			switch {
-			case o.State == record.StateClosed && closed == nil:
-				closed = o
-			case o.State == record.StateRelayed && relayed == nil:
-				relayed = o
-			}
-		}
 		if o.State == record.StatePending {
 			if o.Held != nil {
 				held = append(held, o)
@@ -111,31 +86,30 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 			}
 		}
 	}
-	if closed != nil {
-		op := record.Path(record.KindOutbox, closed.EnvelopeID)
+	switch f := record.MessageFollow(m, members, nowMs); f.Status {
+	case record.StatusClosed:
+		op := record.Path(record.KindOutbox, f.Envelope.EnvelopeID)
 		why := "a " + m.Status + " message whose envelope " + op + " is closed: closing an envelope closes its message in the same transaction"
-		by := closerOf(closed, nowMs)
-		if by == "" {
+		if f.ClosedBy == "" {
 			return append(out, stateRule{code: CodeMessageNotClosed, severity: Problem, path: msgPath, why: why + "; its envelope does not say why it was closed",
 				action: "none: the closer cannot be told; leave it, or cancel the message if that was meant"})
 		}
 		c := record.Clone(m).(*record.Message)
-		c.Status, c.ClosedBy, c.LastError, c.Held = record.StatusClosed, by, closed.LastError, nil
-		c.Attempts = max(c.Attempts, closed.Attempts)
+		c.Status, c.ClosedBy, c.LastError, c.Held = record.StatusClosed, f.ClosedBy, f.Reason, nil
+		c.Attempts = max(c.Attempts, f.Attempts)
 		c.UpdatedAt = max(nowMs, c.UpdatedAt, 1)
-		if by == record.ClosedByCancelled {
-			c.Operator = cloneAction(closed.Operator)
+		if f.ClosedBy == record.ClosedByCancelled {
+			c.Operator = cloneAction(f.Envelope.Operator)
 		}
 		return append(out, stateRule{code: CodeMessageNotClosed, severity: Problem, path: msgPath, why: why,
-			action: "close the message by " + by + " with its envelope's reason, as the writer that closed the envelope would have", fixed: c})
-	}
-	if relayed != nil && m.Status == record.StatusQueued {
+			action: "close the message by " + f.ClosedBy + " with its envelope's reason, as the writer that closed the envelope would have", fixed: c})
+	case record.StatusRelayed:
 		c := record.Clone(m).(*record.Message)
 		c.Status = record.StatusRelayed
-		c.Attempts = max(c.Attempts, relayed.Attempts)
+		c.Attempts = max(c.Attempts, f.Attempts)
 		c.UpdatedAt = max(nowMs, c.UpdatedAt, 1)
 		out = append(out, stateRule{code: CodeMessageBehind, severity: Problem, path: msgPath,
-			why:    "a queued message whose envelope " + record.Path(record.KindOutbox, relayed.EnvelopeID) + " is relayed: settling an envelope as relayed moves its message to relayed in the same transaction",
+			why:    "a queued message whose envelope " + record.Path(record.KindOutbox, f.Envelope.EnvelopeID) + " is relayed: settling an envelope as relayed moves its message to relayed in the same transaction",
 			action: "move the message forward to relayed, as the carrier would have", fixed: c})
 	}
 	// A hold or release changes a message and its pending members together; one side
@@ -215,6 +189,10 @@ func (r *repairer) repairState(ctx context.Context, f Finding) error {
 		}
 		for _, rule := range stateRules(m, ref.messageID, members, nowMs) {
 			if rule.code == f.Code && rule.path == f.Path && rule.fixed != nil {
+				if fm, ok := rule.fixed.(*record.Message); ok && rule.code == CodeMessageNotClosed {
+					// Ended as every writer ends a message (the closed retention).
+					tx.EndMessage(fm, record.StatusClosed, fm.ClosedBy, fm.LastError, nowMs)
+				}
 				return tx.Put(rule.fixed)
 			}
 		}

@@ -48,9 +48,18 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 	if err != nil {
 		return rep, err
 	}
+	// A step that wrote (closed a member, moved a message forward) finishes its batch
+	// in a second transaction, once what it wrote is durable: never in the same one,
+	// whose removals could outlive the message's move in a crash.
 	for _, id := range batches {
-		if err := step(func(tx *Tx) error { return s.maintainBatch(tx, id, &rep) }); err != nil {
+		wrote := false
+		if err := step(func(tx *Tx) (err error) { wrote, err = s.maintainBatch(tx, id, &rep); return err }); err != nil {
 			return rep, err
+		}
+		if wrote {
+			if err := step(func(tx *Tx) (err error) { _, err = s.maintainBatch(tx, id, &rep); return err }); err != nil {
+				return rep, err
+			}
 		}
 	}
 	// The same for singles (DESIGN §7), up to maintainChunk outbox records a step.
@@ -59,8 +68,14 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 		return rep, err
 	}
 	for chunk := range slices.Chunk(outbox, maintainChunk) {
-		if err := step(func(tx *Tx) error { return s.maintainSingles(tx, chunk, &rep) }); err != nil {
+		wrote := false
+		if err := step(func(tx *Tx) (err error) { wrote, err = s.maintainSingles(tx, chunk, &rep); return err }); err != nil {
 			return rep, err
+		}
+		if wrote {
+			if err := step(func(tx *Tx) (err error) { _, err = s.maintainSingles(tx, chunk, &rep); return err }); err != nil {
+				return rep, err
+			}
 		}
 	}
 	// Operations some binding points to (outside the lock; see maintainRecord).
@@ -115,12 +130,18 @@ func (s *Store) listLenient(k record.Kind, rep *MaintenanceReport) ([]string, er
 	return ids, nil
 }
 
-func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) error {
+// maintainBatch closes batch id's members past their deadline and brings its message
+// forward to follow its members (record.MessageFollow: a crash between a
+// settlement's publications can leave it behind). If it wrote nothing it finishes the
+// batch once every member is settled; it reports whether it wrote, so that the caller
+// finishes the batch in a later transaction, after the writes are durable.
+func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) (bool, error) {
 	members, err := tx.Committed(id)
 	if err != nil || members == nil {
-		return err
+		return false, err
 	}
 	now := s.nowMs()
+	wrote := false
 	for _, m := range members {
 		if m.State != record.StatePending || m.DeliveryDeadline > now {
 			continue
@@ -128,39 +149,63 @@ func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) error {
 		// A held envelope closes by its deadline too; a closed one is never held.
 		m.State, m.LastError, m.Lease, m.Held = record.StateClosed, errcode.OutboxDeadlineExpired.String(), nil, nil
 		if err := tx.Put(m); err != nil {
-			return err
+			return wrote, err
 		}
+		wrote = true
 		rep.ClosedByDeadline++
-		msg, err := TxGet[*record.Message](tx, m.MessageID)
-		if err != nil {
-			return err
-		}
-		if msg != nil && (msg.Status == record.StatusQueued || msg.Status == record.StatusRelayed) && m.EnvelopeKind == record.EnvelopeMessage {
-			tx.EndMessage(msg, record.StatusClosed, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String(), now)
-			if err := tx.Put(msg); err != nil {
-				return err
-			}
-		}
 	}
-	return s.finishBatch(tx, id, members, rep)
+	if len(members) == 0 {
+		return wrote, nil
+	}
+	msg, err := TxGet[*record.Message](tx, members[0].MessageID)
+	if err != nil {
+		return wrote, err
+	}
+	switch f := record.MessageFollow(msg, members, now); {
+	case f.Status == record.StatusClosed && f.ClosedBy == "":
+		// Closed for a reason its envelope does not say: left for fsck to report,
+		// and the batch kept, so the message is never reported absent.
+		return wrote, nil
+	case f.Status == record.StatusClosed:
+		tx.EndMessage(msg, record.StatusClosed, f.ClosedBy, f.Reason, now)
+		msg.Attempts = max(msg.Attempts, f.Attempts)
+		if err := tx.Put(msg); err != nil {
+			return wrote, err
+		}
+		return true, nil
+	case f.Status == record.StatusRelayed:
+		msg.Status, msg.Attempts, msg.UpdatedAt = record.StatusRelayed, max(msg.Attempts, f.Attempts), max(now, 1)
+		if err := tx.Put(msg); err != nil {
+			return wrote, err
+		}
+		return true, nil
+	}
+	if wrote {
+		return true, nil
+	}
+	return false, s.finishBatch(tx, id, members, rep)
 }
 
 // maintainSingles runs maintainBatch on those of the outbox records ids that are
-// committed singles (DESIGN §7); a single's batch id is its envelope id.
-func (s *Store) maintainSingles(tx *Tx, ids []string, rep *MaintenanceReport) error {
+// committed singles (DESIGN §7; a single's batch id is its envelope id), and reports
+// whether any wrote.
+func (s *Store) maintainSingles(tx *Tx, ids []string, rep *MaintenanceReport) (bool, error) {
+	wrote := false
 	for _, id := range ids {
 		r, err := tx.get(record.KindOutbox, id)
 		if err != nil {
-			return err
+			return wrote, err
 		}
 		if o, _ := r.(*record.Outbox); o == nil || !record.IsSingle(o.BatchID, o.EnvelopeID, o.Ordinal) {
 			continue
 		}
-		if err := s.maintainBatch(tx, id, rep); err != nil {
-			return err
+		w, err := s.maintainBatch(tx, id, rep)
+		wrote = wrote || w
+		if err != nil {
+			return wrote, err
 		}
 	}
-	return nil
+	return wrote, nil
 }
 
 // finishBatch removes a batch whose members are all settled: the marker first, so an

@@ -95,6 +95,40 @@ func TestMaintenanceClosesHeldPastDeadline(t *testing.T) {
 	}
 }
 
+// A crash between the publications of a settlement can keep the relayed (or closed)
+// envelope and lose its message's move. Maintenance brings the message forward before
+// it removes the members — in an earlier transaction, so the removal never outlives
+// the move — and the message is never reported absent.
+func TestMaintenanceBringsMessageForwardBeforeFinishing(t *testing.T) {
+	clock := newTestClock(time.Now())
+	s := openStore(t, store.Options{Now: clock.Now})
+	relayed, _ := enqueue(t, s, 1)
+	refused, _ := enqueue(t, s, 2)
+	settle := func(id, state, lastError string) {
+		o, _ := store.GetAs[*record.Outbox](s, id)
+		o.State, o.LastError, o.Attempts = state, lastError, 3
+		mustPut(t, s, o) // the envelope's publication only: the message's was lost
+	}
+	settle(relayed.Envelopes[0].EnvelopeID, record.StateRelayed, "")
+	settle(refused.Envelopes[0].EnvelopeID, record.StateClosed, record.RefusedPrefix+"403 forbidden")
+	settle(refused.Envelopes[1].EnvelopeID, record.StateRelayed, "")
+	for pass := 1; pass <= 2; pass++ {
+		maintain(t, s)
+		m, err := s.Message(relayed.MessageID)
+		if err != nil || m == nil || m.Status != record.StatusRelayed || m.Attempts != 3 {
+			t.Fatalf("pass %d: the relayed message is %+v (%v), want relayed with 3 attempts", pass, m, err)
+		}
+		m, err = s.Message(refused.MessageID)
+		if err != nil || m == nil || m.Status != record.StatusClosed || m.ClosedBy != record.ClosedByRefused ||
+			m.LastError != record.RefusedPrefix+"403 forbidden" {
+			t.Fatalf("pass %d: the refused message is %+v (%v), want closed by refused", pass, m, err)
+		}
+	}
+	if ids, _ := s.List(record.KindOutbox); len(ids) != 0 {
+		t.Fatalf("the settled members were not removed by the second pass: %v", ids)
+	}
+}
+
 func TestMaintenanceFinishesSettledBatchOnly(t *testing.T) {
 	s := openStore(t, store.Options{})
 	req, _ := enqueue(t, s, 2)
