@@ -31,9 +31,10 @@ fuzz time="30s":
 bench mode="full":
     SEALBRIDGE_BENCH_REPORT=1 SEALBRIDGE_BENCH_QUICK={{ if mode =~ '^-*quick$' { "1" } else { "" } }} go test -run '^TestBenchReport$' -v -count=1 -timeout 60m ./internal/bench
 
-# the crash proof: every crash state, every injected fault, and 5,000 real SIGKILLs
-crash kills="5000":
-    go test -count=1 -v -timeout 60m -run 'Crash|Fault|SIGKILL|Short|Fsync|EXDEV' ./internal/crashtest -crash.kills={{kills}}
+# the crash proof: every crash state, every injected fault, 5,000 rounds of real SIGKILLs
+# of writers and 1,000 of the operator's actions
+crash kills="5000" actionkills="1000":
+    go test -count=1 -v -timeout 60m -run 'Crash|Fault|SIGKILL|Short|Fsync|EXDEV' ./internal/crashtest -crash.kills={{kills}} -crash.actionkills={{actionkills}}
 
 # mutation testing (gremlins, pinned, fetched by `go run`), one package at a time; fails
 # when a package's efficacy is not above 85% (docs/TESTING.md). Tens of minutes in all;
