@@ -557,7 +557,8 @@ func (b *builder) messageStatus() {
 // heldFlags writes operator holds the store never leaves: a hold on a closed message
 // and on its closed envelope (msg-held-closed), and a hold made on one side only, an
 // interrupted hold: the first envelope of msg-half-held is held, its message and its
-// other pending envelope are not.
+// other pending envelope are not; and an interrupted cancel: msg-half-cancelled is
+// closed by cancel while its second envelope is still pending.
 func (b *builder) heldFlags() {
 	retain := Far.Add(week)
 	b.send("msg-held-closed", 1, Far, retain)
@@ -568,7 +569,13 @@ func (b *builder) heldFlags() {
 	cm.Status, cm.ClosedBy, cm.LastError, cm.Held = record.StatusClosed, record.ClosedByDeadline, "OUTBOX_DEADLINE_EXPIRED", hold
 	half, _, _ := message("msg-half-held", 2, Far, retain)
 	half[0].Held, half[0].Operator = hold, hold
-	b.plant(closed[0], cm, half[0])
+	// An interrupted cancel: the message closed, its second envelope still pending.
+	b.send("msg-half-cancelled", 2, Far, retain)
+	cancel := operatorAction(record.ActionCancel)
+	hc, hcm, _ := message("msg-half-cancelled", 2, Far, retain)
+	hc[0].State, hc[0].LastError, hc[0].Operator = record.StateClosed, "cancelled by operator", cancel
+	hcm.Status, hcm.ClosedBy, hcm.LastError, hcm.Operator = record.StatusClosed, record.ClosedByCancelled, "cancelled by operator", cancel
+	b.plant(closed[0], cm, half[0], hc[0], hcm)
 }
 
 // unknownFiles plants names that are not part of the layout.

@@ -149,7 +149,22 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 	}
 	if m.Status == record.StatusDelivered || m.Status == record.StatusClosed {
 		if a.Op == record.ActionCancel && m.ClosedBy == record.ClosedByCancelled {
-			r.Message = "already cancelled"
+			// A cancel interrupted after the message's close (its members' writes
+			// lost in a crash) is completed by the same action repeated.
+			for _, o := range members {
+				if o.State != record.StatePending {
+					continue
+				}
+				c := a
+				o.State, o.LastError, o.Held, o.Lease, o.Operator = record.StateClosed, m.LastError, nil, nil, &c
+				if err := tx.Put(o); err != nil {
+					return r, err
+				}
+				r.Changed++
+			}
+			if r.Changed == 0 {
+				r.Message = "already cancelled"
+			}
 			return r, nil
 		}
 		r.Code, r.Message = errcode.MessageClosed.String(), "the message is already "+m.Status

@@ -368,6 +368,40 @@ func TestCancelledNeverSent(t *testing.T) {
 	}
 }
 
+// A cancel interrupted after its message's close (a crash lost its members' writes)
+// leaves members pending of a cancelled message: the carrier never sends them but
+// closes them as the cancel would have, and the same cancel repeated completes it.
+func TestInterruptedCancel(t *testing.T) {
+	h := newHarness(t, Options{}, store.Options{})
+	interrupt := func(req store.SendRequest) {
+		m := h.message(req.MessageID)
+		cancel := &record.Action{Op: record.ActionCancel, By: "uid:1000", At: h.clock.Now().UnixMilli()}
+		m.Status, m.ClosedBy, m.LastError, m.Operator = record.StatusClosed, record.ClosedByCancelled, "cancelled by operator", cancel
+		if err := h.s.Transaction(context.Background(), func(tx *store.Tx) error { return tx.Put(m) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	repeated := h.enqueue(relayA, 2, 24*time.Hour)
+	interrupt(repeated)
+	if rs := h.act(ids(repeated.MessageID), record.ActionCancel, ""); rs[0].Changed != 2 || rs[0].Code != "" {
+		t.Fatalf("the repeated cancel: %+v, want both pending members closed", rs)
+	}
+	sent := h.enqueue(relayA, 2, 24*time.Hour)
+	interrupt(sent)
+	h.start()
+	h.settle()
+	if n := h.tr.count(); n != 0 {
+		t.Fatalf("%d sends of a cancelled message's members", n)
+	}
+	for _, req := range []store.SendRequest{repeated, sent} {
+		for _, o := range h.members(req) {
+			if o.State != record.StateClosed || o.Operator == nil || o.Operator.Op != record.ActionCancel {
+				t.Fatalf("member of an interrupted cancel: %+v", o)
+			}
+		}
+	}
+}
+
 // Retry makes an attempt at once instead of after the backoff.
 func TestRetryAttemptsAtOnce(t *testing.T) {
 	h := newHarness(t, Options{BackoffMin: 10 * time.Minute, BackoffMax: time.Hour}, store.Options{})

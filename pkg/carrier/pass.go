@@ -268,6 +268,20 @@ func (c *Carrier) leaseTx(tx *store.Tx, e *store.OutboxSummary, now int64, marke
 	if o.DeliveryDeadline <= now {
 		return closed, nil, c.closeTx(tx, o, now, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String())
 	}
+	// A member still pending of a cancelled message is what a cancel interrupted
+	// after the message's close leaves: never sent, closed as the cancel would have.
+	m, err := store.TxGet[*record.Message](tx, o.MessageID)
+	if err != nil {
+		return skipped, nil, err
+	}
+	if m != nil && m.Status == record.StatusClosed && m.ClosedBy == record.ClosedByCancelled {
+		o.State, o.LastError, o.Held, o.Lease, o.Operator = record.StateClosed, m.LastError, nil, nil, nil
+		if m.Operator != nil {
+			a := *m.Operator // the operator's cancel, not the carrier's decision
+			o.Operator = &a
+		}
+		return closed, nil, tx.Put(o)
+	}
 	if o.Held != nil || o.NextAttemptAt > now {
 		return skipped, nil, nil // held by an operator, or not due
 	}

@@ -98,6 +98,9 @@ const (
 	// CodeHoldIncomplete: a queued or relayed message and its pending envelopes
 	// disagree on the hold (an interrupted hold or release). Repair holds both.
 	CodeHoldIncomplete Code = "hold-incomplete"
+	// CodeCancelIncomplete: a pending envelope of a message closed by cancel (an
+	// interrupted cancel). Repair closes the envelope as the cancel would have.
+	CodeCancelIncomplete Code = "cancel-incomplete"
 )
 
 // Notes: facts worth knowing that are not damage. They never change the exit code and

@@ -878,6 +878,10 @@ func TestStateRepair(t *testing.T) {
 			if m.Held == nil || m.Held.Op != record.ActionHold || o.Held == nil || o.State != record.StatePending {
 				t.Errorf("msg-half-held: message held %v, other envelope held %v (%s): the repair must complete the hold", m.Held, o.Held, o.State)
 			}
+			if o := out("msg-half-cancelled/envelope/1"); o.State != record.StateClosed || o.Operator == nil ||
+				o.Operator.Op != record.ActionCancel || o.LastError != "cancelled by operator" {
+				t.Errorf("msg-half-cancelled's pending envelope: %+v: the repair must complete the cancel", o)
+			}
 		}
 	}
 }

@@ -73,6 +73,9 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 		out = append(out, stateRule{code: CodeCancelUnrecorded, severity: Note, path: msgPath,
 			why: "closed by cancel, but no operator's cancel is recorded on the message: who cancelled it cannot be told"})
 	}
+	if m.Status == record.StatusClosed && m.ClosedBy == record.ClosedByCancelled {
+		out = append(out, cancelIncomplete(msgPath, m.LastError, m.Operator, members)...)
+	}
 	if m.Status != record.StatusQueued && m.Status != record.StatusRelayed {
 		return out
 	}
@@ -98,11 +101,15 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 		c.Status, c.ClosedBy, c.LastError, c.Held = record.StatusClosed, f.ClosedBy, f.Reason, nil
 		c.Attempts = max(c.Attempts, f.Attempts)
 		c.UpdatedAt = max(nowMs, c.UpdatedAt, 1)
-		if f.ClosedBy == record.ClosedByCancelled {
-			c.Operator = cloneAction(f.Envelope.Operator)
-		}
-		return append(out, stateRule{code: CodeMessageNotClosed, severity: Problem, path: msgPath, why: why,
+		out = append(out, stateRule{code: CodeMessageNotClosed, severity: Problem, path: msgPath, why: why,
 			action: "close the message by " + f.ClosedBy + " with its envelope's reason, as the writer that closed the envelope would have", fixed: c})
+		if f.ClosedBy == record.ClosedByCancelled {
+			// The message closes by cancel: its other pending members too, in the
+			// same run.
+			c.Operator = cloneAction(f.Envelope.Operator)
+			out = append(out, cancelIncomplete(msgPath, c.LastError, c.Operator, members)...)
+		}
+		return out
 	case record.StatusRelayed:
 		c := record.Clone(m).(*record.Message)
 		c.Status = record.StatusRelayed
@@ -133,6 +140,25 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 				why:    "a pending envelope not held while its message " + msgPath + " or another of its envelopes is held: an interrupted hold or release",
 				action: "hold the envelope too, with its message's hold" + hint, fixed: c})
 		}
+	}
+	return out
+}
+
+// cancelIncomplete returns a rule for each pending member of a message closed (or
+// being closed) by cancel: a cancel closes the pending members with the message, and
+// a crash between their publications can keep the message's close and lose a
+// member's. Each is closed as the cancel would have (reason and operator's cancel).
+func cancelIncomplete(msgPath, reason string, cancel *record.Action, members []*record.Outbox) []stateRule {
+	var out []stateRule
+	for _, o := range members {
+		if o.State != record.StatePending {
+			continue
+		}
+		c := record.Clone(o).(*record.Outbox)
+		c.State, c.LastError, c.Held, c.Lease, c.Operator = record.StateClosed, reason, nil, nil, cloneAction(cancel)
+		out = append(out, stateRule{code: CodeCancelIncomplete, severity: Problem, path: record.Path(record.KindOutbox, o.EnvelopeID),
+			why:    "a pending envelope of the cancelled message " + msgPath + ": an interrupted cancel",
+			action: "close the envelope as the cancel would have (the carrier never sends it)", fixed: c})
 	}
 	return out
 }

@@ -64,7 +64,8 @@ type Outbox struct {
 	// envelope is held; settling or closing one clears it.
 	Held *Action `json:"held,omitempty"`
 	// Operator is the last operator action that changed this envelope (hold,
-	// release, cancel, retry); the carrier never writes one.
+	// release, cancel, retry); the carrier makes none (it copies a message's cancel
+	// onto a member an interrupted cancel left pending).
 	Operator       *Action         `json:"operator,omitempty"`
 	Envelope       json.RawMessage `json:"envelope"`
 	EnvelopeDigest string          `json:"envelopeDigest"`
@@ -81,7 +82,7 @@ const (
 
 // Action is one operator action as the records it changed keep it: which action, who
 // asked (the caller as the daemon identified it, e.g. "uid:1000"), when, and why. The
-// carrier never writes one, so a reader can tell an operator's decision from the
+// carrier makes none, so a reader can tell an operator's decision from the
 // carrier's own.
 type Action struct {
 	Op     string `json:"op"`
