@@ -8,7 +8,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // The operator's actions on the queue: hold, release, cancel, retry.
@@ -94,9 +96,15 @@ func (op actionOp) run(ctx context.Context, args []string, stdout, stderr io.Wri
 		return usageErrorf("%s: give message ids or --target URL, not both", op.name)
 	}
 	for _, id := range ids {
-		if id == "" {
+		switch {
+		case id == "":
 			return usageErrorf("%s: a message id is empty", op.name)
+		case !uuid.Valid(id):
+			return usageErrorf("%s: %q is not a message id (a lower-case UUID, as sealbridge send printed)", op.name, id)
 		}
+	}
+	if targetSet && !record.ValidRelayURL(*target) {
+		return usageErrorf("%s: --target %q is not an http(s) relay URL", op.name, *target)
 	}
 	if err := w.resolve(); err != nil {
 		return err

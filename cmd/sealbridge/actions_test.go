@@ -45,8 +45,13 @@ func TestQueueActionCommands(t *testing.T) {
 		{[]string{"hold"}, exitUsage, "", "give message ids or --target URL"},
 		{[]string{"hold", id, "--target", dead}, exitUsage, "", "not both"},
 		{[]string{"retry", "--target", ""}, exitUsage, "", "--target is empty"},
+		{[]string{"hold", "not-a-uuid"}, exitUsage, "", `"not-a-uuid" is not a message id`},
+		{[]string{"cancel", "--target", "ftp://relay"}, exitUsage, "", `--target "ftp://relay" is not an http(s) relay URL`},
 	} {
 		code, out, errs := sb(t, append(step.args, as...)...)
+		if step.args[0] == "status" && (!strings.Contains(out, "hold by uid:") || !strings.Contains(out, ": checking")) {
+			t.Errorf("status of a held message shows no hold by its caller with its reason:\n%s", out)
+		}
 		if code != step.code || !strings.HasPrefix(out, step.stdout) || !strings.Contains(errs, step.stderr) {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, stdout %q…, stderr with %q",
 				step.args, code, out, errs, step.code, step.stdout, step.stderr)

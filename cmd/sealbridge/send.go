@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // stdin is where send reads a body without --file (tests replace it).
@@ -93,7 +93,7 @@ func cmdSend(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if _, err := identity.ParseDID(*to); err != nil {
 		return usageErrorf("send: --to %q is not a valid did:key: %v", *to, err)
 	}
-	if u, err := url.Parse(*relayURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if !record.ValidRelayURL(*relayURL) {
 		return usageErrorf("send: --relay %q is not an http(s) URL", *relayURL)
 	}
 	body, err := readBody(*file)
@@ -330,6 +330,10 @@ func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	row("relay", m.RelayURL)
 	row("attempts", fmt.Sprint(m.Attempts))
 	row("next attempt", nextAttempt(m))
+	row("held", describeAction(m.Held))
+	if m.Operator != nil && m.Held == nil {
+		row("last action", describeAction(m.Operator))
+	}
 	row("created", formatTime(m.CreatedAt))
 	row("updated", formatTime(m.UpdatedAt))
 	row("deadline", formatTime(m.Deadline))
@@ -427,6 +431,19 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// describeAction is an operator's action as status shows it: which, by whom, when,
+// and why; "" for none.
+func describeAction(a *client.OperatorAction) string {
+	if a == nil {
+		return ""
+	}
+	s := a.Op + " by " + a.By + " at " + formatTime(a.At)
+	if a.Reason != "" {
+		s += ": " + a.Reason
+	}
+	return s
 }
 
 // nextAttempt is when a queued message's next attempt is due: a time, "now" if it

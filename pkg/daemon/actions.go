@@ -134,7 +134,7 @@ func actionSelector(req client.ActionRequest) (carrier.Selector, string) {
 		return carrier.Selector{}, fmt.Sprintf("reason over %d bytes", record.MaxActionReason)
 	case !utf8.ValidString(req.Reason) || strings.ContainsFunc(req.Reason, func(c rune) bool { return c < 0x20 || c == 0x7f }):
 		return carrier.Selector{}, "reason must be one line of text"
-	case req.Target != "" && !validRelayURL(req.Target):
+	case req.Target != "" && !record.ValidRelayURL(req.Target):
 		return carrier.Selector{}, "target must be an http(s) relay URL"
 	}
 	var ids []string

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -415,7 +414,7 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 	if _, err := identity.ParseDID(req.To); err != nil {
 		return codeBadRequest, "to must be a did:key of an Ed25519 key"
 	}
-	if !validRelayURL(req.RelayURL) {
+	if !record.ValidRelayURL(req.RelayURL) {
 		return codeBadRequest, "relayUrl must be an http(s) URL"
 	}
 	if len(req.Body) > envelope.MaxBodySize {
@@ -425,12 +424,6 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 		return errcode.OutboxDeadlineExpired.String(), "deadline is not in the future"
 	}
 	return "", ""
-}
-
-// validRelayURL reports whether s is a relay URL: http(s), a host, no user info.
-func validRelayURL(s string) bool {
-	u, err := url.Parse(s)
-	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil
 }
 
 func toClient(m *record.Message) client.Message {

@@ -360,9 +360,15 @@ func checkDID(field, v string) error {
 	return nil
 }
 
-func checkRelayURL(v string) error {
+// ValidRelayURL reports whether v is a relay URL as records keep it: http(s), a host,
+// no user info, at most 2048 bytes. The daemon's API and the CLI check with it.
+func ValidRelayURL(v string) bool {
 	u, err := url.Parse(v)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || len(v) > 2048 {
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil && len(v) <= 2048
+}
+
+func checkRelayURL(v string) error {
+	if !ValidRelayURL(v) {
 		return invalid("relayUrl is not an http(s) URL")
 	}
 	return nil
