@@ -273,33 +273,12 @@ func TestSIGKILLOperatorActions(t *testing.T) {
 		}
 		actors := 1 + rng.IntN(2)
 		delay := time.Duration(rng.IntN(100_000)) * time.Microsecond
-		var cmds []*exec.Cmd
-		var outs []*bufio.Scanner
-		for range actors {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashActorProcess$", "-test.count=1")
-			cmd.Env = append(os.Environ(), actorEnv+"="+dir)
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			sc := bufio.NewScanner(stdout)
-			if !sc.Scan() || sc.Text() != "ready" {
-				cmd.Process.Kill()
-				cmd.Wait()
-				fatal(round, "actor did not start: %q", sc.Text())
-			}
-			cmds, outs = append(cmds, cmd), append(outs, sc)
+		cmds, outs, failed := startChildren(t, "TestCrashActorProcess", actorEnv, dir, actors)
+		if failed != "" {
+			fatal(round, "actor did not start: %q", failed)
 		}
 		// Let them act for a random moment, then SIGKILL them all.
-		timer := time.NewTimer(delay)
-		<-timer.C
-		for _, cmd := range cmds {
-			cmd.Process.Signal(syscall.SIGKILL)
-			kills++
-		}
+		kills += killAfter(cmds, delay)
 		fresh := map[string]bool{}
 		for i, cmd := range cmds {
 			var other []string

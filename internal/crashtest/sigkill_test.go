@@ -69,34 +69,12 @@ func TestSIGKILLWriters(t *testing.T) {
 		// One or two writers at once.
 		writers := 1 + rng.IntN(2)
 		delay := time.Duration(rng.IntN(60_000)) * time.Microsecond
-		var cmds []*exec.Cmd
-		var outs []*bufio.Scanner
-		for range writers {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashWriterProcess$", "-test.count=1")
-			cmd.Env = append(os.Environ(), writerEnv+"="+dir)
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			cmd.Stderr = nil
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			sc := bufio.NewScanner(stdout)
-			if !sc.Scan() || sc.Text() != "ready" {
-				cmd.Process.Kill()
-				cmd.Wait()
-				t.Fatalf("seed %d round %d: writer did not start: %q", seed, round, sc.Text())
-			}
-			cmds, outs = append(cmds, cmd), append(outs, sc)
+		cmds, outs, failed := startChildren(t, "TestCrashWriterProcess", writerEnv, dir, writers)
+		if failed != "" {
+			t.Fatalf("seed %d round %d: writer did not start: %q", seed, round, failed)
 		}
 		// Let them write for a random moment, then SIGKILL them all.
-		timer := time.NewTimer(delay)
-		<-timer.C
-		for _, cmd := range cmds {
-			cmd.Process.Signal(syscall.SIGKILL)
-			kills++
-		}
+		kills += killAfter(cmds, delay)
 		var fresh []string
 		for i, cmd := range cmds {
 			for outs[i].Scan() {
@@ -144,4 +122,45 @@ func TestSIGKILLWriters(t *testing.T) {
 	if len(acked) == 0 {
 		t.Fatal("no message was ever acknowledged: the kills came too early to test anything")
 	}
+}
+
+// startChildren starts n processes of this test binary running only the test named
+// run, with env=dir in their environment, and waits for each to print "ready". It
+// returns them and their stdout scanners, or what one printed instead of "ready"
+// (all started are killed then).
+func startChildren(t *testing.T, run, env, dir string, n int) ([]*exec.Cmd, []*bufio.Scanner, string) {
+	t.Helper()
+	var cmds []*exec.Cmd
+	var outs []*bufio.Scanner
+	for range n {
+		cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
+		cmd.Env = append(os.Environ(), env+"="+dir)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(stdout)
+		cmds, outs = append(cmds, cmd), append(outs, sc)
+		if !sc.Scan() || sc.Text() != "ready" {
+			for _, c := range cmds {
+				c.Process.Kill()
+				c.Wait()
+			}
+			return nil, nil, sc.Text()
+		}
+	}
+	return cmds, outs, ""
+}
+
+// killAfter waits delay (the random moment of the crash), then SIGKILLs cmds; it
+// returns how many it killed.
+func killAfter(cmds []*exec.Cmd, delay time.Duration) int {
+	<-time.NewTimer(delay).C
+	for _, cmd := range cmds {
+		cmd.Process.Signal(syscall.SIGKILL)
+	}
+	return len(cmds)
 }

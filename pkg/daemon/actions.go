@@ -6,9 +6,7 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -64,23 +62,8 @@ func caller(r *http.Request) string {
 // serveAction returns the handler of POST /v1/queue/<op>.
 func (d *Daemon) serveAction(op string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-			writeError(w, http.StatusUnsupportedMediaType, codeUnsupported, "send application/json")
-			return
-		}
-		data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxActionBytes))
-		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body over %d bytes", maxActionBytes))
-				return
-			}
-			writeError(w, http.StatusBadRequest, codeBadRequest, "reading the request: "+err.Error())
-			return
-		}
 		var req client.ActionRequest
-		if err := decodeBody(data, &req); err != nil {
-			writeError(w, http.StatusBadRequest, codeBadRequest, "request must be one JSON object {messageIds | target, reason}: "+err.Error())
+		if !readBody(w, r, maxActionBytes, &req, "{messageIds | target, reason}") {
 			return
 		}
 		sel, msg := actionSelector(req)

@@ -252,28 +252,13 @@ type response struct {
 }
 
 func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		writeError(w, http.StatusUnsupportedMediaType, codeUnsupported, "send application/json")
-		return
-	}
 	key := r.Header.Get("Idempotency-Key")
 	if len(key) > maxIdempotencyKey || strings.ContainsFunc(key, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("Idempotency-Key must be 1..%d printable ASCII characters", maxIdempotencyKey))
 		return
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body over %d bytes", maxRequestBytes))
-			return
-		}
-		writeError(w, http.StatusBadRequest, codeBadRequest, "reading the request: "+err.Error())
-		return
-	}
 	var req client.SendRequest
-	if err := decodeBody(data, &req); err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "request must be one JSON object {to, relayUrl, body, deadline}: "+err.Error())
+	if !readBody(w, r, maxRequestBytes, &req, "{to, relayUrl, body, deadline}") {
 		return
 	}
 	canonical, _ := json.Marshal(req)
@@ -372,6 +357,31 @@ func (d *Daemon) acceptedOperation(key string, canonical []byte) (string, *recor
 	}
 	m, err := d.st.AcceptedMessage(b.OperationID)
 	return b.OperationID, m, err
+}
+
+// readBody reads r's body, at most limit bytes of application/json, into v with the
+// strict decoder; on failure it answers the request (415, 413 or 400, saying the
+// expected shape) and returns false.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, v any, shape string) bool {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		writeError(w, http.StatusUnsupportedMediaType, codeUnsupported, "send application/json")
+		return false
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body over %d bytes", limit))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, codeBadRequest, "reading the request: "+err.Error())
+		return false
+	}
+	if err := decodeBody(data, v); err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "request must be one JSON object "+shape+": "+err.Error())
+		return false
+	}
+	return true
 }
 
 // send makes sure message msgID exists: already stored, an interrupted enqueue
