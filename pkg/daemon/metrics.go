@@ -23,6 +23,9 @@ type metrics struct {
 	storeErrors *prometheus.CounterVec // the API's and maintenance's store errors
 	// inboxRefused counts refused inbound envelopes by reason (record.RefusalReasons).
 	inboxRefused *prometheus.CounterVec
+	// refusalsNotKept counts refused envelopes counted but not kept (the bound on
+	// refusals records was reached).
+	refusalsNotKept prometheus.Counter
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -38,11 +41,13 @@ func newMetrics(d *Daemon) *metrics {
 			Help: "Store errors met by the API and the daemon's background loops (startup, change detector, inbox, maintenance), by error code."}, []string{"code"}),
 		inboxRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sealbridge_inbox_refused_envelopes_total",
 			Help: "Inbound envelopes the daemon refused (kept in GET /v1/inbox/refused), by reason."}, []string{"reason"}),
+		refusalsNotKept: prometheus.NewCounter(prometheus.CounterOpts{Name: "sealbridge_inbox_refusals_not_kept_total",
+			Help: "Refused inbound envelopes not kept as evidence because the store holds the most refusals it keeps (10,000)."}),
 	}
 	for _, r := range record.RefusalReasons {
 		m.inboxRefused.WithLabelValues(r) // every reason shows, at 0
 	}
-	m.reg.MustRegister(m.requests, m.enqueue, m.refused, m.storeErrors, m.inboxRefused,
+	m.reg.MustRegister(m.requests, m.enqueue, m.refused, m.storeErrors, m.inboxRefused, m.refusalsNotKept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&scrape{d: d})
 	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sealbridge_build_info", Help: "Build information.",

@@ -14,6 +14,10 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
+// maxRefusalRecords bounds the refusals records a store keeps (each is removed after
+// the closed retention); beyond it a refused envelope is only counted.
+var maxRefusalRecords = 10_000
+
 // refusalReason is the reason code of an error of envelope.Parse, CheckRecipient or
 // CheckDeadline.
 func refusalReason(err error) string {
@@ -53,7 +57,20 @@ func (f *follower) refuse(ctx context.Context, ie relayproto.InboxEnvelope, env 
 			rf.Envelope = nil // not a compact object: the digest and size are the evidence
 		}
 	}
-	err := d.st.Transaction(ctx, func(tx *store.Tx) error {
+	ids, err := d.st.List(record.KindRefusals)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(ids) >= maxRefusalRecords {
+		// A sender flooding the inbox with what it knows will be refused must not
+		// grow the store without bound: counted, logged, not kept.
+		d.m.inboxRefused.WithLabelValues(reason).Inc()
+		d.m.refusalsNotKept.Inc()
+		d.log.Warn("inbox: refused an envelope, not kept: the store holds the most refusals it keeps",
+			append([]any{"envelope", ie.EnvelopeID, "reason", reason, "kept", len(ids), "err", why}, attrs...)...)
+		return nil, true, nil
+	}
+	err = d.st.Transaction(ctx, func(tx *store.Tx) error {
 		prev, err := store.TxGet[*record.Refusal](tx, rf.RefusalID)
 		if err != nil || prev != nil {
 			return err // refused before: one record of the bytes

@@ -112,3 +112,31 @@ func TestRefusedEnvelopesLeaveEvidence(t *testing.T) {
 		}
 	}
 }
+
+// A sender flooding an inbox with envelopes that will be refused does not grow the
+// store without bound: past maxRefusalRecords a refusal is counted, acknowledged and
+// not kept.
+func TestRefusalsBounded(t *testing.T) {
+	defer func(n int) { maxRefusalRecords = n }(maxRefusalRecords)
+	maxRefusalRecords = 2
+	ctx := context.Background()
+	b := startInbound(t, t.TempDir(), "bob", newTestRelay(t))
+	var f *follower
+	eventually(t, 30*time.Second, "bob's follower", func() (bool, string) { f = b.inbound(); return f != nil, "none" })
+	for i := range 5 {
+		raw := []byte(`{"v":1,"payload":{"envelopeId":"not-a-uuid-` + string(rune('a'+i)) + `"}}`)
+		if p, ack, err := f.processEnvelope(ctx, relayproto.InboxEnvelope{EnvelopeID: uuid.NewString(), Envelope: raw}); err != nil || !ack || p != nil {
+			t.Fatalf("refusal %d: pending %v, ack %v, err %v; want acknowledged", i, p, ack, err)
+		}
+	}
+	if got := countKind(t, b, record.KindRefusals); got != 2 {
+		t.Fatalf("%d refusals kept, want the bound, 2", got)
+	}
+	rec := httptest.NewRecorder()
+	b.m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, want := range []string{`sealbridge_inbox_refused_envelopes_total{reason="malformed"} 5`, `sealbridge_inbox_refusals_not_kept_total 3`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Fatalf("metrics lack %s", want)
+		}
+	}
+}
