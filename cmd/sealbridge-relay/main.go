@@ -1,6 +1,6 @@
 // Command sealbridge-relay runs sealbridge's reference relay (docs/RELAY.md).
 //
-//	sealbridge-relay [--listen 127.0.0.1:8470] [--home DIR] [--identity-file FILE]
+//	sealbridge-relay [--listen 127.0.0.1:8470] [--home DIR] [--identity-file FILE] [limit flags]
 //	sealbridge-relay --version
 //
 // On first start it creates the relay identity (a PKCS#8 PEM key file, mode
@@ -41,7 +41,7 @@ func main() {
 }
 
 const usage = `usage: sealbridge-relay [--listen ADDR] [--home DIR] [--identity-file FILE]
-                        [--log-format text|json] [--log-level L]
+                        [--log-format text|json] [--log-level L] [limit flags]
        sealbridge-relay --version
 
 Runs sealbridge's reference relay (docs/RELAY.md) in the foreground: it prints
@@ -57,6 +57,8 @@ error; SIGTERM or SIGINT stops it gracefully. "sealbridge relay" runs the same r
   --log-level LEVEL     debug, info, warn or error (default info)
   --version             print the version and exit
 
+Limits (docs/RELAY.md "Limits"):
+` + relay.LimitFlagsUsage + `
 Examples:
   sealbridge-relay --home ~/sb-relay
   sealbridge-relay --listen 0.0.0.0:8470 --home /var/lib/sealbridge-relay --log-format json
@@ -90,6 +92,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cli.HomeFlag(fs, &home)
 	cli.NonEmptyVar(fs, &idFile, "identity-file", "")
 	logFlags := cli.AddLogFlags(fs)
+	limitFlags := relay.AddLimitFlags(fs)
 	showVersion := fs.Bool("version", false, "")
 	pos, err := cli.ParseFlags(fs, args)
 	if err != nil {
@@ -101,6 +104,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if len(pos) > 0 {
 		return cli.Usagef("unexpected argument %q: sealbridge-relay takes flags only", pos[0])
+	}
+	if err := limitFlags.Check(); err != nil {
+		return cli.AsUsage(err)
 	}
 	log, err := logFlags.Logger(stderr)
 	if err != nil {
@@ -126,7 +132,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if created {
 		log.Info("relay: created identity", "file", idFile, "did", string(id.DID()))
 	}
-	r, err := relay.New(relay.Options{Identity: id, Home: root, Logger: log})
+	r, err := relay.New(relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits})
 	if err != nil {
 		return err
 	}
@@ -135,6 +141,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return errcode.WithHint(err, "choose another address with --listen (port 0 picks a free one)")
 	}
+	ln = relay.LimitListener(ln, limitFlags.MaxConns)
 	srv := &http.Server{
 		Handler:           r.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -49,6 +49,10 @@ func TestUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--home", ""}, {"--home="}, {"--listen", ""}, {"--identity-file", ""}, {"--nope"},
 		{"--home", t.TempDir(), "extra"}, {"--log-format", "xml"}, {"--log-level", "loud"},
+		// The limits refuse nonsense, alone or together.
+		{"--quota-envelopes", "-1"}, {"--quota-envelopes", "many"}, {"--quota-bytes", "1000"},
+		{"--sender-rate", "-2"}, {"--sender-rate", "NaN"}, {"--sender-burst", "5"},
+		{"--expire-every", "-1s"}, {"--expire-every", "1ms"}, {"--max-conns", "-3"}, {"--allow-list=maybe"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(ctx, append([]string{"--listen=127.0.0.1:0"}, args...), &out, &errb)
@@ -56,6 +60,19 @@ func TestUsageErrors(t *testing.T) {
 			!strings.Contains(errb.String(), "sealbridge-relay: hint: run 'sealbridge-relay --help' for usage") {
 			t.Errorf("%q: exit %d, stderr %q: want a usage error", args, code, errb.String())
 		}
+	}
+}
+
+// Sensible limits start the relay (it stops at once on the cancelled context).
+func TestLimitFlagsAccepted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errb bytes.Buffer
+	code := run(ctx, []string{"--listen=127.0.0.1:0", "--home", t.TempDir(), "--quota-envelopes", "1000",
+		"--quota-bytes", "67108864", "--sender-rate", "2.5", "--sender-burst", "10", "--allow-list",
+		"--expire-every", "30s", "--max-conns", "512"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 }
 

@@ -21,15 +21,19 @@ import (
 // sealbridge-relay uses, so both serve the same relay from one directory).
 const relayKeyFile = "relay-identity.pem"
 
-// cmdRelay: sealbridge relay [--listen 127.0.0.1:8470] [--home DIR] [--log-format F] [--log-level L]
+// cmdRelay: sealbridge relay [--listen 127.0.0.1:8470] [--home DIR] [--log-format F] [--log-level L] [limit flags]
 func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("relay")
 	var listen, home string
 	cli.NonEmptyVar(fs, &listen, "listen", relay.DefaultListen)
 	cli.HomeFlag(fs, &home)
 	logFlags := cli.AddLogFlags(fs)
+	limitFlags := relay.AddLimitFlags(fs)
 	if err := noArgs(fs, args); err != nil {
 		return err
+	}
+	if err := limitFlags.Check(); err != nil {
+		return cli.AsUsage(err)
 	}
 	log, err := logFlags.Logger(stderr)
 	if err != nil {
@@ -53,7 +57,7 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if created {
 		log.Info("relay: created identity", "file", keyFile, "did", string(id.DID()))
 	}
-	r, err := relay.New(relay.Options{Identity: id, Home: root, Logger: log})
+	r, err := relay.New(relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits})
 	if err != nil {
 		return err
 	}
@@ -62,6 +66,7 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return withHint(err, "choose another address with --listen (port 0 picks a free one)")
 	}
+	ln = relay.LimitListener(ln, limitFlags.MaxConns)
 	srv := newRelayServer(r, log)
 	fmt.Fprintf(stdout, "listening http://%s\n", ln.Addr())
 	fmt.Fprintf(stdout, "relay %s\n", id.DID())

@@ -1,5 +1,7 @@
 package main
 
+import "github.com/sealbridge/sealbridge/pkg/relay"
+
 // exitStatus ends every usage text.
 const exitStatus = `Exit status:
   0   success
@@ -124,7 +126,7 @@ Examples:
   sealbridge watch --home ~/sb --identity alice --topics messages
 `,
 	"relay": `usage: sealbridge relay [--listen 127.0.0.1:8470] [--home DIR]
-                        [--log-format text|json] [--log-level L]
+                        [--log-format text|json] [--log-level L] [limit flags]
 
 Runs a reference relay in the foreground (the same relay as sealbridge-relay). Its
 key is <home>/relay-identity.pem, created on first start. It prints
@@ -136,6 +138,8 @@ key is <home>/relay-identity.pem, created on first start. It prints
   --log-format FORMAT  text or json (default text)
   --log-level LEVEL    debug, info, warn or error (default info)
 
+Limits (docs/RELAY.md "Limits"):
+` + relay.LimitFlagsUsage + `
 Examples:
   sealbridge relay --listen 127.0.0.1:8470 --home ~/sb-relay
 `,

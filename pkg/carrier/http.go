@@ -209,6 +209,7 @@ func (t *HTTPTransport) SendBatch(ctx context.Context, relayURL string, envs [][
 			r.Outcome, r.Err = Failed, fmt.Errorf("HTTP 200 (batch): %w", a.Err)
 		case a.Refusal != nil:
 			r.Status = a.Refusal.Status
+			r.RetryAfter = time.Duration(a.Refusal.RetryAfter) * time.Second
 			if code := a.Refusal.Status; code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500 {
 				r.Outcome = Failed
 			} else {

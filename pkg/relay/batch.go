@@ -62,6 +62,8 @@ type batchItem struct {
 	name   string
 	seq    uint64
 	staged *fsx.Staged
+	// res is a new envelope's claim on its recipient's quota (admit).
+	res *reservation
 }
 
 // AcceptBatch verifies and stores up to relayproto.MaxBatchEnvelopes wire
@@ -139,6 +141,14 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 			r.count(func(s *Stats) { s.Refused++ })
 			continue
 		}
+		res, lerr := r.admit(env, len(wires[i]))
+		if lerr != nil {
+			it.refuse(lerr)
+			r.count(func(s *Stats) { s.Refused++ })
+			continue
+		}
+		defer r.release(res)
+		it.res = res
 		firstNew[env.ID()] = i
 		fresh = append(fresh, it)
 	}
@@ -164,7 +174,8 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 }
 
 func (it *batchItem) refuse(e *relayproto.Error) {
-	it.result = relayproto.BatchResult{Outcome: relayproto.BatchRefused, Status: e.Status, Code: e.Code, Message: e.Message}
+	it.result = relayproto.BatchResult{Outcome: relayproto.BatchRefused, Status: e.Status, Code: e.Code, Message: e.Message,
+		RetryAfter: e.RetryAfter}
 }
 
 // commitBatch writes the new envelopes of a batch: files staged, published,
@@ -275,6 +286,7 @@ func (r *Relay) commitBatch(ctx context.Context, wires [][]byte, items, fresh []
 			if cur, gerr := store.GetAs[*record.Receipt](r.st, it.rec.RecordID()); gerr == nil && cur != nil && cur.EnvelopeDigest == it.env.Digest() {
 				r.mu.Lock()
 				r.insert(r.entryOf(it, len(wires[index[it]])))
+				r.settleLocked(it.res)
 				r.mu.Unlock()
 				continue
 			}
@@ -294,6 +306,7 @@ func (r *Relay) commitBatch(ctx context.Context, wires [][]byte, items, fresh []
 	r.mu.Lock()
 	for _, it := range fresh {
 		r.insert(r.entryOf(it, len(wires[index[it]])))
+		r.settleLocked(it.res)
 	}
 	r.stats.Accepted += int64(len(fresh))
 	r.mu.Unlock()
@@ -314,5 +327,5 @@ func (r *Relay) commitBatch(ctx context.Context, wires [][]byte, items, fresh []
 
 func (r *Relay) entryOf(it *batchItem, size int) *entry {
 	return &entry{seq: it.seq, envelopeID: it.env.ID(), digest: it.env.Digest(), receivedAt: it.rec.ReceivedAt,
-		size: size, file: path.Join(it.rdir, it.name), recipient: it.rdir}
+		size: size, deadline: it.env.DeliveryDeadlineMillis(), file: path.Join(it.rdir, it.name), recipient: it.rdir}
 }

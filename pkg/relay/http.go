@@ -28,6 +28,8 @@ func (r *Relay) Handler() http.Handler {
 			status, err = r.only(w, req, http.MethodGet, r.serveInbox)
 		case relayproto.PathInboxAck:
 			status, err = r.only(w, req, http.MethodPost, r.serveAck)
+		case relayproto.PathRecipientsRegister, relayproto.PathRecipientsUnregister:
+			status, err = r.only(w, req, http.MethodPost, r.serveRegister)
 		default:
 			err = newError(http.StatusNotFound, relayproto.CodeNotFound, "no such endpoint")
 		}
@@ -163,6 +165,34 @@ func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) 
 		return 0, err
 	}
 	data, _ := json.Marshal(relayproto.AckResponse{Acknowledged: n})
+	writeJSONBytes(w, http.StatusOK, data)
+	return http.StatusOK, nil
+}
+
+// serveRegister adds the signing recipient to the allow-list, or removes it.
+func (r *Relay) serveRegister(w http.ResponseWriter, req *http.Request) (int, error) {
+	body, e := readBody(w, req, relayproto.MaxAckBodySize, relayproto.CodeBodyTooLarge)
+	if e != nil {
+		return 0, e
+	}
+	did, e := r.authenticate(req, body)
+	if e != nil {
+		return 0, e
+	}
+	if len(body) != 0 || req.URL.RawQuery != "" {
+		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "a registration has no body and no query")
+	}
+	register := req.URL.Path == relayproto.PathRecipientsRegister
+	var err error
+	if register {
+		err = r.Register(did)
+	} else {
+		err = r.Unregister(did)
+	}
+	if err != nil {
+		return 0, err
+	}
+	data, _ := json.Marshal(relayproto.RegisterResponse{Registered: register})
 	writeJSONBytes(w, http.StatusOK, data)
 	return http.StatusOK, nil
 }

@@ -69,9 +69,12 @@ type Options struct {
 	// Home is the data root: the store is <Home>/delivery/<hex sha256(DID)>
 	// (store.Options.Home) and the inboxes <Home>/relay/<hex sha256(DID)>.
 	Home string
-	// Now is the clock (default time.Now). Only the package's tests set it, to
-	// step a fake clock across the signed-request window and dedupe retention.
+	// Now is the clock (default time.Now). Only tests set it, to step a fake
+	// clock across the signed-request window, dedupe retention, deadlines and
+	// the sender rate.
 	Now func() time.Time
+	// Limits bound what the relay accepts and keeps (the zero value: nothing).
+	Limits Limits
 	// Logger receives one line per request outcome (default slog.Default()).
 	// It never sees payloads or keys.
 	Logger *slog.Logger
@@ -93,6 +96,11 @@ type Stats struct {
 	Conflicts  int64 // same envelopeId, other digest (409)
 	Refused    int64 // other 4xx answers to POST /v1/envelopes
 	Acked      int64 // envelopes removed from inboxes by acknowledgements
+	// Limits (Options.Limits): refusals and removals.
+	OverQuota   int64 // 429 RELAY_QUOTA
+	RateLimited int64 // 429 RELAY_RATE_LIMITED
+	NotAllowed  int64 // 403 RECIPIENT_NOT_ALLOWED
+	Expired     int64 // envelopes removed from inboxes past their deadline
 }
 
 // Relay is the reference relay. Its Handler is safe for concurrent use; one
@@ -116,6 +124,14 @@ type Relay struct {
 	inflight map[uint64]struct{} // sequence numbers being written
 	lastSeq  uint64
 	stats    Stats
+	reserved map[string]usage // recipient dir name → quota held by accepts in flight
+	allowed  map[string]bool  // recipient dir names registered (the allow-list)
+
+	limits    Limits
+	rate      *senderRate
+	regMu     sync.Mutex // serializes registrations
+	stopMaint chan struct{}
+	maintDone chan struct{}
 
 	nonces nonceCache
 }
@@ -124,6 +140,7 @@ type Relay struct {
 type inbox struct {
 	dir     string
 	entries []*entry
+	bytes   int64 // the sum of the entries' sizes
 }
 
 // entry is one waiting envelope.
@@ -133,6 +150,7 @@ type entry struct {
 	digest     string
 	receivedAt int64
 	size       int
+	deadline   int64  // delivery deadline, Unix ms: never served at or after it
 	file       string // name of the envelope file in r.fs: "<recipient dir>/<file name>"
 	recipient  string // recipient dir name
 }
@@ -149,9 +167,14 @@ func New(opts Options) (*Relay, error) {
 	if opts.Home == "" {
 		return nil, errors.New("relay: Options.Home is required")
 	}
+	if err := opts.Limits.Check(); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
 	r := &Relay{
 		id: opts.Identity, now: opts.Now, log: opts.Logger, onAccept: opts.OnAccept,
 		inboxes: map[string]*inbox{}, byID: map[string]*entry{}, inflight: map[uint64]struct{}{},
+		reserved: map[string]usage{}, allowed: map[string]bool{},
+		limits: opts.Limits, rate: newSenderRate(opts.Limits),
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -188,6 +211,14 @@ func New(opts Options) (*Relay, error) {
 		r.lockFile.Close()
 		return nil, err
 	}
+	if err := r.loadRegistry(); err != nil {
+		r.lockFile.Close()
+		return nil, err
+	}
+	if opts.Limits.ExpireEvery > 0 {
+		r.stopMaint, r.maintDone = make(chan struct{}), make(chan struct{})
+		go r.maintain(opts.Limits.ExpireEvery, r.stopMaint, r.maintDone)
+	}
 	return r, nil
 }
 
@@ -198,8 +229,14 @@ func (r *Relay) Stats() Stats {
 	return r.stats
 }
 
-// Close releases the inbox directory. Stop serving the Handler first.
+// Close stops the maintenance pass and releases the inbox directory. Stop
+// serving the Handler first.
 func (r *Relay) Close() error {
+	if r.stopMaint != nil {
+		close(r.stopMaint)
+		<-r.maintDone
+		r.stopMaint = nil
+	}
 	if r.lockFile == nil {
 		return nil
 	}
@@ -295,7 +332,7 @@ func (r *Relay) load(ctx context.Context) error {
 				continue
 			}
 			e := &entry{seq: seq, envelopeID: envID, digest: env.Digest(), receivedAt: rec.ReceivedAt,
-				size: len(data), file: file, recipient: rdir}
+				size: len(data), deadline: env.DeliveryDeadlineMillis(), file: file, recipient: rdir}
 			r.insert(e)
 			r.lastSeq = max(r.lastSeq, seq)
 			loaded++
@@ -335,6 +372,7 @@ func (r *Relay) insert(e *entry) {
 		return 0
 	})
 	ib.entries = slices.Insert(ib.entries, i, e)
+	ib.bytes += int64(e.size)
 	r.byID[e.envelopeID] = e
 }
 
@@ -418,6 +456,11 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	if err := env.CheckDeadline(now); err != nil {
 		return nil, envelopeError(err)
 	}
+	res, lerr := r.admit(env, len(data))
+	if lerr != nil {
+		return nil, lerr
+	}
+	defer r.release(res)
 
 	seq, done := r.allocSeq()
 	defer done()
@@ -443,13 +486,14 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 		return tx.Put(rec)
 	})
 	e := &entry{seq: seq, envelopeID: env.ID(), digest: env.Digest(), receivedAt: rec.ReceivedAt,
-		size: len(data), file: path.Join(rdir, name), recipient: rdir}
+		size: len(data), deadline: env.DeliveryDeadlineMillis(), file: path.Join(rdir, name), recipient: rdir}
 	if err != nil {
 		// Keep the file only if the record made it to disk after all (a
 		// failure after publication): it is then the envelope the record names.
 		if cur, gerr := store.GetAs[*record.Receipt](r.st, rid); gerr == nil && cur != nil && cur.EnvelopeDigest == env.Digest() {
 			r.mu.Lock()
 			r.insert(e)
+			r.settleLocked(res)
 			r.mu.Unlock()
 		} else {
 			_ = fsx.RemoveFile(r.fs, rdir, name)
@@ -461,6 +505,7 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	}
 	r.mu.Lock()
 	r.insert(e)
+	r.settleLocked(res)
 	r.stats.Accepted++
 	r.mu.Unlock()
 	receipt, err := r.signReceipt(rec)
@@ -511,6 +556,7 @@ func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relaypr
 		limit = relayproto.DefaultFetchLimit
 	}
 	limit = min(limit, relayproto.MaxFetchLimit)
+	nowMs := r.now().UnixMilli()
 	r.mu.Lock()
 	var pick []*entry
 	more := false
@@ -528,6 +574,9 @@ func (r *Relay) Fetch(recipient identity.DID, after uint64, limit int) (*relaypr
 		bytes := 0
 		for ; i < len(ib.entries) && ib.entries[i].seq < below; i++ {
 			e := ib.entries[i]
+			if e.deadline <= nowMs {
+				continue // expired: never served, removed by Expire
+			}
 			if len(pick) == limit || (len(pick) > 0 && bytes+e.size > maxPageBytes) {
 				more = true
 				break
@@ -569,21 +618,26 @@ func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 			if e == nil || e.recipient != rdir {
 				continue
 			}
-			delete(r.byID, id)
+			delete(r.byID, id) // an id listed twice is removed once
 			gone = append(gone, e)
 		}
-		if len(gone) > 0 {
-			ib.entries = slices.DeleteFunc(ib.entries, func(e *entry) bool { return r.byID[e.envelopeID] != e })
-		}
-		if len(ib.entries) == 0 {
-			delete(r.inboxes, rdir)
-		}
+		r.unlinkLocked(rdir, ib, gone)
 	}
 	r.stats.Acked += int64(len(gone))
 	r.mu.Unlock()
 	if len(gone) == 0 {
 		return 0, nil
 	}
+	if err := r.removeEntries(ctx, rdir, gone, "ACKNOWLEDGED"); err != nil {
+		return 0, err
+	}
+	return len(gone), nil
+}
+
+// removeEntries removes the files of gone, entries of inbox rdir already taken
+// out of it, fsyncs the inbox directory, then raises their receipt records to
+// terminal with outcome code: an Ack's or Expire's durable removal.
+func (r *Relay) removeEntries(ctx context.Context, rdir string, gone []*entry, outcome string) error {
 	var firstErr error
 	for _, e := range gone {
 		if err := r.fs.Remove(e.file); err != nil && !errors.Is(err, os.ErrNotExist) && firstErr == nil {
@@ -594,7 +648,7 @@ func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 		firstErr = err
 	}
 	if firstErr != nil {
-		return 0, unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", firstErr)
+		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", firstErr)
 	}
 	// The files are gone: the records must follow even if the caller has gone
 	// away meanwhile (a client that disconnects, a server shutting down), so
@@ -610,7 +664,7 @@ func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 				continue
 			}
 			rec.State = record.ReceiptTerminal
-			rec.OutcomeCode = "ACKNOWLEDGED"
+			rec.OutcomeCode = outcome
 			if err := tx.Put(rec); err != nil {
 				return err
 			}
@@ -618,9 +672,9 @@ func (r *Relay) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 		return nil
 	})
 	if err != nil {
-		r.log.Warn("relay: acknowledged envelopes removed, receipt records not updated", "count", len(gone), "err", err)
+		r.log.Warn("relay: envelopes removed, receipt records not updated", "outcome", outcome, "count", len(gone), "err", err)
 	}
-	return len(gone), nil
+	return nil
 }
 
 // ackRecordTimeout bounds the receipt-record update of an Ack, which runs to the

@@ -56,10 +56,14 @@ type env struct {
 	srv    *httptest.Server
 	client *relayproto.Client
 	relID  *identity.Identity
+	limits relay.Limits // the relay's limits on (re)start
 }
 
-func newEnv(t *testing.T) *env {
-	e := &env{t: t, home: t.TempDir(), clock: newFakeClock(time.UnixMilli(1_767_225_600_000)), relID: ident(t, 9)}
+func newEnv(t *testing.T) *env { return newLimitedEnv(t, relay.Limits{}) }
+
+// newLimitedEnv is newEnv with a relay that has limits l.
+func newLimitedEnv(t *testing.T, l relay.Limits) *env {
+	e := &env{t: t, home: t.TempDir(), clock: newFakeClock(time.UnixMilli(1_767_225_600_000)), relID: ident(t, 9), limits: l}
 	e.start()
 	t.Cleanup(e.stop)
 	return e
@@ -67,7 +71,7 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) start() {
 	e.t.Helper()
-	r, err := relay.New(relay.Options{Identity: e.relID, Home: e.home, Now: e.clock.Now, Logger: quiet})
+	r, err := relay.New(relay.Options{Identity: e.relID, Home: e.home, Now: e.clock.Now, Logger: quiet, Limits: e.limits})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -158,7 +158,8 @@ func batchAnswer(wire []byte, r BatchResult) BatchAnswer {
 		if r.Status < 400 || r.Status > 599 || r.Code == "" {
 			return BatchAnswer{Err: fmt.Errorf("relay: refusal without an error status and code (%d)", r.Status)}
 		}
-		return BatchAnswer{Outcome: r.Outcome, Refusal: &Error{Status: r.Status, Code: r.Code, Message: r.Message}}
+		return BatchAnswer{Outcome: r.Outcome, Refusal: &Error{Status: r.Status, Code: r.Code, Message: r.Message,
+			RetryAfter: max(r.RetryAfter, 0)}}
 	}
 	return BatchAnswer{Err: errors.New("relay: unknown batch outcome")}
 }
@@ -225,4 +226,40 @@ func (c *Client) Ack(ctx context.Context, id *identity.Identity, envelopeIDs []s
 		return 0, fmt.Errorf("relay: bad ack response: %w", err)
 	}
 	return resp.Acknowledged, nil
+}
+
+// Register adds id to the relay's allow-list of recipients (a relay without
+// one accepts envelopes for every recipient anyway); Unregister removes it.
+// Both are signed as the inbox requests are, and idempotent.
+func (c *Client) Register(ctx context.Context, id *identity.Identity) error {
+	return c.register(ctx, id, PathRecipientsRegister, true)
+}
+
+// Unregister removes id from the relay's allow-list: the relay then refuses
+// new envelopes for it (403 RECIPIENT_NOT_ALLOWED) when its allow-list is on.
+// Envelopes already in its inbox stay there to be fetched.
+func (c *Client) Unregister(ctx context.Context, id *identity.Identity) error {
+	return c.register(ctx, id, PathRecipientsUnregister, false)
+}
+
+func (c *Client) register(ctx context.Context, id *identity.Identity, p string, want bool) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+p, nil)
+	if err != nil {
+		return err
+	}
+	if err := SignInboxRequest(req, id, c.now()); err != nil {
+		return err
+	}
+	body, err := c.do(req, maxAckAnswer)
+	if err != nil {
+		return err
+	}
+	var resp RegisterResponse
+	if err := json.Unmarshal(body, &resp); err != nil {
+		return fmt.Errorf("relay: bad registration answer: %w", err)
+	}
+	if resp.Registered != want {
+		return fmt.Errorf("relay: registration answer says registered=%v", resp.Registered)
+	}
+	return nil
 }

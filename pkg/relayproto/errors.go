@@ -14,7 +14,7 @@ type Error struct {
 	Status  int    `json:"-"`
 	Code    string `json:"code"`
 	Message string `json:"message"`
-	// RetryAfter, in seconds, is sent as Retry-After with 503s.
+	// RetryAfter, in seconds, is sent as Retry-After with 503s and 429s.
 	RetryAfter int `json:"-"`
 	// Cause is what made the relay answer so, for the relay's own logs; it is
 	// never sent, so a client's Error has none.
@@ -44,7 +44,16 @@ const (
 	CodeAuthNonceReplayed = "AUTH_NONCE_REPLAYED"
 	CodeAuthSignature     = "AUTH_SIGNATURE"
 	CodeRelayBusy         = "RELAY_BUSY"
-	CodeRelayInternal     = "RELAY_INTERNAL"
+	// CodeRelayQuota (429, with Retry-After): the recipient's inbox holds as
+	// many envelopes or bytes as the relay keeps for one recipient.
+	CodeRelayQuota = "RELAY_QUOTA"
+	// CodeRelayRateLimited (429, with Retry-After): the envelope's sender sent
+	// more new envelopes than the relay accepts per second from one sender.
+	CodeRelayRateLimited = "RELAY_RATE_LIMITED"
+	// CodeRecipientNotAllowed (403): the relay keeps envelopes only for the
+	// recipients that registered with it (POST /v1/recipients/register).
+	CodeRecipientNotAllowed = "RECIPIENT_NOT_ALLOWED"
+	CodeRelayInternal       = "RELAY_INTERNAL"
 )
 
 func newError(status int, code, format string, args ...any) *Error {

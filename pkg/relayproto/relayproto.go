@@ -1,8 +1,9 @@
 // Package relayproto is the relay protocol (docs/RELAY.md), defined once for
 // both of its sides: the paths, limits and wire types, the error answer, the
 // signed inbox request (SignInboxRequest for a client, VerifyInboxRequest for
-// the relay), and a Client for the four endpoints (POST /v1/envelopes, POST
-// /v1/envelopes/batch, GET /v1/inbox, POST /v1/inbox/ack). pkg/relay serves it; the daemon's inbox
+// the relay), and a Client for its endpoints (POST /v1/envelopes, POST
+// /v1/envelopes/batch, GET /v1/inbox, POST /v1/inbox/ack, POST
+// /v1/recipients/register and /v1/recipients/unregister). pkg/relay serves it; the daemon's inbox
 // follower speaks it.
 package relayproto
 
@@ -20,6 +21,11 @@ const (
 	PathEnvelopesBatch = "/v1/envelopes/batch"
 	PathInbox          = "/v1/inbox"
 	PathInboxAck       = "/v1/inbox/ack"
+	// PathRecipientsRegister and PathRecipientsUnregister add the signing
+	// recipient to, and remove it from, a relay's allow-list (signed as the
+	// inbox requests are, with an empty body).
+	PathRecipientsRegister   = "/v1/recipients/register"
+	PathRecipientsUnregister = "/v1/recipients/unregister"
 )
 
 // Limits of the protocol.
@@ -115,6 +121,15 @@ type BatchResult struct {
 	Status  int    `json:"status,omitempty"`
 	Code    string `json:"code,omitempty"`
 	Message string `json:"message,omitempty"`
+	// RetryAfter is the Retry-After, in seconds, the single endpoint would
+	// have sent with the refusal (429 and 503 refusals), else 0.
+	RetryAfter int `json:"retryAfter,omitempty"`
+}
+
+// RegisterResponse is the answer to POST /v1/recipients/register and
+// /v1/recipients/unregister: whether the recipient is now registered.
+type RegisterResponse struct {
+	Registered bool `json:"registered"`
 }
 
 // BatchResponse is the answer to POST /v1/envelopes/batch: one result per

@@ -1,0 +1,372 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
+)
+
+// Limits are what an operator bounds on a relay (docs/RELAY.md "Limits"). The
+// zero value bounds nothing. They are checked where an envelope is accepted
+// (Accept, AcceptBatch), for new envelopes only: a duplicate of an envelope
+// the relay already holds is answered with its receipt whatever the limits.
+type Limits struct {
+	// QuotaEnvelopes and QuotaBytes bound the envelopes and envelope bytes
+	// waiting in one recipient's inbox (0: no bound). Past them a new envelope
+	// is refused with 429 RELAY_QUOTA and Retry-After (QuotaRetryAfter).
+	QuotaEnvelopes int
+	QuotaBytes     int64
+	// SenderRate is how many new envelopes per second the relay accepts from
+	// one sender (the envelope's signed sender DID), SenderBurst how many at
+	// once (a token bucket; 0 rate: no bound; burst default max(1, rate)).
+	// Past them: 429 RELAY_RATE_LIMITED with Retry-After (when a token is due).
+	SenderRate  float64
+	SenderBurst int
+	// AllowList, if set, accepts envelopes only for recipients registered with
+	// POST /v1/recipients/register; others get 403 RECIPIENT_NOT_ALLOWED.
+	AllowList bool
+	// ExpireEvery is the period of the maintenance pass that removes inbox
+	// envelopes past their delivery deadline (0: no pass; an expired envelope
+	// is never served either way).
+	ExpireEvery time.Duration
+}
+
+// QuotaRetryAfter is the Retry-After, in seconds, of a RELAY_QUOTA refusal:
+// an inbox drains when its recipient fetches, which the relay cannot predict.
+const QuotaRetryAfter = 60
+
+// Check reports the first nonsensical limit.
+func (l Limits) Check() error {
+	switch {
+	case l.QuotaEnvelopes < 0:
+		return errors.New("the envelope quota must be 0 (none) or more")
+	case l.QuotaBytes < 0:
+		return errors.New("the byte quota must be 0 (none) or more")
+	case l.QuotaBytes > 0 && l.QuotaBytes < envelope.MaxSize:
+		return fmt.Errorf("a byte quota below the envelope size limit (%d) would refuse envelopes an empty inbox must take", envelope.MaxSize)
+	case l.SenderRate < 0 || math.IsNaN(l.SenderRate) || math.IsInf(l.SenderRate, 0):
+		return errors.New("the sender rate must be 0 (none) or a positive number of envelopes per second")
+	case l.SenderBurst < 0:
+		return errors.New("the sender burst must be 0 (default) or more")
+	case l.SenderBurst > 0 && l.SenderRate == 0:
+		return errors.New("a sender burst needs a sender rate")
+	case l.ExpireEvery < 0:
+		return errors.New("the expiry period must be 0 (no pass) or more")
+	}
+	return nil
+}
+
+// Bounds of the limits' own bookkeeping.
+const (
+	// maxSenders bounds the rate limiter's buckets; past it (after dropping the
+	// full ones) new senders get 503 RELAY_BUSY.
+	maxSenders = 1 << 20
+	// expireChunk bounds the envelopes one step of the expiry pass removes (one
+	// inbox directory fsync, one store transaction).
+	expireChunk = 256
+	// registryDir holds the allow-list, one file per registered recipient,
+	// named by the recipient's inbox directory name and holding its DID. It
+	// lives in the inbox directory, whose inbox subdirectories are 64 hex
+	// digits (load skips anything else).
+	registryDir = "recipients"
+)
+
+// usage is what waits in one inbox, or is reserved there by accepts in flight.
+type usage struct {
+	n     int
+	bytes int64
+}
+
+// reservation is an accept's claim on its recipient's quota, from the check
+// until the envelope is in the inbox (settled) or the accept failed (released).
+type reservation struct {
+	rdir    string
+	bytes   int64
+	settled bool
+}
+
+// admit checks the limits for a new envelope of size bytes: allow-list, quota
+// (reserving its place), then the sender's rate. The reservation is settled
+// with settleLocked when the envelope enters its inbox, or released.
+func (r *Relay) admit(env *envelope.Envelope, size int) (*reservation, *relayproto.Error) {
+	rdir := recipientDir(env.Recipient())
+	r.mu.Lock()
+	if r.limits.AllowList && !r.allowed[rdir] {
+		r.stats.NotAllowed++
+		r.mu.Unlock()
+		return nil, newError(http.StatusForbidden, relayproto.CodeRecipientNotAllowed,
+			"this relay keeps envelopes only for registered recipients, and %s is not one", env.Recipient())
+	}
+	res := &reservation{rdir: rdir, bytes: int64(size)}
+	if q := r.limits; q.QuotaEnvelopes > 0 || q.QuotaBytes > 0 {
+		var u usage
+		if ib := r.inboxes[rdir]; ib != nil {
+			u = usage{len(ib.entries), ib.bytes}
+		}
+		pend := r.reserved[rdir]
+		n, b := u.n+pend.n+1, u.bytes+pend.bytes+res.bytes
+		if (q.QuotaEnvelopes > 0 && n > q.QuotaEnvelopes) || (q.QuotaBytes > 0 && b > q.QuotaBytes) {
+			r.stats.OverQuota++
+			r.mu.Unlock()
+			return nil, &relayproto.Error{Status: http.StatusTooManyRequests, Code: relayproto.CodeRelayQuota,
+				Message:    fmt.Sprintf("the inbox of %s is full (%d envelopes, %d bytes waiting)", env.Recipient(), u.n+pend.n, u.bytes+pend.bytes),
+				RetryAfter: QuotaRetryAfter}
+		}
+	}
+	r.reserved[rdir] = usage{r.reserved[rdir].n + 1, r.reserved[rdir].bytes + res.bytes}
+	r.mu.Unlock()
+	if e := r.rate.take(string(env.Sender()), r.now()); e != nil {
+		r.release(res)
+		r.count(func(s *Stats) { s.RateLimited++ })
+		return nil, e
+	}
+	return res, nil
+}
+
+// settleLocked ends res when its envelope entered the inbox. r.mu must be held.
+func (r *Relay) settleLocked(res *reservation) {
+	if res == nil || res.settled {
+		return
+	}
+	res.settled = true
+	u := r.reserved[res.rdir]
+	u.n--
+	u.bytes -= res.bytes
+	if u.n <= 0 {
+		delete(r.reserved, res.rdir)
+	} else {
+		r.reserved[res.rdir] = u
+	}
+}
+
+// release ends res if it was not settled (the accept failed).
+func (r *Relay) release(res *reservation) {
+	r.mu.Lock()
+	r.settleLocked(res)
+	r.mu.Unlock()
+}
+
+// senderRate is a token bucket per sender DID. A bucket that has refilled is
+// the same as none, so full ones are dropped to bound the map.
+type senderRate struct {
+	rate  float64 // tokens per second; 0: no limit
+	burst float64
+	mu    sync.Mutex
+	b     map[string]*bucket
+}
+
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+func newSenderRate(l Limits) *senderRate {
+	burst := float64(l.SenderBurst)
+	if burst == 0 {
+		burst = max(1, math.Floor(l.SenderRate))
+	}
+	return &senderRate{rate: l.SenderRate, burst: burst, b: map[string]*bucket{}}
+}
+
+// take spends one of sender's tokens at now, or says when one is due.
+func (s *senderRate) take(sender string, now time.Time) *relayproto.Error {
+	if s.rate == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.b[sender]
+	if b == nil {
+		if len(s.b) >= maxSenders {
+			s.pruneLocked(now)
+		}
+		if len(s.b) >= maxSenders {
+			return unavailable(relayproto.CodeRelayBusy, "too many senders at once", nil)
+		}
+		b = &bucket{tokens: s.burst, at: now}
+		s.b[sender] = b
+	}
+	s.refill(b, now)
+	if b.tokens >= 1 {
+		b.tokens--
+		return nil
+	}
+	wait := (1 - b.tokens) / s.rate // seconds until the next token
+	return &relayproto.Error{Status: http.StatusTooManyRequests, Code: relayproto.CodeRelayRateLimited,
+		Message:    fmt.Sprintf("sender %s sends more than %g envelopes per second (burst %g)", sender, s.rate, s.burst),
+		RetryAfter: int(min(math.Ceil(wait), 86400))}
+}
+
+func (s *senderRate) refill(b *bucket, now time.Time) {
+	if d := now.Sub(b.at).Seconds(); d > 0 {
+		b.tokens = min(s.burst, b.tokens+d*s.rate)
+		b.at = now
+	}
+}
+
+// prune drops the buckets that have refilled.
+func (s *senderRate) prune(now time.Time) {
+	s.mu.Lock()
+	s.pruneLocked(now)
+	s.mu.Unlock()
+}
+
+func (s *senderRate) pruneLocked(now time.Time) {
+	for k, b := range s.b {
+		if s.refill(b, now); b.tokens >= s.burst {
+			delete(s.b, k)
+		}
+	}
+}
+
+// loadRegistry reads the allow-list (registryDir) into r.allowed.
+func (r *Relay) loadRegistry() error {
+	ents, err := r.fs.ReadDir(registryDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("relay: read the registered recipients: %w", err)
+	}
+	for _, d := range ents {
+		if d.Type.IsRegular() && len(d.Name) == 64 {
+			r.allowed[d.Name] = true
+		}
+	}
+	return nil
+}
+
+// Register adds did to the allow-list, durably (fsx.CreateFile), before it
+// answers. Registering again changes nothing.
+func (r *Relay) Register(did identity.DID) error {
+	rdir := recipientDir(did)
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	if _, err := fsx.MkdirPrivate(r.fs, registryDir); err != nil {
+		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its list of recipients", err)
+	}
+	if err := fsx.CreateFile(r.fs, registryDir, rdir, []byte(string(did)+"\n")); err != nil && !os.IsExist(err) {
+		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its list of recipients", err)
+	}
+	r.mu.Lock()
+	r.allowed[rdir] = true
+	r.mu.Unlock()
+	r.log.Info("relay: recipient registered", "recipient", string(did))
+	return nil
+}
+
+// Unregister removes did from the allow-list, durably (fsx.RemoveFile).
+// Envelopes waiting for it stay to be fetched.
+func (r *Relay) Unregister(did identity.DID) error {
+	rdir := recipientDir(did)
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	r.mu.Lock()
+	delete(r.allowed, rdir) // refuse from now on, even if the removal fails
+	r.mu.Unlock()
+	if err := fsx.RemoveFile(r.fs, registryDir, rdir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its list of recipients", err)
+	}
+	r.log.Info("relay: recipient unregistered", "recipient", string(did))
+	return nil
+}
+
+// Expire is the maintenance pass: it removes the inbox envelopes whose delivery
+// deadline has passed — files removed and each inbox directory fsynced, then
+// their receipt records raised to terminal with outcome EXPIRED (Ack's order) —
+// in chunks of at most expireChunk envelopes of one inbox, so no lock is held
+// across the file system and no transaction grows without bound. It returns how
+// many it removed. The de-duplication records stay until their retainUntil.
+func (r *Relay) Expire(ctx context.Context) (int, error) {
+	total := 0
+	r.rate.prune(r.now())
+	for ctx.Err() == nil {
+		rdir, gone := r.takeExpired(r.now().UnixMilli())
+		if len(gone) == 0 {
+			break
+		}
+		r.count(func(s *Stats) { s.Expired += int64(len(gone)) })
+		if err := r.removeEntries(ctx, rdir, gone, "EXPIRED"); err != nil {
+			return total, err
+		}
+		total += len(gone)
+	}
+	if total > 0 {
+		r.log.Info("relay: expired envelopes removed", "count", total)
+	}
+	return total, nil
+}
+
+// takeExpired takes up to expireChunk expired entries of one inbox out of it.
+func (r *Relay) takeExpired(nowMs int64) (string, []*entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for rdir, ib := range r.inboxes {
+		var gone []*entry
+		for _, e := range ib.entries {
+			if e.deadline <= nowMs {
+				gone = append(gone, e)
+				if len(gone) == expireChunk {
+					break
+				}
+			}
+		}
+		if len(gone) == 0 {
+			continue
+		}
+		r.unlinkLocked(rdir, ib, gone)
+		return rdir, gone
+	}
+	return "", nil
+}
+
+// unlinkLocked takes gone out of ib (and of byID). r.mu must be held.
+func (r *Relay) unlinkLocked(rdir string, ib *inbox, gone []*entry) {
+	for _, e := range gone {
+		delete(r.byID, e.envelopeID)
+		ib.bytes -= int64(e.size)
+	}
+	if len(gone) > 0 {
+		ib.entries = slices.DeleteFunc(ib.entries, func(e *entry) bool { return r.byID[e.envelopeID] != e })
+	}
+	if len(ib.entries) == 0 {
+		delete(r.inboxes, rdir)
+	}
+}
+
+// maintain runs Expire every period until stop is closed.
+func (r *Relay) maintain(period time.Duration, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			if _, err := r.Expire(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("relay: expiry pass failed", "err", err)
+			}
+		}
+	}
+}
