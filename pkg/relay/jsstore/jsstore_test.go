@@ -314,3 +314,57 @@ func TestOpenRefusesUnreplicatedUnsynced(t *testing.T) {
 		t.Fatalf("Open of the existing R1 stream: %v", err)
 	}
 }
+
+// Two stores (two relay processes) racing on one id with two digests for two
+// recipients agree: one Put holds it, the other gets ErrConflict naming the
+// winner's digest, and only the winner's recipient ever sees the id.
+func TestRacingPutsAgree(t *testing.T) {
+	s := singleNode(t)
+	ctx := context.Background()
+	var stores []*jsstore.Store
+	for range 2 {
+		st, err := jsstore.Open(ctx, connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, st)
+	}
+	const n = 100
+	type result struct {
+		h   jsstore.Held
+		err error
+	}
+	for i := range n {
+		w := newWire(fmt.Sprint("race ", i))
+		ws := []wire{w, w.other()}
+		to := []identity.DID{alice, bob}
+		var res [2]result
+		done := make(chan int)
+		for k := range 2 {
+			go func() {
+				h, _, err := stores[k].Put(ctx, to[k], ws[k].id, ws[k].digest, ws[k].data, t0, t0.Add(time.Hour))
+				res[k] = result{h, err}
+				done <- k
+			}()
+		}
+		<-done
+		<-done
+		var win int
+		switch {
+		case res[0].err == nil && errors.Is(res[1].err, jsstore.ErrConflict):
+			win = 0
+		case res[1].err == nil && errors.Is(res[0].err, jsstore.ErrConflict):
+			win = 1
+		default:
+			t.Fatalf("race %d: %v / %v; want one success and one conflict", i, res[0].err, res[1].err)
+		}
+		if res[1-win].h != res[win].h {
+			t.Fatalf("race %d: the loser was told %+v, the winner holds %+v", i, res[1-win].h, res[win].h)
+		}
+	}
+	a := fetchAll(t, stores, alice, 256)
+	b := fetchAll(t, stores, bob, 256)
+	if len(a)+len(b) != n {
+		t.Fatalf("%d + %d envelopes held for %d ids: a loser's message was left in an inbox", len(a), len(b), n)
+	}
+}
