@@ -92,6 +92,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -491,7 +492,7 @@ func (s *Store) Fetch(ctx context.Context, recipient identity.DID, after string,
 	filter := s.inboxFilter(rkey)
 	page := &Page{Envelopes: []Envelope{}, Cursor: strconv.FormatUint(seq, 10)}
 	bytes := 0
-	for {
+	for seq < math.MaxUint64 {
 		m, err := s.stream.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return page, nil
@@ -512,6 +513,7 @@ func (s *Store) Fetch(ctx context.Context, recipient identity.DID, after string,
 		page.Cursor = strconv.FormatUint(seq, 10)
 		bytes += len(m.Data)
 	}
+	return page, nil
 }
 
 // Ack removes the listed envelopes from recipient's inbox (ids not waiting
