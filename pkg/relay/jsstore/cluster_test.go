@@ -1,0 +1,168 @@
+package jsstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
+)
+
+// Two relay processes (two Stores on two connections to two nodes) share an
+// R3 stream and bucket on a three-node cluster. 1,000 envelopes are put across
+// both, each retried until acknowledged as a carrier would, while the node one
+// of them is connected to is shut down and restarted. Every acknowledged
+// envelope is then fetched exactly once by its recipient, in the order it was
+// acknowledged; a re-Put through either store returns the same Held; another
+// digest under a used id is a conflict from either store.
+func TestClusterTwoRelaysNodeRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three-node cluster: a few seconds")
+	}
+	c := newCluster(t)
+	stores := []*jsstore.Store{
+		openRetry(t, connect(t, c.urls(0)), jsstore.Options{}),
+		openRetry(t, connect(t, c.urls(1)), jsstore.Options{}),
+	}
+
+	const recipients, perRecipient = 8, 125
+	const total = recipients * perRecipient
+	var dids []identity.DID
+	for i := range recipients {
+		dids = append(dids, identity.DID(fmt.Sprintf("did:key:z6MkTestRecipient%02d", i)))
+	}
+	acked := make([][]wire, recipients)
+	held := make([][]jsstore.Held, recipients)
+	var count, retries atomic.Int64
+	down, up := make(chan struct{}), make(chan struct{})
+	restarted := make(chan struct{})
+	go func() { // the node of the second store goes down after 300 acks, up after 600
+		<-down
+		c.stop(1)
+		<-up
+		c.start(1)
+		close(restarted)
+	}()
+	var downOnce, upOnce sync.Once
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, recipients)
+	for r := range recipients {
+		wg.Go(func() {
+			for i := range perRecipient {
+				w := newWire(fmt.Sprintf("r%d-%d", r, i))
+				st := stores[(r+i)%2]
+				for {
+					if ctx.Err() != nil {
+						errs <- fmt.Errorf("recipient %d envelope %d never acknowledged", r, i)
+						return
+					}
+					actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+					now := time.Now()
+					h, _, err := st.Put(actx, dids[r], w.id, w.digest, w.data, now, now.Add(time.Hour))
+					acancel()
+					if errors.Is(err, jsstore.ErrConflict) {
+						errs <- fmt.Errorf("envelope %s: conflict with itself", w.id)
+						return
+					}
+					if err == nil {
+						acked[r] = append(acked[r], w)
+						held[r] = append(held[r], h)
+						break
+					}
+					retries.Add(1)
+					time.Sleep(10 * time.Millisecond)        // the carrier's backoff, not a wait for an event
+					st = stores[(r+i+int(retries.Load()))%2] // a carrier may try the other relay
+				}
+				switch n := count.Add(1); {
+				case n == 300:
+					downOnce.Do(func() { close(down) })
+				case n == 600:
+					upOnce.Do(func() { close(up) })
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	select {
+	case <-restarted:
+	case <-ctx.Done():
+		t.Fatal("node 1 did not restart")
+	}
+	if n := count.Load(); n != total {
+		t.Fatalf("%d acknowledged, want %d", n, total)
+	}
+	t.Logf("%d envelopes acknowledged, %d retried attempts", total, retries.Load())
+
+	for r, did := range dids {
+		got := fetchAllRetry(t, stores, did)
+		want := make([]string, len(acked[r]))
+		for i, w := range acked[r] {
+			want[i] = w.id
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("recipient %d fetched %d envelopes, want its %d acknowledged ones exactly once in order", r, len(got), len(want))
+		}
+	}
+	// Duplicates (a carrier that crashed before it saw its receipt) get the
+	// same Held from either relay; another digest is a conflict from either.
+	for r := range recipients {
+		for i := 0; i < perRecipient; i += 25 {
+			w, want := acked[r][i], held[r][i]
+			for s, st := range stores {
+				h, dup, err := st.Put(ctx, dids[r], w.id, w.digest, w.data, time.Now(), time.Now().Add(time.Hour))
+				if err != nil || !dup || h != want {
+					t.Fatalf("re-Put through store %d = %+v, %t, %v; want %+v", s, h, dup, err, want)
+				}
+				o := w.other()
+				if _, _, err := st.Put(ctx, dids[r], o.id, o.digest, o.data, time.Now(), time.Now().Add(time.Hour)); !errors.Is(err, jsstore.ErrConflict) {
+					t.Fatalf("other digest through store %d: %v, want ErrConflict", s, err)
+				}
+			}
+		}
+	}
+	for r, did := range dids {
+		if got := fetchAllRetry(t, stores, did); len(got) != perRecipient {
+			t.Fatalf("recipient %d: %d envelopes after the re-Puts, want %d", r, len(got), perRecipient)
+		}
+	}
+}
+
+// fetchAllRetry is fetchAll through both stores, retrying a page that fails
+// while the cluster settles after the restart.
+func fetchAllRetry(t *testing.T, stores []*jsstore.Store, to identity.DID) []string {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var ids []string
+	cursor := ""
+	for i := 0; ; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		page, err := stores[i%2].Fetch(ctx, to, cursor, 50)
+		cancel()
+		if err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("Fetch: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond) // a recipient's backoff
+			continue
+		}
+		for _, e := range page.Envelopes {
+			ids = append(ids, e.EnvelopeID)
+		}
+		if !page.More {
+			return ids
+		}
+		cursor = page.Cursor
+	}
+}

@@ -1,0 +1,648 @@
+// Package jsstore keeps the relay's inbox envelopes and their de-duplication
+// records in NATS JetStream, so that several relay processes (one relay
+// identity, its key on each) can share them: a carrier may post to any of them
+// and a recipient may fetch from any of them. It is the JetStream counterpart of
+// the relay's file-backed inboxes and receipt records (docs/RELAY.md, "Data");
+// it stores bytes and fields, it does not parse envelopes or sign receipts.
+//
+// # Layout
+//
+// One stream (default SEALBRIDGE_INBOX) holds the waiting envelopes, each one
+// message on the subject PREFIX.<hex sha256(recipient DID)>.<envelopeId>, the
+// wire bytes as the payload and the fields in headers (Sealbridge-Envelope-Id,
+// -Digest, -Received-At, -Deadline). A recipient's inbox is the filter
+// PREFIX.<hex sha256(DID)>.> — the DID itself never becomes a subject, so no
+// sender-chosen string does — and its envelopes are in stream order, which is
+// acceptance order; the cursor is the stream sequence.
+//
+// One key-value bucket (default SEALBRIDGE_RECEIPTS) holds the de-duplication
+// record of every accepted envelope, keyed by envelopeId: digest, recipient,
+// receivedAt, deadline and the stream sequence. It is the commit point of an
+// accept and the relay's receipt is a function of it. It is created with
+// compare-and-set (kv.Create), so two relay processes racing on one id agree on
+// one record, and it carries a per-key TTL of deadline + retention (at least
+// retention), so it lasts as long as the file relay's receipt records do —
+// JetStream's own Nats-Msg-Id de-duplication only covers a window of two
+// minutes, and a carrier retries for days.
+//
+// # Order of a Put, and what a crash leaves
+//
+//  1. The record exists: same digest → the held envelope (duplicate); other
+//     digest → ErrConflict. Nothing is written.
+//  2. The message is published with "expected last sequence 0" for its subject
+//     (recipient and id), a compare-and-set on the stream: at most one message
+//     per recipient and id ever waits. If one is already there (an earlier
+//     attempt that crashed or timed out after the server stored it, or another
+//     process in the middle of the same Put), it is adopted: its headers, not
+//     the caller's arguments, become the record.
+//  3. The record is created (kv.Create). Only then does Put return: the
+//     envelope is durable and fetchable before it is acknowledged.
+//
+// A crash between 2 and 3 leaves a message without a record: never
+// acknowledged, but durable and valid, and fetchable — as the file relay
+// completes an envelope file without a receipt record at start. The carrier's
+// retry (or any other Put of that envelope) adopts the message and writes the
+// record, so the envelope is answered with one receipt and held once. The
+// opposite order (record first) could leave a record without a message after a
+// crash, which de-duplication would then answer as held: acknowledged but not
+// fetchable. The one case that holds a message nobody will acknowledge is an
+// id sent to two recipients with two digests: the record names one, the loser
+// deletes its own message, and if the loser crashes first its message waits
+// until its deadline (Expire).
+//
+// # Reads: per-subject gets, not a consumer per recipient
+//
+// Fetch reads the recipient's messages after the cursor with per-subject gets
+// (the stream's MSG.GET with next_by_subj, answered by the stream leader), Ack
+// finds a message by its subject (recipient and id) and deletes it. A durable
+// pull consumer per recipient was the alternative; it is not used because the
+// relay's inbox protocol is a cursor the recipient holds, not delivery state
+// the server holds: a recipient that fetches again from an older cursor (after
+// a crash before its ack) must see the same envelopes, any relay process must
+// answer any page, and acknowledging is by envelope id. A consumer's
+// ack-pending, redelivery and ack-wait would have to be undone to give that,
+// and one R3 consumer per recipient is one more Raft group per recipient in the
+// cluster. The stream is created without direct get (allow_direct false), so
+// every read goes to the leader and sees every acknowledged Put (a direct get
+// may be answered by a follower that is behind). Status and Expire scan
+// headers only, through an ordered (ephemeral) consumer.
+//
+// # Durability condition
+//
+// JetStream acknowledges a publish once the message is stored — by a quorum
+// of the stream's replicas when it is replicated, otherwise by the one server.
+// By default a server fsyncs its stream files only every two minutes
+// (sync_interval), so on a single node an acknowledged message can be lost to
+// a power failure or kernel crash for up to two minutes, and the relay would
+// have signed "persisted" for it. Open therefore refuses a stream or bucket
+// that has fewer than three replicas (a quorum of two nodes then holds every
+// acknowledged message, and one node may be lost) unless the operator states
+// that every server fsyncs every write (sync_interval: always) with
+// Options.SyncAlways. That setting cannot be checked from a client: servers
+// report it only in their monitoring data (jsz), which only the system account
+// may read, not in the server INFO, the account info or the stream info a relay
+// can see. So it is an explicit statement of the operator, named after the
+// server setting.
+package jsstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+)
+
+// Defaults of Options.
+const (
+	DefaultStream    = "SEALBRIDGE_INBOX"
+	DefaultSubject   = "sealbridge.inbox"
+	DefaultBucket    = "SEALBRIDGE_RECEIPTS"
+	DefaultReplicas  = 3
+	DefaultRetention = 24 * time.Hour
+	// MinReplicas is the replication that makes an acknowledged message
+	// survive the loss of one node without sync_interval: always.
+	MinReplicas = 3
+)
+
+// Limits of a page (the relay's own: relayproto's MaxFetchLimit and the
+// relay's maxPageBytes).
+const (
+	maxFetchLimit = 256
+	maxPageBytes  = 4 << 20
+	// scanBatch is how many headers a scan asks for at once.
+	scanBatch = 256
+)
+
+// Message headers.
+const (
+	hdrID         = "Sealbridge-Envelope-Id"
+	hdrDigest     = "Sealbridge-Digest"
+	hdrReceivedAt = "Sealbridge-Received-At"
+	hdrDeadline   = "Sealbridge-Deadline"
+)
+
+// Errors a caller tells apart.
+var (
+	// ErrConflict: the envelope id is held with another digest (the relay
+	// answers 409).
+	ErrConflict = errors.New("jsstore: envelope id already used with another digest")
+	// ErrCursor: the cursor is not one Fetch returned.
+	ErrCursor = errors.New("jsstore: malformed cursor")
+	// ErrNotDurable: Open refused a stream or bucket that is neither
+	// replicated nor synced on every write.
+	ErrNotDurable = errors.New("jsstore: JetStream would acknowledge writes it has not made durable")
+)
+
+// Options configure a Store. The zero value uses the defaults.
+type Options struct {
+	// Stream is the inbox stream's name (default DefaultStream).
+	Stream string
+	// Subject is the subject prefix of the inbox stream (default
+	// DefaultSubject); the stream's subjects are Subject + ".>".
+	Subject string
+	// Bucket is the de-duplication bucket's name (default DefaultBucket).
+	Bucket string
+	// Replicas is the replication of the stream and bucket when Open creates
+	// them (default DefaultReplicas). Existing ones are checked, not changed.
+	Replicas int
+	// SyncAlways is the operator's statement that every JetStream server of
+	// the stream and bucket runs with sync_interval: always (fsync on every
+	// write). It allows fewer than MinReplicas replicas. A client cannot check
+	// it (see the package doc).
+	SyncAlways bool
+	// Retention is how long after an envelope's deadline its de-duplication
+	// record is kept (default DefaultRetention; the file relay keeps its
+	// receipt records as long).
+	Retention time.Duration
+}
+
+// Store is a JetStream-backed set of relay inboxes. It is safe for concurrent
+// use, and several Stores (in several processes) may share one stream and
+// bucket.
+type Store struct {
+	js        jetstream.JetStream
+	stream    jetstream.Stream
+	kv        jetstream.KeyValue
+	subject   string
+	retention time.Duration
+}
+
+// Held is an envelope the store holds (or held: its record outlives the
+// message), as its de-duplication record says.
+type Held struct {
+	EnvelopeID string
+	Digest     string
+	// Recipient is hex SHA-256 of the recipient DID.
+	Recipient  string
+	ReceivedAt time.Time // millisecond precision
+	Deadline   time.Time // millisecond precision
+	// Cursor is the envelope's position in its recipient's inbox.
+	Cursor string
+}
+
+// record is the value of a de-duplication key.
+type record struct {
+	Digest     string `json:"digest"`
+	Recipient  string `json:"recipient"`
+	ReceivedAt int64  `json:"receivedAt"`
+	Deadline   int64  `json:"deadline"`
+	Seq        uint64 `json:"seq"`
+}
+
+func (r *record) held(id string) Held {
+	return Held{EnvelopeID: id, Digest: r.Digest, Recipient: r.Recipient,
+		ReceivedAt: time.UnixMilli(r.ReceivedAt), Deadline: time.UnixMilli(r.Deadline),
+		Cursor: strconv.FormatUint(r.Seq, 10)}
+}
+
+// Open connects to the inbox stream and the de-duplication bucket on nc,
+// creating them on first use, and refuses them unless they are replicated at
+// least MinReplicas times or opts.SyncAlways is set (ErrNotDurable, with the
+// setting to change).
+func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
+	if opts.Stream == "" {
+		opts.Stream = DefaultStream
+	}
+	if opts.Subject == "" {
+		opts.Subject = DefaultSubject
+	}
+	if opts.Bucket == "" {
+		opts.Bucket = DefaultBucket
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = DefaultReplicas
+	}
+	if opts.Retention <= 0 {
+		opts.Retention = DefaultRetention
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: %w", err)
+	}
+	s := &Store{js: js, subject: opts.Subject, retention: opts.Retention}
+	scfg := jetstream.StreamConfig{
+		Name:        opts.Stream,
+		Description: "sealbridge relay inbox envelopes",
+		Subjects:    []string{opts.Subject + ".>"},
+		Retention:   jetstream.LimitsPolicy,
+		// A full stream refuses new envelopes; it never drops acknowledged ones.
+		Discard:     jetstream.DiscardNew,
+		MaxMsgs:     -1,
+		MaxBytes:    -1,
+		MaxMsgSize:  int32(envelope.MaxSize),
+		Storage:     jetstream.FileStorage,
+		Replicas:    opts.Replicas,
+		AllowDirect: false,
+	}
+	if s.stream, err = js.Stream(ctx, opts.Stream); errors.Is(err, jetstream.ErrStreamNotFound) {
+		s.stream, err = js.CreateStream(ctx, scfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // another relay created it meanwhile
+			s.stream, err = js.Stream(ctx, opts.Stream)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: open stream %s: %w", opts.Stream, err)
+	}
+	info := s.stream.CachedInfo()
+	if err := checkDurable("stream "+opts.Stream, info.Config.Replicas, opts.SyncAlways); err != nil {
+		return nil, err
+	}
+	if info.Config.Discard != jetstream.DiscardNew || info.Config.AllowDirect || info.Config.Storage != jetstream.FileStorage {
+		return nil, fmt.Errorf("jsstore: stream %s must have file storage, discard new and allow_direct false (has %s, discard %s, allow_direct %t); hint: fix it with nats stream edit or let the relay create it",
+			opts.Stream, info.Config.Storage, info.Config.Discard, info.Config.AllowDirect)
+	}
+	kcfg := jetstream.KeyValueConfig{
+		Bucket:         opts.Bucket,
+		Description:    "sealbridge relay de-duplication records",
+		History:        1,
+		Storage:        jetstream.FileStorage,
+		Replicas:       opts.Replicas,
+		LimitMarkerTTL: time.Minute,
+	}
+	if s.kv, err = js.KeyValue(ctx, opts.Bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
+		s.kv, err = js.CreateKeyValue(ctx, kcfg)
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			s.kv, err = js.KeyValue(ctx, opts.Bucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: open bucket %s: %w", opts.Bucket, err)
+	}
+	st, err := s.kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: open bucket %s: %w", opts.Bucket, err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return nil, fmt.Errorf("jsstore: bucket %s: unexpected status type %T", opts.Bucket, st)
+	}
+	kinfo := bs.StreamInfo()
+	if err := checkDurable("bucket "+opts.Bucket, kinfo.Config.Replicas, opts.SyncAlways); err != nil {
+		return nil, err
+	}
+	if !kinfo.Config.AllowMsgTTL || kinfo.Config.Storage != jetstream.FileStorage {
+		return nil, fmt.Errorf("jsstore: bucket %s must have file storage and per-key TTLs (limit_marker_ttl); hint: recreate it or let the relay create it", opts.Bucket)
+	}
+	return s, nil
+}
+
+func checkDurable(what string, replicas int, syncAlways bool) error {
+	if replicas >= MinReplicas || syncAlways {
+		return nil
+	}
+	return fmt.Errorf("%w: %s has %d replica(s) and the servers are not declared to sync every write; hint: set replicas to %d or more (nats stream edit --replicas %d), or run every JetStream server with sync_interval: always and declare it (Options.SyncAlways)",
+		ErrNotDurable, what, replicas, MinReplicas, MinReplicas)
+}
+
+// RecipientKey is hex SHA-256 of did: the recipient's token in subjects and
+// records (the file relay names its inbox directories the same way).
+func RecipientKey(did identity.DID) string {
+	sum := sha256.Sum256([]byte(did))
+	return hex.EncodeToString(sum[:])
+}
+
+func (s *Store) inboxFilter(rkey string) string { return s.subject + "." + rkey + ".>" }
+
+func (s *Store) envelopeSubject(rkey, id string) string { return s.subject + "." + rkey + "." + id }
+
+func checkID(id string) error {
+	if !uuid.Valid(id) { // also keeps wildcards and dots out of subjects and keys
+		return fmt.Errorf("jsstore: envelope id %q is not a lower-case UUID", id)
+	}
+	return nil
+}
+
+// Put holds wire, the envelope envelopeID with digest for recipient, received
+// at receivedAt and due by deadline, and returns what is held: on return
+// without error it is durable and fetchable. If the id is already held with the
+// same digest, Put returns that (its receivedAt and cursor, not the
+// arguments) and duplicate true; with another digest it returns the held one,
+// duplicate true and ErrConflict. Any other error means nothing was
+// acknowledged; the caller answers "retry later" and the retry completes what
+// this call may have begun.
+func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, digest string, wire []byte,
+	receivedAt, deadline time.Time) (held Held, duplicate bool, err error) {
+	if err := checkID(envelopeID); err != nil {
+		return Held{}, false, err
+	}
+	if rec, err := s.getRecord(ctx, envelopeID); err != nil {
+		return Held{}, false, err
+	} else if rec != nil {
+		return s.existing(envelopeID, digest, rec)
+	}
+	rkey := RecipientKey(recipient)
+	subj := s.envelopeSubject(rkey, envelopeID)
+	rec := &record{Digest: digest, Recipient: rkey, ReceivedAt: receivedAt.UnixMilli(), Deadline: deadline.UnixMilli()}
+	msg := nats.NewMsg(subj)
+	msg.Data = wire
+	msg.Header.Set(hdrID, envelopeID)
+	msg.Header.Set(hdrDigest, digest)
+	msg.Header.Set(hdrReceivedAt, strconv.FormatInt(rec.ReceivedAt, 10))
+	msg.Header.Set(hdrDeadline, strconv.FormatInt(rec.Deadline, 10))
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0))
+	switch {
+	case err == nil:
+		rec.Seq = ack.Sequence
+	case isWrongLastSeq(err):
+		// A message for this recipient and id is there already: adopt it.
+		m, gerr := s.stream.GetLastMsgForSubject(ctx, subj)
+		if gerr != nil {
+			return Held{}, false, fmt.Errorf("jsstore: read the waiting message of %s: %w", envelopeID, gerr)
+		}
+		if rec, err = recordOf(m.Header, m.Sequence, rkey); err != nil {
+			return Held{}, false, err
+		}
+	default:
+		return Held{}, false, fmt.Errorf("jsstore: publish %s: %w", envelopeID, err)
+	}
+	value, err := json.Marshal(rec)
+	if err != nil {
+		return Held{}, false, fmt.Errorf("jsstore: encode record of %s: %w", envelopeID, err)
+	}
+	ttl := time.UnixMilli(rec.Deadline).Add(s.retention).Sub(time.UnixMilli(rec.ReceivedAt))
+	ttl = max(ttl, s.retention).Truncate(time.Second) + time.Second
+	if _, err := s.kv.Create(ctx, envelopeID, value, jetstream.KeyTTL(ttl)); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return Held{}, false, fmt.Errorf("jsstore: record %s: %w", envelopeID, err)
+		}
+		// Another Put of this id committed first: its record decides.
+		cur, gerr := s.getRecord(ctx, envelopeID)
+		if gerr != nil || cur == nil {
+			return Held{}, false, fmt.Errorf("jsstore: record %s: created concurrently, then unreadable: %v", envelopeID, gerr)
+		}
+		if cur.Seq != rec.Seq {
+			// Our message can never be acknowledged (another recipient, or
+			// another digest): remove it. A failure leaves it to Expire.
+			_ = s.stream.DeleteMsg(ctx, rec.Seq)
+		}
+		return s.existing(envelopeID, digest, cur)
+	}
+	if rec.Digest != digest {
+		// We completed an earlier, other envelope of this id.
+		return rec.held(envelopeID), true, ErrConflict
+	}
+	return rec.held(envelopeID), false, nil
+}
+
+func (s *Store) existing(id, digest string, rec *record) (Held, bool, error) {
+	if rec.Digest != digest {
+		return rec.held(id), true, ErrConflict
+	}
+	return rec.held(id), true, nil
+}
+
+// Lookup returns the record of envelopeID, or false if none is kept.
+func (s *Store) Lookup(ctx context.Context, envelopeID string) (Held, bool, error) {
+	if err := checkID(envelopeID); err != nil {
+		return Held{}, false, err
+	}
+	rec, err := s.getRecord(ctx, envelopeID)
+	if err != nil || rec == nil {
+		return Held{}, false, err
+	}
+	return rec.held(envelopeID), true, nil
+}
+
+func (s *Store) getRecord(ctx context.Context, id string) (*record, error) {
+	e, err := s.kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: read record %s: %w", id, err)
+	}
+	var rec record
+	if err := envelope.DecodeStrict(e.Value(), &rec); err != nil {
+		return nil, fmt.Errorf("jsstore: record %s is malformed: %w", id, err)
+	}
+	return &rec, nil
+}
+
+// recordOf rebuilds the record from a message's headers.
+func recordOf(h nats.Header, seq uint64, rkey string) (*record, error) {
+	rec := &record{Digest: h.Get(hdrDigest), Recipient: rkey, Seq: seq}
+	var err1, err2 error
+	rec.ReceivedAt, err1 = strconv.ParseInt(h.Get(hdrReceivedAt), 10, 64)
+	rec.Deadline, err2 = strconv.ParseInt(h.Get(hdrDeadline), 10, 64)
+	if rec.Digest == "" || err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("jsstore: message %d lacks the relay's headers", seq)
+	}
+	return rec, nil
+}
+
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// Envelope is one envelope of a Page.
+type Envelope struct {
+	Held
+	Wire []byte
+}
+
+// Page is what Fetch returns.
+type Page struct {
+	Envelopes []Envelope
+	// Cursor is the cursor to pass next: the last envelope's, or the one
+	// asked for when the page is empty.
+	Cursor string
+	// More is true when more envelopes wait after Cursor.
+	More bool
+}
+
+// ParseCursor returns the stream sequence of a cursor ("" is 0, the start).
+func ParseCursor(cursor string) (uint64, error) {
+	if cursor == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(cursor, 10, 64)
+	if err != nil || strconv.FormatUint(n, 10) != cursor {
+		return 0, ErrCursor
+	}
+	return n, nil
+}
+
+// Fetch returns recipient's envelopes after cursor after ("": from the start)
+// in acceptance order, at most limit (1..256, default 64) and 4 MiB of them (at
+// least one when one waits).
+func (s *Store) Fetch(ctx context.Context, recipient identity.DID, after string, limit int) (*Page, error) {
+	seq, err := ParseCursor(after)
+	if err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = 64
+	}
+	limit = min(limit, maxFetchLimit)
+	rkey := RecipientKey(recipient)
+	filter := s.inboxFilter(rkey)
+	page := &Page{Envelopes: []Envelope{}, Cursor: strconv.FormatUint(seq, 10)}
+	bytes := 0
+	for seq < math.MaxUint64 {
+		m, err := s.stream.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return page, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("jsstore: read inbox: %w", err)
+		}
+		if len(page.Envelopes) == limit || (len(page.Envelopes) > 0 && bytes+len(m.Data) > maxPageBytes) {
+			page.More = true
+			return page, nil
+		}
+		rec, err := recordOf(m.Header, m.Sequence, rkey)
+		if err != nil {
+			return nil, err
+		}
+		seq = m.Sequence
+		page.Envelopes = append(page.Envelopes, Envelope{Held: rec.held(m.Header.Get(hdrID)), Wire: m.Data})
+		page.Cursor = strconv.FormatUint(seq, 10)
+		bytes += len(m.Data)
+	}
+	return page, nil
+}
+
+// Ack removes the listed envelopes from recipient's inbox (ids not waiting
+// there are ignored; nobody can ack another recipient's envelopes) and returns
+// how many it removed. Their de-duplication records stay until their TTL.
+func (s *Store) Ack(ctx context.Context, recipient identity.DID, ids []string) (int, error) {
+	rkey := RecipientKey(recipient)
+	n := 0
+	for _, id := range ids {
+		if checkID(id) != nil {
+			continue
+		}
+		m, err := s.stream.GetLastMsgForSubject(ctx, s.envelopeSubject(rkey, id))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("jsstore: ack: %w", err)
+		}
+		switch err := s.stream.DeleteMsg(ctx, m.Sequence); {
+		case err == nil:
+			n++
+		case isNotFound(err): // acked meanwhile by another request
+		default:
+			return n, fmt.Errorf("jsstore: ack: %w", err)
+		}
+	}
+	return n, nil
+}
+
+func isNotFound(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrMsgNotFound) ||
+		(errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || apiErr.Code == 404))
+}
+
+// Status is the state of one inbox.
+type Status struct {
+	Count  int
+	Bytes  int64     // wire bytes of the waiting envelopes
+	Oldest time.Time // receivedAt of the oldest waiting envelope (zero if none)
+	Newest time.Time // receivedAt of the newest
+}
+
+// Status returns recipient's inbox state. It reads every waiting envelope's
+// headers (not its bytes).
+func (s *Store) Status(ctx context.Context, recipient identity.DID) (Status, error) {
+	var st Status
+	rkey := RecipientKey(recipient)
+	err := s.scan(ctx, s.inboxFilter(rkey), func(seq uint64, h nats.Header, size int) error {
+		rec, err := recordOf(h, seq, rkey)
+		if err != nil {
+			return err
+		}
+		at := time.UnixMilli(rec.ReceivedAt)
+		if st.Count == 0 {
+			st.Oldest = at
+		}
+		st.Newest = at
+		st.Count++
+		st.Bytes += int64(size)
+		return nil
+	})
+	return st, err
+}
+
+// Expire removes every waiting envelope whose deadline is before now and
+// returns how many it removed. Their de-duplication records stay until their
+// TTL, so a late copy is still answered as a duplicate. It reads every waiting
+// envelope's headers; the relay runs it periodically.
+func (s *Store) Expire(ctx context.Context, now time.Time) (int, error) {
+	n := 0
+	err := s.scan(ctx, s.subject+".>", func(seq uint64, h nats.Header, _ int) error {
+		dl, err := strconv.ParseInt(h.Get(hdrDeadline), 10, 64)
+		if err != nil || dl >= now.UnixMilli() {
+			return nil // not ours, or not due
+		}
+		if err := s.stream.DeleteMsg(ctx, seq); err != nil && !isNotFound(err) {
+			return fmt.Errorf("jsstore: expire: %w", err)
+		}
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// scan calls fn with the sequence, headers and payload size of every message
+// on filter, in order, through an ordered consumer that delivers headers only.
+// Messages stored after the scan began may or may not be seen.
+func (s *Store) scan(ctx context.Context, filter string, fn func(seq uint64, h nats.Header, size int) error) error {
+	if _, err := s.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter)); errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil // empty: a consumer would only wait
+	} else if err != nil {
+		return fmt.Errorf("jsstore: scan: %w", err)
+	}
+	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter}, HeadersOnly: true, InactiveThreshold: time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("jsstore: scan: %w", err)
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		batch, err := cons.Fetch(scanBatch, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return fmt.Errorf("jsstore: scan: %w", err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return fmt.Errorf("jsstore: scan: %w", err)
+			}
+			size, _ := strconv.Atoi(m.Headers().Get(nats.MsgSize))
+			if err := fn(md.Sequence.Stream, m.Headers(), size); err != nil {
+				return err
+			}
+			if md.NumPending == 0 {
+				return nil
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("jsstore: scan: %w", err)
+		}
+		if got == 0 {
+			return nil // the rest was removed meanwhile
+		}
+	}
+}
