@@ -20,6 +20,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -84,6 +85,10 @@ type Options struct {
 	// (store.Options.WrapFS) and the inbox directory: fault injection and crash
 	// exploration in tests.
 	WrapFS func(fsx.FS) fsx.FS
+	// MaxInboxWaiters bounds the inbox fetches held at once (GET /v1/inbox
+	// with wait=); past it a waiting fetch gets 503 RELAY_BUSY. Default
+	// DefaultMaxInboxWaiters.
+	MaxInboxWaiters int
 }
 
 // Stats counts what a Relay did since it started.
@@ -116,6 +121,7 @@ type Relay struct {
 	inflight map[uint64]struct{} // sequence numbers being written
 	lastSeq  uint64
 	stats    Stats
+	waits    waitState // held fetches (wait.go)
 
 	nonces nonceCache
 }
@@ -160,6 +166,7 @@ func New(opts Options) (*Relay, error) {
 		r.log = slog.Default()
 	}
 	r.started = r.now()
+	r.waits.max = cmp.Or(opts.MaxInboxWaiters, DefaultMaxInboxWaiters)
 	r.nonces.entries = map[string]int64{}
 	sopts := store.Options{Home: opts.Home, WrapFS: opts.WrapFS}
 	var err error
@@ -336,12 +343,16 @@ func (r *Relay) insert(e *entry) {
 	})
 	ib.entries = slices.Insert(ib.entries, i, e)
 	r.byID[e.envelopeID] = e
+	if e.seq < r.visibleBelow() {
+		r.wakeLocked(e.recipient)
+	}
 }
 
 // allocSeq returns a new sequence number, larger than every earlier one in
 // this process and — as it follows the clock (milliseconds × 4096) — than the
 // ones of earlier processes on the same directory, even after their inboxes
-// emptied. It is marked in flight until done is called.
+// emptied. It is marked in flight until done is called, which wakes the
+// fetches waiting for the envelopes that become visible.
 func (r *Relay) allocSeq() (seq uint64, done func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -350,7 +361,9 @@ func (r *Relay) allocSeq() (seq uint64, done func()) {
 	r.inflight[seq] = struct{}{}
 	return seq, func() {
 		r.mu.Lock()
+		below := r.visibleBelow()
 		delete(r.inflight, seq)
+		r.publishedLocked(below, r.visibleBelow())
 		r.mu.Unlock()
 	}
 }
