@@ -56,6 +56,7 @@ type env struct {
 	srv    *httptest.Server
 	client *relayproto.Client
 	relID  *identity.Identity
+	opts   relay.Options // more options for start
 }
 
 func newEnv(t *testing.T) *env {
@@ -67,7 +68,9 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) start() {
 	e.t.Helper()
-	r, err := relay.New(relay.Options{Identity: e.relID, Home: e.home, Now: e.clock.Now, Logger: quiet})
+	o := e.opts
+	o.Identity, o.Home, o.Now, o.Logger = e.relID, e.home, e.clock.Now, quiet
+	r, err := relay.New(o)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -33,12 +33,14 @@ type waitState struct {
 	n       int
 	by      map[string]map[*waiter]struct{}
 	stopped bool
+	wakes   int64 // waiters woken (the tests')
 }
 
 // wakeLocked wakes every fetch waiting on recipient dir rdir. r.mu must be held.
 func (r *Relay) wakeLocked(rdir string) {
 	for w := range r.waits.by[rdir] {
 		r.dropWaiterLocked(rdir, w)
+		r.waits.wakes++
 		close(w.ch)
 	}
 }
