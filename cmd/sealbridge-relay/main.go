@@ -151,6 +151,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	// A held inbox fetch extends its own deadlines past its wait (at most
+	// relayproto.MaxInboxWait); on shutdown the held fetches answer at once.
+	srv.RegisterOnShutdown(r.StopWaiting)
 	fmt.Fprintf(stdout, "listening http://%s\n", ln.Addr())
 	fmt.Fprintf(stdout, "relay %s\n", id.DID())
 	if f, ok := stdout.(*os.File); ok {

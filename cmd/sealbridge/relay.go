@@ -90,7 +90,7 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // newRelayServer is the HTTP server of a reference relay.
 func newRelayServer(r *relay.Relay, log *slog.Logger) *http.Server {
-	return &http.Server{
+	srv := &http.Server{
 		Handler:           r.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       60 * time.Second,
@@ -99,4 +99,8 @@ func newRelayServer(r *relay.Relay, log *slog.Logger) *http.Server {
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	// A held inbox fetch extends its own deadlines past its wait (at most
+	// relayproto.MaxInboxWait); on shutdown the held fetches answer at once.
+	srv.RegisterOnShutdown(r.StopWaiting)
+	return srv
 }

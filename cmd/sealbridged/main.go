@@ -55,7 +55,7 @@ and exits 0.
   --lease-for D        lease an attempt takes on its envelopes (default send timeout + 30s)
   --inbox-relay URL    follow this relay's inbox: receive messages and delivery
                        confirmations (default: none, send only)
-  --poll-every D       period of inbox fetches (default 1s)
+  --poll-every D       least spacing of empty inbox fetches, which are long polls (default 1s)
   --delivered-retention D
                        keep a delivered message's record this long after its
                        delivery (default 24h)

@@ -57,7 +57,9 @@ type Options struct {
 	ChangeWindow    int
 	ChangePollEvery time.Duration
 	// InboxRelay is the relay whose inbox the daemon follows (inbound.go); empty:
-	// no inbound. PollEvery is the period of its fetches (default 1 s).
+	// no inbound. PollEvery is the least spacing of its fetches that find
+	// nothing (they are long polls) and the period of its fetches from a relay
+	// that cannot hold them (default 1 s).
 	InboxRelay string
 	PollEvery  time.Duration
 	// DeliveredRetention and ClosedRetention are how long a message's record is kept

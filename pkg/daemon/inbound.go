@@ -33,6 +33,11 @@ const (
 	// confirmationDeadline is the delivery deadline of a delivery-status we send.
 	confirmationDeadline = 24 * time.Hour
 	inboxPageSize        = 100
+	// inboxLongPoll is the wait= of the follower's fetches: the relay holds a
+	// fetch that finds nothing that long, and answers it as soon as an envelope
+	// arrives. inboxFetchTimeout bounds one request (the wait and the page).
+	inboxLongPoll     = 25 * time.Second
+	inboxFetchTimeout = inboxLongPoll + 30*time.Second
 )
 
 // Receipt outcome codes written by the follower.
@@ -64,10 +69,12 @@ type pendingReceipt struct {
 // follower follows our inbox at Options.InboxRelay (DESIGN §13) and processes what
 // arrives: see processEnvelope.
 type follower struct {
-	d       *Daemon
-	rc      *relayproto.Client
-	url     string
-	kick    chan struct{}
+	d    *Daemon
+	rc   *relayproto.Client
+	url  string
+	kick chan struct{}
+	// noWait: the relay refused wait= (an older relay); fetch without it.
+	noWait  bool
 	mu      sync.Mutex
 	pending map[string]*pendingReceipt // receipt id → pending work
 }
@@ -152,8 +159,12 @@ func inboxBackoff(fails int, jitter float64) time.Duration {
 }
 
 // follow runs the inbox follower until ctx is done (nothing without InboxRelay).
-// While the relay cannot be fetched from, it backs off (inboxBackoff); the first
-// success resets the period to PollEvery.
+// It long-polls (inboxLongPoll; PollEvery while receipts are pending, so they
+// are reconciled as often as before): after a page with envelopes it fetches
+// again at once, otherwise no sooner than PollEvery after the previous fetch
+// started, so a relay that answers a wait at once is not hammered. A relay that
+// refuses wait= is polled every PollEvery. While the relay cannot be fetched
+// from, it backs off (inboxBackoff); the first success resets the period.
 func (d *Daemon) follow(ctx context.Context) {
 	if d.opts.InboxRelay == "" {
 		return
@@ -163,7 +174,7 @@ func (d *Daemon) follow(ctx context.Context) {
 		every = defaultPollEvery
 	}
 	f := &follower{d: d, url: d.opts.InboxRelay, kick: make(chan struct{}, 1), pending: map[string]*pendingReceipt{},
-		rc: &relayproto.Client{BaseURL: d.opts.InboxRelay, HTTP: &http.Client{Timeout: 30 * time.Second}}}
+		rc: &relayproto.Client{BaseURL: d.opts.InboxRelay, HTTP: &http.Client{Timeout: inboxFetchTimeout}}}
 	followers.Store(d, f)
 	defer followers.Delete(d)
 	for attempt := 0; ; attempt++ {
@@ -186,11 +197,20 @@ func (d *Daemon) follow(ctx context.Context) {
 		if !d.sleep(ctx, wait, f.kick) {
 			return
 		}
-		err := f.poll(ctx)
+		lp := time.Duration(0)
+		if !f.noWait {
+			lp = inboxLongPoll
+			if f.hasPending() {
+				lp = min(lp, every)
+			}
+		}
+		start := d.now()
+		got, stuck, err := f.poll(ctx, lp)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
+			f.noWait = false // the relay may come back another version
 			fails++
 			wait = max(every, inboxBackoff(fails, d.jitter()))
 			d.cond.warn(key, errClass(err), "inbox: the relay cannot be fetched from; backing off",
@@ -200,6 +220,13 @@ func (d *Daemon) follow(ctx context.Context) {
 				d.cond.clear(key, "inbox: the relay answers again", "relay", f.url, "failures", fails)
 			}
 			wait, fails = every, 0
+			if lp > 0 && !f.noWait && !stuck {
+				if got > 0 {
+					wait = 0
+				} else {
+					wait = max(0, every-d.now().Sub(start))
+				}
+			}
 		}
 		f.reconcile(ctx)
 	}
@@ -289,23 +316,41 @@ func (f *follower) recover(ctx context.Context) error {
 	return nil
 }
 
+// hasPending reports receipts waiting to be advanced.
+func (f *follower) hasPending() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.pending) > 0
+}
+
 // poll fetches the inbox from the start (acknowledged envelopes leave it) and
-// processes every envelope.
-func (f *follower) poll(ctx context.Context) error {
+// processes every envelope; the first fetch waits up to wait (long poll) for
+// one to arrive. It reports how many envelopes it saw and whether one of them
+// was left unacknowledged (it failed and will be fetched again).
+func (f *follower) poll(ctx context.Context, wait time.Duration) (got int, stuck bool, err error) {
 	after := ""
 	for {
-		page, err := f.rc.Fetch(ctx, f.d.id, after, inboxPageSize)
-		if err != nil {
-			return err
+		page, err := f.rc.FetchWait(ctx, f.d.id, after, inboxPageSize, wait)
+		var re *relayproto.Error
+		if wait > 0 && errors.As(err, &re) && re.Status == http.StatusBadRequest && re.Code == relayproto.CodeBadRequest {
+			f.noWait = true
+			f.d.log.Info("inbox: the relay does not hold fetches (wait=); polling it", "relay", f.url)
+			page, err = f.rc.Fetch(ctx, f.d.id, after, inboxPageSize)
 		}
+		wait = 0
+		if err != nil {
+			return got, stuck, err
+		}
+		got += len(page.Envelopes)
 		var acks []string
 		var done []*pendingReceipt
 		for _, ie := range page.Envelopes {
 			p, ack, err := f.processEnvelope(ctx, ie)
 			if err != nil {
 				if ctx.Err() != nil {
-					return err
+					return got, stuck, err
 				}
+				stuck = true
 				f.d.m.storeError(err)
 				f.d.cond.warn("inbox envelope "+ie.EnvelopeID, errClass(err), "inbox: processing an envelope",
 					"envelope", ie.EnvelopeID, "err", err)
@@ -322,14 +367,14 @@ func (f *follower) poll(ctx context.Context) error {
 		if len(acks) > 0 {
 			// Acknowledge only what is durable (or refused for good).
 			if _, err := f.rc.Ack(ctx, f.d.id, acks); err != nil {
-				return fmt.Errorf("acknowledging: %w", err)
+				return got, stuck, fmt.Errorf("acknowledging: %w", err)
 			}
 		}
 		for _, p := range done {
 			f.advance(ctx, p, true)
 		}
 		if !page.More || page.Cursor == "" || page.Cursor == after {
-			return nil
+			return got, stuck, nil
 		}
 		after = page.Cursor
 	}

@@ -30,8 +30,15 @@ func (r *Relay) Handler() http.Handler {
 			status, err = r.only(w, req, http.MethodPost, r.serveAck)
 		case relayproto.PathRecipientsRegister, relayproto.PathRecipientsUnregister:
 			status, err = r.only(w, req, http.MethodPost, r.serveRegister)
+		case relayproto.PathInboxStatus:
+			status, err = r.only(w, req, http.MethodGet, r.serveStatus)
 		default:
 			err = newError(http.StatusNotFound, relayproto.CodeNotFound, "no such endpoint")
+		}
+		if errors.Is(err, errClientGone) {
+			r.log.Debug("relay: client went away", "method", req.Method, "path", req.URL.Path,
+				"ms", time.Since(start).Milliseconds())
+			return
 		}
 		if err != nil {
 			e := asError(err)
@@ -53,6 +60,10 @@ func (r *Relay) Handler() http.Handler {
 			"ms", time.Since(start).Milliseconds())
 	})
 }
+
+// errClientGone: the client went away while its request was held; there is
+// nobody to answer.
+var errClientGone = errors.New("relay: client went away")
 
 func (r *Relay) only(w http.ResponseWriter, req *http.Request, method string,
 	fn func(http.ResponseWriter, *http.Request) (int, error)) (int, error) {
@@ -107,7 +118,7 @@ func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error
 	}
 	q := req.URL.Query()
 	for k := range q {
-		if k != "after" && k != "limit" {
+		if k != "after" && k != "limit" && k != "wait" {
 			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "unknown query parameter %q", k)
 		}
 	}
@@ -127,11 +138,47 @@ func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error
 		}
 		limit = v
 	}
-	page, err := r.Fetch(did, after, limit)
+	wait, err := relayproto.ParseInboxWait(q.Get("wait"))
 	if err != nil {
+		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "%s", err)
+	}
+	if wait > 0 {
+		// The server's read and write timeouts count from the request's
+		// arrival and may be shorter than the wait; a read deadline that
+		// passes cancels the request. Make room for this one.
+		rc := http.NewResponseController(w)
+		end := time.Now().Add(wait + inboxWaitSlack)
+		_ = rc.SetReadDeadline(end)
+		_ = rc.SetWriteDeadline(end)
+	}
+	page, err := r.FetchWait(req.Context(), did, after, limit, wait)
+	if err != nil {
+		if req.Context().Err() != nil && errors.Is(err, req.Context().Err()) {
+			return 0, errClientGone
+		}
 		return 0, err
 	}
 	data, err := json.Marshal(page)
+	if err != nil {
+		return 0, internalError(err)
+	}
+	writeJSONBytes(w, http.StatusOK, data)
+	return http.StatusOK, nil
+}
+
+func (r *Relay) serveStatus(w http.ResponseWriter, req *http.Request) (int, error) {
+	body, e := readBody(w, req, relayproto.MaxAckBodySize, relayproto.CodeBodyTooLarge)
+	if e != nil {
+		return 0, e
+	}
+	did, e := r.authenticate(req, body)
+	if e != nil {
+		return 0, e
+	}
+	for k := range req.URL.Query() {
+		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "unknown query parameter %q", k)
+	}
+	data, err := json.Marshal(r.Status(did))
 	if err != nil {
 		return 0, internalError(err)
 	}

@@ -20,6 +20,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -87,6 +88,10 @@ type Options struct {
 	// (store.Options.WrapFS) and the inbox directory: fault injection and crash
 	// exploration in tests.
 	WrapFS func(fsx.FS) fsx.FS
+	// MaxInboxWaiters bounds the inbox fetches held at once (GET /v1/inbox
+	// with wait=); past it a waiting fetch gets 503 RELAY_BUSY. Default
+	// DefaultMaxInboxWaiters.
+	MaxInboxWaiters int
 }
 
 // Stats counts what a Relay did since it started.
@@ -132,6 +137,7 @@ type Relay struct {
 	regMu     sync.Mutex // serializes registrations
 	stopMaint chan struct{}
 	maintDone chan struct{}
+	waits    waitState // held fetches (wait.go)
 
 	nonces nonceCache
 }
@@ -183,6 +189,7 @@ func New(opts Options) (*Relay, error) {
 		r.log = slog.Default()
 	}
 	r.started = r.now()
+	r.waits.max = cmp.Or(opts.MaxInboxWaiters, DefaultMaxInboxWaiters)
 	r.nonces.entries = map[string]int64{}
 	sopts := store.Options{Home: opts.Home, WrapFS: opts.WrapFS}
 	var err error
@@ -374,12 +381,16 @@ func (r *Relay) insert(e *entry) {
 	ib.entries = slices.Insert(ib.entries, i, e)
 	ib.bytes += int64(e.size)
 	r.byID[e.envelopeID] = e
+	if e.seq < r.visibleBelow() {
+		r.wakeLocked(e.recipient)
+	}
 }
 
 // allocSeq returns a new sequence number, larger than every earlier one in
 // this process and — as it follows the clock (milliseconds × 4096) — than the
 // ones of earlier processes on the same directory, even after their inboxes
-// emptied. It is marked in flight until done is called.
+// emptied. It is marked in flight until done is called, which wakes the
+// fetches waiting for the envelopes that become visible.
 func (r *Relay) allocSeq() (seq uint64, done func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -388,7 +399,9 @@ func (r *Relay) allocSeq() (seq uint64, done func()) {
 	r.inflight[seq] = struct{}{}
 	return seq, func() {
 		r.mu.Lock()
+		below := r.visibleBelow()
 		delete(r.inflight, seq)
+		r.publishedLocked(below, r.visibleBelow())
 		r.mu.Unlock()
 	}
 }

@@ -57,6 +57,7 @@ type env struct {
 	client *relayproto.Client
 	relID  *identity.Identity
 	limits relay.Limits // the relay's limits on (re)start
+	opts   relay.Options // more options for start
 }
 
 func newEnv(t *testing.T) *env { return newLimitedEnv(t, relay.Limits{}) }
@@ -71,7 +72,9 @@ func newLimitedEnv(t *testing.T, l relay.Limits) *env {
 
 func (e *env) start() {
 	e.t.Helper()
-	r, err := relay.New(relay.Options{Identity: e.relID, Home: e.home, Now: e.clock.Now, Logger: quiet, Limits: e.limits})
+	o := e.opts
+	o.Identity, o.Home, o.Now, o.Logger, o.Limits = e.relID, e.home, e.clock.Now, quiet, e.limits
+	r, err := relay.New(o)
 	if err != nil {
 		e.t.Fatal(err)
 	}

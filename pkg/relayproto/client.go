@@ -171,15 +171,27 @@ func envelopeIDOf(wire []byte) string {
 	return ""
 }
 
-// Fetch returns a page of id's inbox after cursor (empty: from the start), at
-// most limit envelopes (0: the relay's default).
+// Fetch returns a page of id's inbox after cursor (empty: from the start),
+// at most limit envelopes (0: the relay's default).
 func (c *Client) Fetch(ctx context.Context, id *identity.Identity, after string, limit int) (*InboxPage, error) {
+	return c.FetchWait(ctx, id, after, limit, 0)
+}
+
+// FetchWait is Fetch with a long poll: when nothing is waiting after the
+// cursor, the relay holds the request until an envelope for id arrives or wait
+// (at most MaxInboxWait; 0: none) ends, then answers the page (empty if the
+// wait ended). The HTTP client's timeout must exceed wait. A relay that does
+// not know wait= refuses it with a 400 BAD_REQUEST, or answers at once.
+func (c *Client) FetchWait(ctx context.Context, id *identity.Identity, after string, limit int, wait time.Duration) (*InboxPage, error) {
 	q := url.Values{}
 	if after != "" {
 		q.Set("after", after)
 	}
 	if limit > 0 {
 		q.Set("limit", strconv.Itoa(limit))
+	}
+	if wait > 0 {
+		q.Set("wait", min(wait, MaxInboxWait).String())
 	}
 	u := strings.TrimRight(c.BaseURL, "/") + PathInbox
 	if len(q) > 0 {
@@ -201,6 +213,27 @@ func (c *Client) Fetch(ctx context.Context, id *identity.Identity, after string,
 		return nil, fmt.Errorf("relay: bad inbox page: %w", err)
 	}
 	return &page, nil
+}
+
+// Status returns what is waiting in id's inbox. A relay without the endpoint
+// answers 404 (an *Error).
+func (c *Client) Status(ctx context.Context, id *identity.Identity) (*InboxStatus, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(c.BaseURL, "/")+PathInboxStatus, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := SignInboxRequest(req, id, c.now()); err != nil {
+		return nil, err
+	}
+	body, err := c.do(req, maxAckAnswer)
+	if err != nil {
+		return nil, err
+	}
+	var st InboxStatus
+	if err := json.Unmarshal(body, &st); err != nil {
+		return nil, fmt.Errorf("relay: bad inbox status: %w", err)
+	}
+	return &st, nil
 }
 
 // Ack removes envelopes from id's inbox and returns how many were removed.

@@ -2,13 +2,15 @@
 // both of its sides: the paths, limits and wire types, the error answer, the
 // signed inbox request (SignInboxRequest for a client, VerifyInboxRequest for
 // the relay), and a Client for its endpoints (POST /v1/envelopes, POST
-// /v1/envelopes/batch, GET /v1/inbox, POST /v1/inbox/ack, POST
-// /v1/recipients/register and /v1/recipients/unregister). pkg/relay serves it; the daemon's inbox
-// follower speaks it.
+// /v1/envelopes/batch, GET /v1/inbox, GET /v1/inbox/status, POST /v1/inbox/ack,
+// POST /v1/recipients/register and /v1/recipients/unregister). pkg/relay serves
+// it; the daemon's inbox follower speaks it.
 package relayproto
 
 import (
 	"encoding/json"
+	"errors"
+	"strconv"
 	"time"
 )
 
@@ -26,6 +28,9 @@ const (
 	// inbox requests are, with an empty body).
 	PathRecipientsRegister   = "/v1/recipients/register"
 	PathRecipientsUnregister = "/v1/recipients/unregister"
+	// PathInboxStatus answers the caller's InboxStatus (a signed GET); a relay
+	// without it answers 404.
+	PathInboxStatus = "/v1/inbox/status"
 )
 
 // Limits of the protocol.
@@ -46,7 +51,38 @@ const (
 	// envelope (at most envelope.MaxSize) with room to spare; a sender packs
 	// as many as fit (BatchBodySize).
 	MaxBatchBodySize = 4 << 20
+	// MaxInboxWait bounds the wait= of GET /v1/inbox: how long the relay holds
+	// a fetch that finds nothing after its cursor (a longer wait is cut to it).
+	MaxInboxWait = 60 * time.Second
 )
+
+// ParseInboxWait parses the wait= of GET /v1/inbox: a Go duration such as
+// "30s" or "500ms", or whole seconds ("30"); "" is 0 (answer at once). A
+// negative or malformed wait is an error; one past MaxInboxWait is cut to it.
+func ParseInboxWait(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		n, nerr := strconv.Atoi(s)
+		d, err = time.Duration(n)*time.Second, nerr
+	}
+	if err != nil || d < 0 {
+		return 0, errors.New("wait must be a duration such as 30s (at most 60s)")
+	}
+	return min(d, MaxInboxWait), nil
+}
+
+// InboxStatus is the answer to GET /v1/inbox/status: the envelopes waiting in
+// the caller's inbox (those a fetch from the start would page through), their
+// bytes, and the receivedAt (Unix ms) of the oldest and newest (0 when empty).
+type InboxStatus struct {
+	Count            int   `json:"count"`
+	Bytes            int64 `json:"bytes"`
+	OldestReceivedAt int64 `json:"oldestReceivedAt"`
+	NewestReceivedAt int64 `json:"newestReceivedAt"`
+}
 
 // InboxEnvelope is one envelope of an inbox page.
 type InboxEnvelope struct {

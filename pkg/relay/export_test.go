@@ -1,0 +1,8 @@
+package relay
+
+// Wakeups is how many held fetches were woken so far.
+func (r *Relay) Wakeups() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.waits.wakes
+}
