@@ -275,11 +275,8 @@ func (c *Carrier) leaseTx(tx *store.Tx, e *store.OutboxSummary, now int64, marke
 		return skipped, nil, err
 	}
 	if m != nil && m.Status == record.StatusClosed && m.ClosedBy == record.ClosedByCancelled {
-		o.State, o.LastError, o.Held, o.Lease, o.Operator = record.StateClosed, m.LastError, nil, nil, nil
-		if m.Operator != nil {
-			a := *m.Operator // the operator's cancel, not the carrier's decision
-			o.Operator = &a
-		}
+		// The operator's cancel, copied: not the carrier's decision.
+		o.State, o.LastError, o.Held, o.Lease, o.Operator = record.StateClosed, m.LastError, nil, nil, record.CloneAction(m.Operator)
 		return closed, nil, tx.Put(o)
 	}
 	if o.Held != nil || o.NextAttemptAt > now {

@@ -49,7 +49,7 @@ type Message struct {
 	Deadline      time.Time `json:"deadline"`
 
 	// Held is an operator's hold in force, Operator the last operator action on the
-	// message (in a list: given for queued, closed and held messages).
+	// message.
 	Held     *OperatorAction `json:"held,omitempty"`
 	Operator *OperatorAction `json:"operator,omitempty"`
 	// Error, set only on an entry of a list, says that this message's record could

@@ -217,7 +217,7 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 		}
 		cm := client.Message{MessageID: s.MessageID, Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
 			RelayURL: s.RelayURL, Attempts: s.Attempts, CreatedAt: msTime(s.CreatedAt), UpdatedAt: msTime(s.UpdatedAt),
-			Deadline: msTime(s.DeliveryDeadline)}
+			Deadline: msTime(s.DeliveryDeadline), Operator: actionOf(s.Operator)}
 		if degraded || s.Status == record.StatusQueued || s.Status == record.StatusClosed || s.Held {
 			m, err := d.st.Message(s.MessageID)
 			var envs []*record.Outbox

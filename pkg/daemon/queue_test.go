@@ -144,6 +144,16 @@ func TestTargetsAndOperatorViews(t *testing.T) {
 	if l, _ := getTyped[client.TargetList](t, h, "/v1/targets"); len(l.Targets) != 1 || l.Targets[0].State != carrier.TargetHeld || l.Targets[0].Pending != 1 {
 		t.Fatalf("after the cancel: %+v", l)
 	}
+
+	// Released, retried and relayed: listed from the index, it still says what the
+	// operator last did.
+	retry := &record.Action{Op: record.ActionRetry, By: "uid:1000", At: since + 9000}
+	update(t, d, held, func(o *record.Outbox) { o.State, o.Held, o.Operator = record.StateRelayed, nil, retry },
+		func(m *record.Message) { m.Status, m.Held, m.Operator = record.StatusRelayed, nil, retry })
+	list, _ = getTyped[client.MessageList](t, h, "/v1/messages?status=relayed")
+	if len(list.Messages) != 1 || list.Messages[0].Operator == nil || list.Messages[0].Operator.Op != "retry" {
+		t.Fatalf("relayed message in the list: %+v, want its last operator action", list.Messages)
+	}
 }
 
 // The per-target series are bounded: the 32 targets with the most pending envelopes

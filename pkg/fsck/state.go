@@ -36,14 +36,6 @@ type stateRef struct {
 	messageID, batchID string
 }
 
-func cloneAction(a *record.Action) *record.Action {
-	if a == nil {
-		return nil
-	}
-	c := *a
-	return &c
-}
-
 // stateRules returns the state rules that message m (nil if absent) and its committed
 // members break. It is pure: the check calls it on what it read, and the repair again
 // on what its transaction reads, so a repair is decided on the records it replaces.
@@ -106,7 +98,7 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 		if f.ClosedBy == record.ClosedByCancelled {
 			// The message closes by cancel: its other pending members too, in the
 			// same run.
-			c.Operator = cloneAction(f.Envelope.Operator)
+			c.Operator = record.CloneAction(f.Envelope.Operator)
 			out = append(out, cancelIncomplete(msgPath, c.LastError, c.Operator, members)...)
 		}
 		return out
@@ -127,7 +119,7 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 	if hold == nil && len(held) > 0 {
 		hold = held[0].Held
 		c := record.Clone(m).(*record.Message)
-		c.Held, c.Operator = cloneAction(hold), cloneAction(hold)
+		c.Held, c.Operator = record.CloneAction(hold), record.CloneAction(hold)
 		out = append(out, stateRule{code: CodeHoldIncomplete, severity: Problem, path: msgPath,
 			why:    fmt.Sprintf("a %s message not held while its pending envelope %s is held: an interrupted hold or release", m.Status, record.Path(record.KindOutbox, held[0].EnvelopeID)),
 			action: "hold the message too, with its envelope's hold" + hint, fixed: c})
@@ -135,7 +127,7 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 	if hold != nil {
 		for _, o := range unheld {
 			c := record.Clone(o).(*record.Outbox)
-			c.Held, c.Operator = cloneAction(hold), cloneAction(hold)
+			c.Held, c.Operator = record.CloneAction(hold), record.CloneAction(hold)
 			out = append(out, stateRule{code: CodeHoldIncomplete, severity: Problem, path: record.Path(record.KindOutbox, o.EnvelopeID),
 				why:    "a pending envelope not held while its message " + msgPath + " or another of its envelopes is held: an interrupted hold or release",
 				action: "hold the envelope too, with its message's hold" + hint, fixed: c})
@@ -155,7 +147,7 @@ func cancelIncomplete(msgPath, reason string, cancel *record.Action, members []*
 			continue
 		}
 		c := record.Clone(o).(*record.Outbox)
-		c.State, c.LastError, c.Held, c.Lease, c.Operator = record.StateClosed, reason, nil, nil, cloneAction(cancel)
+		c.State, c.LastError, c.Held, c.Lease, c.Operator = record.StateClosed, reason, nil, nil, record.CloneAction(cancel)
 		out = append(out, stateRule{code: CodeCancelIncomplete, severity: Problem, path: record.Path(record.KindOutbox, o.EnvelopeID),
 			why:    "a pending envelope of the cancelled message " + msgPath + ": an interrupted cancel",
 			action: "close the envelope as the cancel would have (the carrier never sends it)", fixed: c})

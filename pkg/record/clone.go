@@ -16,7 +16,7 @@ func Clone(r Record) Record {
 			l := *v.Lease
 			c.Lease = &l
 		}
-		c.Held, c.Operator = cloneAction(v.Held), cloneAction(v.Operator)
+		c.Held, c.Operator = CloneAction(v.Held), CloneAction(v.Operator)
 		return &c
 	case *Batch:
 		c := *v
@@ -24,7 +24,7 @@ func Clone(r Record) Record {
 		return &c
 	case *Message:
 		c := *v
-		c.Held, c.Operator = cloneAction(v.Held), cloneAction(v.Operator)
+		c.Held, c.Operator = CloneAction(v.Held), CloneAction(v.Operator)
 		return &c
 	case *Receipt:
 		c := *v
@@ -52,7 +52,8 @@ func Clone(r Record) Record {
 	return r
 }
 
-func cloneAction(a *Action) *Action {
+// CloneAction returns a copy of a (nil for nil).
+func CloneAction(a *Action) *Action {
 	if a == nil {
 		return nil
 	}

@@ -137,7 +137,7 @@ type Relay struct {
 	regMu     sync.Mutex // serializes registrations
 	stopMaint chan struct{}
 	maintDone chan struct{}
-	waits    waitState // held fetches (wait.go)
+	waits     waitState // held fetches (wait.go)
 
 	nonces nonceCache
 }

@@ -56,7 +56,7 @@ type env struct {
 	srv    *httptest.Server
 	client *relayproto.Client
 	relID  *identity.Identity
-	limits relay.Limits // the relay's limits on (re)start
+	limits relay.Limits  // the relay's limits on (re)start
 	opts   relay.Options // more options for start
 }
 

@@ -42,7 +42,10 @@ type MessageSummary struct {
 	UpdatedAt        int64
 	Attempts         int
 	Held             bool // an operator's hold is in force
-	RetainUntil      int64
+	// Operator is the last operator action on the message (nil: none); the
+	// summaries MessageSummaries returns hold their own copies.
+	Operator    *record.Action
+	RetainUntil int64
 }
 
 // index is a kind's metadata index, valid for one listing stamp. It is guarded by
@@ -94,7 +97,8 @@ func summarizeOutbox(r *record.Outbox) OutboxSummary {
 func summarizeMessage(r *record.Message) MessageSummary {
 	return MessageSummary{MessageID: r.MessageID, Status: r.Status, ClosedBy: r.ClosedBy,
 		PeerOwnerDID: r.PeerOwnerDID, RelayURL: r.RelayURL, DeliveryDeadline: r.DeliveryDeadline,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Attempts: r.Attempts, Held: r.Held != nil, RetainUntil: r.RetainUntil}
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Attempts: r.Attempts, Held: r.Held != nil,
+		Operator: record.CloneAction(r.Operator), RetainUntil: r.RetainUntil}
 }
 
 func newIndex(k record.Kind, st Stamp) *index {
@@ -400,6 +404,7 @@ func (s *Store) MessageSummaries(ctx context.Context) ([]MessageSummary, error) 
 	s.mu.Lock()
 	out := make([]MessageSummary, 0, len(ix.messages))
 	for _, e := range ix.messages {
+		e.Operator = record.CloneAction(e.Operator)
 		out = append(out, e)
 	}
 	s.mu.Unlock()
