@@ -3,7 +3,9 @@
 // physical floor (raw temp+write+fsync+rename+fsync-dir, Ed25519, a raw warm scan) and
 // beside SQLite (WAL, synchronous=FULL) and bbolt doing the same durable work on the
 // same signed record bytes; the carrier's delivery to a reference relay in this
-// process is measured beside that relay's raw accept rate.
+// process is measured beside that relay's raw accept rate; the relay's accept rate
+// (file backend, and pkg/relay/jsstore on in-process NATS servers) beside the raw
+// durable create and a plain JetStream publish.
 //
 // Everything lives in _test.go files, so SQLite and bbolt are test-only dependencies
 // and the package adds no import edge to the package map:

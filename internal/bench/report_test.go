@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -29,6 +30,7 @@ import (
 //	SEALBRIDGE_BENCH_RUNS=N     rounds (default 5, at least 5 for the table)
 //	SEALBRIDGE_BENCH_TIME=d     benchtime of each benchmark (default 1s; quick 30ms)
 //	SEALBRIDGE_BENCH_OUT=file   also write the markdown table to file
+//	SEALBRIDGE_BENCH_ONLY=re    only the rows whose benchmark or baseline name matches re
 
 // bench is one benchmark of this package and the metric a row reads from it.
 type bench struct {
@@ -94,6 +96,18 @@ var (
 	partEncode     = bench{name: "PartEncode", fn: BenchmarkPartEncode, unit: "records/s", optional: true}
 	partFsxLstat   = bench{name: "PartFsxLstat", fn: BenchmarkPartFsxLstat, unit: "lstats/s", optional: true}
 	partRawLstat   = bench{name: "PartRawLstat", fn: BenchmarkPartRawLstat, unit: "lstats/s", optional: true}
+	relayAccept1   = bench{name: "RelayAccept1", fn: BenchmarkRelayAccept1, unit: "env/s"}
+	relayBatch64   = bench{name: "RelayAcceptBatch64", fn: BenchmarkRelayAcceptBatch64, unit: "env/s"}
+	relayHTTP1     = bench{name: "RelayAcceptHTTP1", fn: BenchmarkRelayAcceptHTTP1, unit: "env/s", optional: true}
+	relayHTTP64    = bench{name: "RelayAcceptHTTPBatch64", fn: BenchmarkRelayAcceptHTTPBatch64, unit: "env/s", optional: true}
+	jsPut1         = bench{name: "JetStreamPut1", fn: BenchmarkJetStreamPut1, unit: "env/s"}
+	jsPut16        = bench{name: "JetStreamPut16", fn: BenchmarkJetStreamPut16, unit: "env/s"}
+	jsPub1         = bench{name: "FloorJetStreamPublish1", fn: BenchmarkFloorJetStreamPublish1, unit: "env/s"}
+	jsPub16        = bench{name: "FloorJetStreamPublish16", fn: BenchmarkFloorJetStreamPublish16, unit: "env/s"}
+	jsR3Put1       = bench{name: "JetStreamClusterPut1", fn: BenchmarkJetStreamClusterPut1, unit: "env/s", optional: true}
+	jsR3Put16      = bench{name: "JetStreamClusterPut16", fn: BenchmarkJetStreamClusterPut16, unit: "env/s", optional: true}
+	jsR3Pub1       = bench{name: "FloorJetStreamClusterPublish1", fn: BenchmarkFloorJetStreamClusterPublish1, unit: "env/s", optional: true}
+	jsR3Pub16      = bench{name: "FloorJetStreamClusterPublish16", fn: BenchmarkFloorJetStreamClusterPublish16, unit: "env/s", optional: true}
 )
 
 // sendersMinTime is the shortest benchtime of the 8-senders benchmarks: with the quick
@@ -164,6 +178,17 @@ var rows = []row{
 	{what: "part: EncodeRecord = validate + encode + sign (records/s)", ours: partEncode},
 	{what: "part: fsx.WriteFile, durable create via fsx (records/s)", ours: partFsxWrite, base: ref(floorCreate1), baseWhat: "raw create, 1 writer"},
 	{what: "part: fsx.OS.Lstat of a record (lstats/s)", ours: partFsxLstat, base: ref(partRawLstat), baseWhat: "fstatat on an open dir fd"},
+	// The relay's accept rate: two durable files per new envelope (inbox file and
+	// receipt record) on the file backend; jsstore (not yet used by the relay) beside a
+	// plain JetStream publish of the same bytes.
+	{what: "relay accept, 1 new envelope, in process (env/s; 2 durable files each)", ours: relayAccept1, base: ref(floorCreate1), baseWhat: "raw create, 1 writer (records/s)"},
+	{what: "relay accept, batches of 64, in process (env/s; 2 durable files each)", ours: relayBatch64, base: ref(floorGroup16), baseWhat: "raw group commit of 16 (records/s)"},
+	{what: "relay accept over HTTP, 1 envelope, relayproto.Client (env/s)", ours: relayHTTP1, base: ref(relayAccept1), baseWhat: "the same, in process"},
+	{what: "relay accept over HTTP, batches of 64, relayproto.Client (env/s)", ours: relayHTTP64, base: ref(relayBatch64), baseWhat: "the same, in process"},
+	{what: "jsstore Put, 1 at a time, 1 node, sync_interval: always (env/s)", ours: jsPut1, base: ref(jsPub1), baseWhat: "plain JetStream publish of the same bytes, no KV"},
+	{what: "jsstore Put, 16 goroutines, 1 node, sync_interval: always (env/s)", ours: jsPut16, base: ref(jsPub16), baseWhat: "plain publishes, 16 goroutines"},
+	{what: "jsstore Put, 1 at a time, 3 nodes, R3 (env/s)", ours: jsR3Put1, base: ref(jsR3Pub1), baseWhat: "plain publish to an R3 stream"},
+	{what: "jsstore Put, 16 goroutines, 3 nodes, R3 (env/s)", ours: jsR3Put16, base: ref(jsR3Pub16), baseWhat: "plain publishes to an R3 stream, 16 goroutines"},
 	// Late in every round: delivery replaces (and so frees) two records per envelope,
 	// which slows creates near them for a minute or more, like the churn rows.
 	{what: "delivery of 10,000 envelopes to one local relay, send → relayed (env/s)", ours: deliverRelay, base: ref(deliverRelay.with("raw-env/s")),
@@ -208,6 +233,10 @@ func TestBenchReport(t *testing.T) {
 	if err := flag.Set("test.benchtime", benchtime); err != nil {
 		t.Fatalf("benchtime %q: %v", benchtime, err)
 	}
+	only, err := rowFilter(os.Getenv("SEALBRIDGE_BENCH_ONLY"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	got := samples{}
 	for round := range runs {
@@ -216,6 +245,9 @@ func TestBenchReport(t *testing.T) {
 		}
 		ran := map[string]bool{}
 		for _, r := range rows {
+			if !only(r) {
+				continue
+			}
 			for _, bp := range []*bench{r.base, &r.ours, r.sqlite, r.bolt} {
 				if bp == nil || ran[bp.name] || (quick && bp.optional) {
 					continue
@@ -248,6 +280,19 @@ func TestBenchReport(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// rowFilter returns whether a row is in the report: every row, or with re those
+// whose benchmark or baseline name matches it.
+func rowFilter(re string) (func(row) bool, error) {
+	if re == "" {
+		return func(row) bool { return true }, nil
+	}
+	m, err := regexp.Compile(re)
+	if err != nil {
+		return nil, fmt.Errorf("SEALBRIDGE_BENCH_ONLY: %w", err)
+	}
+	return func(r row) bool { return m.MatchString(r.ours.name) || r.base != nil && m.MatchString(r.base.name) }, nil
 }
 
 type reportInfo struct {
@@ -382,6 +427,9 @@ func writeReport(w io.Writer, s samples, info reportInfo) {
 		if info.quick && r.ours.optional || r.base != nil && info.quick && r.base.optional {
 			continue
 		}
+		if _, ran := s[r.ours.name]; !ran { // left out by SEALBRIDGE_BENCH_ONLY
+			continue
+		}
 		var baseCell, baseRatio, target, sqlCell, sqlRatio, boltCell, boltRatio = "—", "—", "—", "—", "—", "—", "—"
 		if r.base != nil {
 			baseCell = s.cell(r.base) + " (" + r.baseWhat + ")"
@@ -461,6 +509,15 @@ func writeReport(w io.Writer, s samples, info reportInfo) {
 			thousands(n), histories[n].built.Round(time.Millisecond))
 	}
 	historyMu.Unlock()
+	for _, j := range []struct {
+		what string
+		t    *jsTarget
+	}{{"one node, sync_interval: always", jsSingle}, {"three nodes, R3", jsCluster}} {
+		if j.t != nil {
+			fmt.Fprintf(w, "\nJetStream (%s): in-process servers started, stream and bucket created in %s, once per process.\n",
+				j.what, j.t.built.Round(time.Millisecond))
+		}
+	}
 }
 
 // thousands formats n with a comma every three digits (10,000).
