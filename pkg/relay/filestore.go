@@ -150,8 +150,8 @@ func parseFileName(name string) (seq uint64, envelopeID string, ok bool) {
 // is the start). A JetStream backend's cursor is taken as the start: the
 // recipient's relay changed backend, and its inbox here is all new to it.
 func parseFileCursor(s string) (uint64, error) {
-	if s == "" || isJSCursor(s) {
-		return 0, nil
+	if _, ok, err := jsCursor(s); s == "" || ok || err != nil {
+		return 0, err
 	}
 	v, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {

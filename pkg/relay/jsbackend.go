@@ -32,7 +32,18 @@ type jsBackend struct {
 // jsCursorPrefix marks a JetStream storage cursor.
 const jsCursorPrefix = "j"
 
-func isJSCursor(s string) bool { return strings.HasPrefix(s, jsCursorPrefix) }
+// jsCursor parses a JetStream storage cursor: jsstore's cursor and true, or
+// false when s is not of that format, or a 400 when it is malformed.
+func jsCursor(s string) (string, bool, error) {
+	rest, ok := strings.CutPrefix(s, jsCursorPrefix)
+	if !ok {
+		return "", false, nil
+	}
+	if _, err := jsstore.ParseCursor(rest); err != nil || rest == "" {
+		return "", false, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "after is not a cursor")
+	}
+	return rest, true, nil
+}
 
 // openJetStream opens the JetStream storage on nc and subscribes to the accept
 // notifications of every relay process, which wake the held fetches.
@@ -102,11 +113,8 @@ func (j *jsBackend) put(ctx context.Context, items []*newEnvelope) error {
 // cursor turns a protocol cursor into jsstore's: "j<seq>" is ours; "" and
 // anything else that parses as a file storage cursor (digits) is the start.
 func (j *jsBackend) cursor(s string) (string, error) {
-	if rest, ok := strings.CutPrefix(s, jsCursorPrefix); ok {
-		if _, err := jsstore.ParseCursor(rest); err != nil || rest == "" {
-			return "", newError(http.StatusBadRequest, relayproto.CodeBadRequest, "after is not a cursor")
-		}
-		return rest, nil
+	if rest, ok, err := jsCursor(s); ok || err != nil {
+		return rest, err
 	}
 	if _, err := parseFileCursor(s); err != nil {
 		return "", err
