@@ -304,7 +304,7 @@ func checkRelayState(t *testing.T, home string, w relayWorkload, st crashtest.St
 		seen := map[string]int{}
 		order := map[identity.DID][]string{}
 		for did := range recipients {
-			page, err := r.Fetch(did, 0, relayproto.MaxFetchLimit)
+			page, err := r.Fetch(context.Background(), did, "", relayproto.MaxFetchLimit)
 			if err != nil {
 				bad = append(bad, fmt.Sprintf("%s: fetch: %v", when, err))
 				continue
