@@ -1,6 +1,6 @@
 // Command sealbridge-relay runs sealbridge's reference relay (docs/RELAY.md).
 //
-//	sealbridge-relay [--listen 127.0.0.1:8470] [--home DIR] [--identity-file FILE] [limit flags]
+//	sealbridge-relay [--listen 127.0.0.1:8470] [--home DIR] [--identity-file FILE] [storage flags] [limit flags]
 //	sealbridge-relay --version
 //
 // On first start it creates the relay identity (a PKCS#8 PEM key file, mode
@@ -32,6 +32,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
 
 func main() {
@@ -41,7 +42,8 @@ func main() {
 }
 
 const usage = `usage: sealbridge-relay [--listen ADDR] [--home DIR] [--identity-file FILE]
-                        [--log-format text|json] [--log-level L] [limit flags]
+                        [--log-format text|json] [--log-level L]
+                        [--backend file|jetstream --nats-url URLS …] [limit flags]
        sealbridge-relay --version
 
 Runs sealbridge's reference relay (docs/RELAY.md) in the foreground: it prints
@@ -57,15 +59,20 @@ error; SIGTERM or SIGINT stops it gracefully. "sealbridge relay" runs the same r
   --log-level LEVEL     debug, info, warn or error (default info)
   --version             print the version and exit
 
+Storage (docs/RELAY.md "Storage backends"):
+` + relay.BackendFlagsUsage + `
 Limits (docs/RELAY.md "Limits"):
 ` + relay.LimitFlagsUsage + `
 Examples:
   sealbridge-relay --home ~/sb-relay
   sealbridge-relay --listen 0.0.0.0:8470 --home /var/lib/sealbridge-relay --log-format json
+  SEALBRIDGE_NATS_CREDS=/etc/sealbridge/relay.creds sealbridge-relay --backend jetstream \
+      --nats-url nats://n1:4222,nats://n2:4222,nats://n3:4222
 
 Exit status:
   0   stopped by SIGTERM or SIGINT (or --help, --version)
-  1   failure: cannot listen, cannot open its key or store, or serving failed
+  1   failure: cannot listen, cannot open its key or store (a JetStream stream
+      neither replicated nor synced on every write is refused), or serving failed
   2   usage error
 `
 
@@ -92,6 +99,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cli.HomeFlag(fs, &home)
 	cli.NonEmptyVar(fs, &idFile, "identity-file", "")
 	logFlags := cli.AddLogFlags(fs)
+	backendFlags := relay.AddBackendFlags(fs)
 	limitFlags := relay.AddLimitFlags(fs)
 	showVersion := fs.Bool("version", false, "")
 	pos, err := cli.ParseFlags(fs, args)
@@ -106,6 +114,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cli.Usagef("unexpected argument %q: sealbridge-relay takes flags only", pos[0])
 	}
 	if err := limitFlags.Check(); err != nil {
+		return cli.AsUsage(err)
+	}
+	if err := backendFlags.Check(); err != nil {
 		return cli.AsUsage(err)
 	}
 	log, err := logFlags.Logger(stderr)
@@ -132,7 +143,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if created {
 		log.Info("relay: created identity", "file", idFile, "did", string(id.DID()))
 	}
-	r, err := relay.New(relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits})
+	ropts := relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits}
+	closeConn, err := backendFlags.Open(&ropts, "sealbridge-relay")
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	r, err := relay.New(ropts)
+	if errors.Is(err, jsstore.ErrNotDurable) {
+		return errcode.WithHint(err, relay.NotDurableHint)
+	}
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -175,5 +177,70 @@ func TestProcessServesAndStopsOnSIGTERM(t *testing.T) {
 	raw2, _, err := c2.Post(context.Background(), data)
 	if err != nil || !bytes.Equal(raw, raw2) {
 		t.Fatalf("duplicate after restart: %v", err)
+	}
+}
+
+// The storage flags: nonsense, credentials in the URL, NATS flags without the
+// JetStream backend and a half-set user/password pair are usage errors.
+func TestBackendFlagUsageErrors(t *testing.T) {
+	t.Setenv("SEALBRIDGE_HOME", t.TempDir())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{args: []string{"--backend", "redis"}, want: "want file or jetstream"},
+		{args: []string{"--backend", "jetstream"}, want: "needs --nats-url"},
+		{args: []string{"--backend", "jetstream", "--nats-url", "nats://alice:s3cret@127.0.0.1:4222"}, want: "credentials never go on the command line"},
+		{args: []string{"--backend", "jetstream", "--nats-url", "nats://127.0.0.1:4222,nats://tok@10.0.0.1:4222"}, want: "credentials never go on the command line"},
+		{args: []string{"--nats-url", "nats://127.0.0.1:4222"}, want: "need --backend jetstream"},
+		{args: []string{"--jetstream-sync-always"}, want: "need --backend jetstream"},
+		{args: []string{"--backend", "jetstream", "--nats-url", "nats://127.0.0.1:4222", "--jetstream-replicas", "0"}, want: "replicas"},
+		{args: []string{"--backend", "jetstream", "--nats-url", "nats://127.0.0.1:4222"},
+			env: map[string]string{"SEALBRIDGE_NATS_USER": "relay"}, want: "SEALBRIDGE_NATS_PASSWORD"},
+	} {
+		for k, v := range tc.env {
+			t.Setenv(k, v)
+		}
+		var out, errb bytes.Buffer
+		code := run(ctx, append([]string{"--listen=127.0.0.1:0"}, tc.args...), &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%q: exit %d, stderr %q: want a usage error saying %q", tc.args, code, errb.String(), tc.want)
+		}
+		if strings.Contains(errb.String(), "s3cret") {
+			t.Errorf("%q: the password is echoed: %q", tc.args, errb.String())
+		}
+		for k := range tc.env {
+			os.Unsetenv(k)
+		}
+	}
+}
+
+// On a JetStream that is neither replicated nor declared synced the relay
+// exits 1 at start saying which setting to change; declared, it starts.
+func TestJetStreamBackendDurability(t *testing.T) {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir(), SyncAlways: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	base := []string{"--listen=127.0.0.1:0", "--home", t.TempDir(), "--backend", "jetstream", "--nats-url", s.ClientURL()}
+	var out, errb bytes.Buffer
+	code := run(ctx, append(base, "--jetstream-replicas", "1"), &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "--jetstream-sync-always") || !strings.Contains(errb.String(), "--jetstream-replicas 3") {
+		t.Fatalf("unreplicated, undeclared: exit %d, stderr %q", code, errb.String())
+	}
+	errb.Reset()
+	if code := run(ctx, append(base, "--jetstream-replicas", "1", "--jetstream-sync-always"), &out, &errb); code != 0 {
+		t.Fatalf("declared sync_interval: always: exit %d, stderr %q", code, errb.String())
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,24 +16,29 @@ import (
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
 
 // relayKeyFile is the reference relay's key under its data root (the same name
 // sealbridge-relay uses, so both serve the same relay from one directory).
 const relayKeyFile = "relay-identity.pem"
 
-// cmdRelay: sealbridge relay [--listen 127.0.0.1:8470] [--home DIR] [--log-format F] [--log-level L] [limit flags]
+// cmdRelay: sealbridge relay [--listen 127.0.0.1:8470] [--home DIR] [--log-format F] [--log-level L] [storage flags] [limit flags]
 func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("relay")
 	var listen, home string
 	cli.NonEmptyVar(fs, &listen, "listen", relay.DefaultListen)
 	cli.HomeFlag(fs, &home)
 	logFlags := cli.AddLogFlags(fs)
+	backendFlags := relay.AddBackendFlags(fs)
 	limitFlags := relay.AddLimitFlags(fs)
 	if err := noArgs(fs, args); err != nil {
 		return err
 	}
 	if err := limitFlags.Check(); err != nil {
+		return cli.AsUsage(err)
+	}
+	if err := backendFlags.Check(); err != nil {
 		return cli.AsUsage(err)
 	}
 	log, err := logFlags.Logger(stderr)
@@ -57,7 +63,16 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if created {
 		log.Info("relay: created identity", "file", keyFile, "did", string(id.DID()))
 	}
-	r, err := relay.New(relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits})
+	ropts := relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits}
+	closeConn, err := backendFlags.Open(&ropts, "sealbridge relay")
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	r, err := relay.New(ropts)
+	if errors.Is(err, jsstore.ErrNotDurable) {
+		return withHint(err, relay.NotDurableHint)
+	}
 	if err != nil {
 		return err
 	}

@@ -126,7 +126,8 @@ Examples:
   sealbridge watch --home ~/sb --identity alice --topics messages
 `,
 	"relay": `usage: sealbridge relay [--listen 127.0.0.1:8470] [--home DIR]
-                        [--log-format text|json] [--log-level L] [limit flags]
+                        [--log-format text|json] [--log-level L]
+                        [--backend file|jetstream --nats-url URLS …] [limit flags]
 
 Runs a reference relay in the foreground (the same relay as sealbridge-relay). Its
 key is <home>/relay-identity.pem, created on first start. It prints
@@ -138,6 +139,8 @@ key is <home>/relay-identity.pem, created on first start. It prints
   --log-format FORMAT  text or json (default text)
   --log-level LEVEL    debug, info, warn or error (default info)
 
+Storage (docs/RELAY.md "Storage backends"):
+` + relay.BackendFlagsUsage + `
 Limits (docs/RELAY.md "Limits"):
 ` + relay.LimitFlagsUsage + `
 Examples:

@@ -33,7 +33,8 @@ var allowed = map[string][]string{
 		"pkg/envelope", "pkg/errcode", "internal/uuid"},
 	"pkg/fsck":    {"pkg/record", "pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
 	"pkg/carrier": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "internal/uuid", "golang.org/x/sys"},
-	"pkg/relay":   {"pkg/record", "pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "internal/fsx", "internal/uuid"},
+	"pkg/relay": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "internal/fsx", "internal/uuid",
+		"pkg/relay/jsstore", "github.com/nats-io/nats.go"},
 	// relay/jsstore: the relay's JetStream storage; it keeps bytes and fields and
 	// neither parses envelopes nor signs (pkg/envelope only for the strict decoder).
 	"pkg/relay/jsstore": {"pkg/envelope", "pkg/identity", "internal/uuid", "github.com/nats-io/nats.go"},

@@ -3,22 +3,12 @@ package relay
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
-	"path"
 	"slices"
-	"sync"
-	"time"
 
-	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
-	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
-	"github.com/sealbridge/sealbridge/pkg/store"
 )
-
-// stageWorkers bounds the inbox files of one batch written (and fsynced) at once.
-const stageWorkers = 8
 
 func (r *Relay) serveBatch(w http.ResponseWriter, req *http.Request) (int, error) {
 	body, e := readBody(w, req, relayproto.MaxBatchBodySize, relayproto.CodeBodyTooLarge)
@@ -55,13 +45,8 @@ type batchItem struct {
 	// dupOf is the index of an earlier new envelope of the batch with this id
 	// and digest, or -1.
 	dupOf int
-	// A new envelope's record, inbox directory, file name, sequence number and
-	// staged file.
-	rec    *record.Receipt
-	rdir   string
-	name   string
-	seq    uint64
-	staged *fsx.Staged
+	// put is a new envelope's, for storage.put.
+	put *newEnvelope
 	// res is a new envelope's claim on its recipient's quota (admit).
 	res *reservation
 }
@@ -69,13 +54,12 @@ type batchItem struct {
 // AcceptBatch verifies and stores up to relayproto.MaxBatchEnvelopes wire
 // envelopes with the rules of Accept, envelope by envelope: each one is
 // accepted, answered as a duplicate with its stored receipt, or refused with
-// the status and code Accept would answer. The new ones are committed
-// together: their inbox files are staged (in parallel, each fsynced),
-// published, and each recipient directory fsynced once, then their receipt
-// records are written in one prepared transaction — one group commit for the
-// batch instead of one per envelope. The order of the inbox files (their
-// sequence numbers) is the batch's order. An error is about the whole batch
-// (the store or the inbox cannot be written: nothing new is acknowledged) and
+// the status and code Accept would answer. The new ones are handed to the
+// storage together: the file storage commits them as one group (their inbox
+// files staged in parallel, published, each recipient directory fsynced once,
+// their receipt records in one prepared transaction), JetStream puts them in
+// order. Their order in the inbox is the batch's order. An error is about the
+// whole batch (the storage cannot be written: nothing new is acknowledged) and
 // is a *relayproto.Error.
 // Exported for the package's external tests, which call it without an HTTP server.
 func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.BatchResult, error) {
@@ -108,7 +92,8 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 
 	now := r.now()
 	firstNew := map[string]int{} // envelope id → index of its new item
-	var fresh []*batchItem
+	var fresh []*newEnvelope
+	var freshItems []*batchItem
 	for i, it := range items {
 		if it.env == nil {
 			continue
@@ -123,12 +108,12 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 			}
 			continue
 		}
-		rec, err := store.GetAs[*record.Receipt](r.st, record.ReceiptID(env.ID()))
+		h, err := r.back.lookup(ctx, env.ID())
 		if err != nil {
-			return nil, storeError(err)
+			return nil, err
 		}
-		if rec != nil {
-			receipt, err := r.existing(env, rec)
+		if h != nil {
+			receipt, err := r.existing(env, h)
 			if err != nil {
 				it.refuse(asError(err))
 			} else {
@@ -141,7 +126,7 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 			r.count(func(s *Stats) { s.Refused++ })
 			continue
 		}
-		res, lerr := r.admit(env, len(wires[i]))
+		res, lerr := r.admit(ctx, env, len(wires[i]))
 		if lerr != nil {
 			it.refuse(lerr)
 			r.count(func(s *Stats) { s.Refused++ })
@@ -149,18 +134,35 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 		}
 		defer r.release(res)
 		it.res = res
+		it.put = &newEnvelope{env: env, wire: wires[i], receivedAt: now}
 		firstNew[env.ID()] = i
-		fresh = append(fresh, it)
+		fresh = append(fresh, it.put)
+		freshItems = append(freshItems, it)
 	}
 	if len(fresh) > 0 {
-		if err := r.commitBatch(ctx, wires, items, fresh, now); err != nil {
+		if err := r.back.put(ctx, fresh); err != nil {
 			return nil, err
+		}
+		for _, it := range freshItems {
+			receipt, err := r.answer(it.put, len(wires))
+			switch {
+			case err != nil:
+				it.refuse(asError(err))
+			case it.put.outcome == putNew:
+				it.result = relayproto.BatchResult{Outcome: relayproto.BatchAccepted, Receipt: receipt}
+			default:
+				it.result = relayproto.BatchResult{Outcome: relayproto.BatchDuplicate, Receipt: receipt}
+			}
 		}
 	}
 	results := make([]relayproto.BatchResult, len(items))
 	for i, it := range items {
 		if it.dupOf >= 0 {
 			first := items[it.dupOf]
+			if first.result.Outcome == relayproto.BatchRefused {
+				results[i] = first.result
+				continue
+			}
 			results[i] = relayproto.BatchResult{Outcome: relayproto.BatchDuplicate, Receipt: first.result.Receipt}
 			r.count(func(s *Stats) { s.Duplicates++ })
 			if r.onAccept != nil {
@@ -176,156 +178,4 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 func (it *batchItem) refuse(e *relayproto.Error) {
 	it.result = relayproto.BatchResult{Outcome: relayproto.BatchRefused, Status: e.Status, Code: e.Code, Message: e.Message,
 		RetryAfter: e.RetryAfter}
-}
-
-// commitBatch writes the new envelopes of a batch: files staged, published,
-// directories fsynced, then the records in one prepared transaction. On
-// success every fresh item has its receipt as its result.
-func (r *Relay) commitBatch(ctx context.Context, wires [][]byte, items, fresh []*batchItem, now time.Time) error {
-	index := map[*batchItem]int{}
-	for i, it := range items {
-		index[it] = i
-	}
-	var dones []func()
-	defer func() {
-		for _, d := range dones {
-			d()
-		}
-	}()
-	dirs := map[string]bool{}
-	for _, it := range fresh {
-		var done func()
-		it.seq, done = r.allocSeq()
-		dones = append(dones, done)
-		it.rdir = recipientDir(it.env.Recipient())
-		it.name = fileName(it.seq, it.env.ID())
-		it.rec = r.receiptRecord(it.env, now.UnixMilli())
-		if !dirs[it.rdir] {
-			if _, err := fsx.MkdirPrivate(r.fs, it.rdir); err != nil {
-				return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
-			}
-			dirs[it.rdir] = true
-		}
-	}
-	// Stage every file (write and fsync each) with a bounded pool.
-	var mu sync.Mutex
-	var stageErr error
-	work := make(chan *batchItem)
-	var wg sync.WaitGroup
-	for range min(stageWorkers, len(fresh)) {
-		wg.Go(func() {
-			for it := range work {
-				s, err := fsx.Stage(r.fs, it.rdir, wires[index[it]])
-				mu.Lock()
-				if err != nil && stageErr == nil {
-					stageErr = err
-				}
-				it.staged = s
-				mu.Unlock()
-			}
-		})
-	}
-	for _, it := range fresh {
-		work <- it
-	}
-	close(work)
-	wg.Wait()
-	cleanup := func() {
-		for _, it := range fresh {
-			if it.staged == nil {
-				continue
-			}
-			if it.staged.Published() {
-				_ = r.fs.Remove(path.Join(it.rdir, it.name))
-			} else {
-				_ = it.staged.Cleanup()
-			}
-		}
-		for d := range dirs {
-			_ = r.fs.SyncDir(d)
-		}
-	}
-	if stageErr != nil {
-		cleanup()
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", stageErr)
-	}
-	// Publish in sequence order; each name's sequence number is new, so
-	// nothing may be there (PublishNoReplace refuses to replace what is).
-	for _, it := range fresh {
-		if err := it.staged.PublishNoReplace(it.name); err != nil {
-			cleanup()
-			return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
-		}
-	}
-	for d := range dirs {
-		if err := r.fs.SyncDir(d); err != nil {
-			cleanup()
-			return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
-		}
-	}
-	err := r.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
-		for _, it := range fresh {
-			cur, err := store.TxGet[*record.Receipt](tx, it.rec.RecordID())
-			if err != nil {
-				return err
-			}
-			if cur != nil {
-				return errConflict // another process wrote it; cannot happen under the directory lock
-			}
-			if err := tx.Put(it.rec); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		// Keep a file only if its record made it to disk after all (a failure
-		// after publication): it is then the envelope the record names.
-		removed := false
-		for _, it := range fresh {
-			if cur, gerr := store.GetAs[*record.Receipt](r.st, it.rec.RecordID()); gerr == nil && cur != nil && cur.EnvelopeDigest == it.env.Digest() {
-				r.mu.Lock()
-				r.insert(r.entryOf(it, len(wires[index[it]])))
-				r.settleLocked(it.res)
-				r.mu.Unlock()
-				continue
-			}
-			_ = r.fs.Remove(path.Join(it.rdir, it.name))
-			removed = true
-		}
-		if removed {
-			for d := range dirs {
-				_ = r.fs.SyncDir(d)
-			}
-		}
-		if errors.Is(err, errConflict) {
-			return internalError(err)
-		}
-		return storeError(err)
-	}
-	r.mu.Lock()
-	for _, it := range fresh {
-		r.insert(r.entryOf(it, len(wires[index[it]])))
-		r.settleLocked(it.res)
-	}
-	r.stats.Accepted += int64(len(fresh))
-	r.mu.Unlock()
-	for _, it := range fresh {
-		receipt, err := r.signReceipt(it.rec)
-		if err != nil {
-			return internalError(err)
-		}
-		it.result = relayproto.BatchResult{Outcome: relayproto.BatchAccepted, Receipt: receipt}
-		r.log.Info("relay: envelope accepted", "envelopeId", it.env.ID(), "digest", it.env.Digest()[:16],
-			"sender", string(it.env.Sender()), "recipient", string(it.env.Recipient()), "size", len(wires[index[it]]), "batch", len(wires))
-		if r.onAccept != nil {
-			r.onAccept(it.env.ID(), it.env.Digest(), false)
-		}
-	}
-	return nil
-}
-
-func (r *Relay) entryOf(it *batchItem, size int) *entry {
-	return &entry{seq: it.seq, envelopeID: it.env.ID(), digest: it.env.Digest(), receivedAt: it.rec.ReceivedAt,
-		size: size, deadline: it.env.DeliveryDeadlineMillis(), file: path.Join(it.rdir, it.name), recipient: it.rdir}
 }

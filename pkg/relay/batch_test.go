@@ -13,6 +13,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
@@ -21,8 +22,10 @@ import (
 // twice in the batch are duplicates with the first receipt bytes, and a bad,
 // a conflicting and an expired envelope are refused with the codes the single
 // endpoint gives them, without refusing the others.
-func TestBatchAcceptPerEnvelope(t *testing.T) {
-	e := newEnv(t)
+func TestBatchAcceptPerEnvelope(t *testing.T) { eachBackend(t, testBatchAcceptPerEnvelope) }
+
+func testBatchAcceptPerEnvelope(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob, carol := ident(t, 2), ident(t, 3)
 	ctx := context.Background()
 	held, heldData := e.message(bob.DID())

@@ -101,7 +101,7 @@ func TestFIFOInInboxDoesNotBlockFetch(t *testing.T) {
 	defer r.Close()
 	fifo := plantFIFO(t, r, home)
 	err = within(t, fifo, "Relay.Fetch", func() error {
-		_, err := r.Fetch(ident(t, 2).DID(), 0, 0)
+		_, err := r.Fetch(context.Background(), ident(t, 2).DID(), "", 0)
 		return err
 	})
 	var re *relayproto.Error

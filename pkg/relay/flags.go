@@ -1,12 +1,22 @@
 package relay
 
 import (
+	"cmp"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
+	"net/url"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
 
 // DefaultExpireEvery is the period of the expiry pass both relay commands run
@@ -140,3 +150,139 @@ func (c *limitConn) Close() error {
 	c.once.Do(c.release)
 	return err
 }
+
+// Environment variables of the NATS credentials (never on the command line).
+const (
+	EnvNATSCreds    = "SEALBRIDGE_NATS_CREDS"    // a NATS .creds file, as --nats-creds
+	EnvNATSUser     = "SEALBRIDGE_NATS_USER"     // user and password, both or neither
+	EnvNATSPassword = "SEALBRIDGE_NATS_PASSWORD" //
+)
+
+// BackendFlags are the command-line flags of the relay's storage, shared by
+// both relay commands.
+type BackendFlags struct {
+	Backend     string // "file" or "jetstream"
+	NATSURL     string
+	NATSCreds   string
+	Replicas    int
+	SyncAlways  bool
+	replicasSet bool
+	getenv      func(string) string
+}
+
+// BackendFlagsUsage is the flags' part of a relay command's usage text.
+const BackendFlagsUsage = `  --backend B           where inboxes and de-duplication records live: file (default:
+                        under --home) or jetstream (NATS JetStream, shared by several
+                        relay processes of one relay identity)
+  --nats-url URLS       JetStream servers, comma-separated (nats://host:4222,…); no
+                        credentials in it: they come from --nats-creds or the
+                        environment (` + EnvNATSCreds + `, or ` + EnvNATSUser + ` and
+                        ` + EnvNATSPassword + `)
+  --nats-creds FILE     a NATS .creds file (user JWT and NKey seed)
+  --jetstream-replicas N  replicas of the stream and buckets the relay creates
+                        (default 3); fewer than 3 needs --jetstream-sync-always
+  --jetstream-sync-always  declare that every JetStream server runs with
+                        sync_interval: always (fsync on every write)
+`
+
+// AddBackendFlags defines the storage flags on fs; call Check after parsing.
+func AddBackendFlags(fs *flag.FlagSet) *BackendFlags {
+	f := &BackendFlags{Backend: "file", Replicas: jsstore.DefaultReplicas, getenv: os.Getenv}
+	fs.Func("backend", "", func(s string) error {
+		if s != "file" && s != "jetstream" {
+			return fmt.Errorf("want file or jetstream, not %q", s)
+		}
+		f.Backend = s
+		return nil
+	})
+	// Checked in Check, not here: the flag package would echo the value, and
+	// it may hold a password.
+	fs.StringVar(&f.NATSURL, "nats-url", "", "")
+	fs.Func("nats-creds", "", func(s string) error {
+		if s == "" {
+			return errors.New("want a file name")
+		}
+		f.NATSCreds = s
+		return nil
+	})
+	fs.Func("jetstream-replicas", "", func(s string) error {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 || v > 5 {
+			return fmt.Errorf("want 1 to 5 replicas, not %q", s)
+		}
+		f.Replicas, f.replicasSet = v, true
+		return nil
+	})
+	fs.BoolVar(&f.SyncAlways, "jetstream-sync-always", false, "")
+	return f
+}
+
+// checkNATSURLs refuses a server list that is malformed or names
+// credentials, without repeating what it was given.
+func checkNATSURLs(s string) error {
+	for i, raw := range strings.Split(s, ",") {
+		raw = strings.TrimSpace(raw)
+		u, err := url.Parse(raw)
+		if raw == "" || err != nil || u.Host == "" {
+			return fmt.Errorf("--nats-url: server %d is not nats://host:port (a comma-separated list)", i+1)
+		}
+		if u.User != nil {
+			return fmt.Errorf("--nats-url: server %d has credentials in it (%s://…@%s): credentials never go on the command line; give --nats-creds FILE or set %s and %s",
+				i+1, u.Scheme, u.Host, EnvNATSUser, EnvNATSPassword)
+		}
+	}
+	return nil
+}
+
+// Check applies the rules between the flags and the environment.
+func (f *BackendFlags) Check() error {
+	js := f.Backend == "jetstream"
+	if f.NATSURL != "" {
+		if err := checkNATSURLs(f.NATSURL); err != nil {
+			return err
+		}
+	}
+	switch {
+	case js && f.NATSURL == "":
+		return errors.New("--backend jetstream needs --nats-url (see --help)")
+	case !js && (f.NATSURL != "" || f.NATSCreds != "" || f.replicasSet || f.SyncAlways):
+		return errors.New("the --nats-* and --jetstream-* flags need --backend jetstream (see --help)")
+	case js && (f.getenv(EnvNATSUser) == "") != (f.getenv(EnvNATSPassword) == ""):
+		return fmt.Errorf("set both %s and %s, or neither", EnvNATSUser, EnvNATSPassword)
+	case js && f.NATSCreds == "" && f.getenv(EnvNATSCreds) != "" && f.getenv(EnvNATSUser) != "":
+		return fmt.Errorf("set %s or %s, not both", EnvNATSCreds, EnvNATSUser)
+	case js && f.NATSCreds != "" && f.getenv(EnvNATSUser) != "":
+		return fmt.Errorf("give --nats-creds or set %s, not both", EnvNATSUser)
+	}
+	return nil
+}
+
+// Open connects to JetStream when the flags say so and fills o's JetStream
+// fields; the returned function closes the connection (after the Relay's
+// Close). With the file backend it changes nothing.
+func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err error) {
+	if f.Backend != "jetstream" {
+		return func() {}, nil
+	}
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.Timeout(10 * time.Second)}
+	creds := cmp.Or(f.NATSCreds, f.getenv(EnvNATSCreds))
+	switch {
+	case creds != "":
+		opts = append(opts, nats.UserCredentials(creds))
+	case f.getenv(EnvNATSUser) != "":
+		opts = append(opts, nats.UserInfo(f.getenv(EnvNATSUser), f.getenv(EnvNATSPassword)))
+	}
+	nc, err := nats.Connect(f.NATSURL, opts...)
+	if err != nil {
+		return nil, errcode.WithHint(fmt.Errorf("connect to NATS at %s: %w", f.NATSURL, err),
+			"check --nats-url and the credentials (--nats-creds, "+EnvNATSCreds+", "+EnvNATSUser+"/"+EnvNATSPassword+")")
+	}
+	o.JetStream = nc
+	o.JetStreamOptions.Replicas = f.Replicas
+	o.JetStreamOptions.SyncAlways = f.SyncAlways
+	return nc.Close, nil
+}
+
+// NotDurableHint is the hint of a relay command refused by
+// jsstore.ErrNotDurable: the command-line form of the setting to change.
+const NotDurableHint = "give the stream and buckets 3 replicas (--jetstream-replicas 3 when the relay creates them; nats stream edit --replicas 3 for existing ones), or run every JetStream server with sync_interval: always and say so with --jetstream-sync-always"

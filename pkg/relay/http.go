@@ -122,14 +122,7 @@ func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error
 			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "unknown query parameter %q", k)
 		}
 	}
-	var after uint64
-	if s := q.Get("after"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "after is not a cursor")
-		}
-		after = v
-	}
+	after := q.Get("after") // the storage parses it
 	limit := relayproto.DefaultFetchLimit
 	if s := q.Get("limit"); s != "" {
 		v, err := strconv.Atoi(s)
@@ -178,7 +171,11 @@ func (r *Relay) serveStatus(w http.ResponseWriter, req *http.Request) (int, erro
 	for k := range req.URL.Query() {
 		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "unknown query parameter %q", k)
 	}
-	data, err := json.Marshal(r.Status(did))
+	st, err := r.Status(req.Context(), did)
+	if err != nil {
+		return 0, err
+	}
+	data, err := json.Marshal(st)
 	if err != nil {
 		return 0, internalError(err)
 	}
@@ -232,9 +229,9 @@ func (r *Relay) serveRegister(w http.ResponseWriter, req *http.Request) (int, er
 	register := req.URL.Path == relayproto.PathRecipientsRegister
 	var err error
 	if register {
-		err = r.Register(did)
+		err = r.Register(req.Context(), did)
 	} else {
-		err = r.Unregister(did)
+		err = r.Unregister(req.Context(), did)
 	}
 	if err != nil {
 		return 0, err

@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"os"
-	"slices"
 	"sync"
 	"time"
 
-	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -89,43 +86,58 @@ type usage struct {
 }
 
 // reservation is an accept's claim on its recipient's quota, from the check
-// until the envelope is in the inbox (settled) or the accept failed (released).
+// until the accept ended (released): the envelope is then in the inbox, which
+// usage counts, or the accept failed.
 type reservation struct {
-	rdir    string
-	bytes   int64
-	settled bool
+	rdir     string
+	bytes    int64
+	released bool
 }
 
 // admit checks the limits for a new envelope of size bytes: allow-list, quota
-// (reserving its place), then the sender's rate. The reservation is settled
-// with settleLocked when the envelope enters its inbox, or released.
-func (r *Relay) admit(env *envelope.Envelope, size int) (*reservation, *relayproto.Error) {
+// (reserving its place), then the sender's rate. The reservation is released
+// when the accept ends, after its envelope entered the inbox: in between it
+// is counted twice, so concurrent accepts can be refused early but never
+// overshoot (on JetStream: in this process; other processes' accepts in
+// flight are not seen).
+func (r *Relay) admit(ctx context.Context, env *envelope.Envelope, size int) (*reservation, *relayproto.Error) {
 	rdir := recipientDir(env.Recipient())
-	r.mu.Lock()
-	if r.limits.AllowList && !r.allowed[rdir] {
-		r.stats.NotAllowed++
-		r.mu.Unlock()
-		return nil, newError(http.StatusForbidden, relayproto.CodeRecipientNotAllowed,
-			"this relay keeps envelopes only for registered recipients, and %s is not one", env.Recipient())
-	}
-	res := &reservation{rdir: rdir, bytes: int64(size)}
-	if q := r.limits; q.QuotaEnvelopes > 0 || q.QuotaBytes > 0 {
-		var u usage
-		if ib := r.inboxes[rdir]; ib != nil {
-			u = usage{len(ib.entries), ib.bytes}
+	if r.limits.AllowList {
+		ok, err := r.back.registered(ctx, env.Recipient())
+		if err != nil {
+			return nil, asError(err)
 		}
+		if !ok {
+			r.count(func(s *Stats) { s.NotAllowed++ })
+			return nil, newError(http.StatusForbidden, relayproto.CodeRecipientNotAllowed,
+				"this relay keeps envelopes only for registered recipients, and %s is not one", env.Recipient())
+		}
+	}
+	var res *reservation
+	if q := r.limits; q.QuotaEnvelopes > 0 || q.QuotaBytes > 0 {
+		qmu := &r.quotaStripes[stripe(rdir)]
+		qmu.Lock()
+		u, err := r.back.usage(ctx, env.Recipient())
+		if err != nil {
+			qmu.Unlock()
+			return nil, asError(err)
+		}
+		r.mu.Lock()
 		pend := r.reserved[rdir]
-		n, b := u.n+pend.n+1, u.bytes+pend.bytes+res.bytes
+		n, b := u.n+pend.n+1, u.bytes+pend.bytes+int64(size)
 		if (q.QuotaEnvelopes > 0 && n > q.QuotaEnvelopes) || (q.QuotaBytes > 0 && b > q.QuotaBytes) {
 			r.stats.OverQuota++
 			r.mu.Unlock()
+			qmu.Unlock()
 			return nil, &relayproto.Error{Status: http.StatusTooManyRequests, Code: relayproto.CodeRelayQuota,
 				Message:    fmt.Sprintf("the inbox of %s is full (%d envelopes, %d bytes waiting)", env.Recipient(), u.n+pend.n, u.bytes+pend.bytes),
 				RetryAfter: QuotaRetryAfter}
 		}
+		res = &reservation{rdir: rdir, bytes: int64(size)}
+		r.reserved[rdir] = usage{pend.n + 1, pend.bytes + res.bytes}
+		r.mu.Unlock()
+		qmu.Unlock()
 	}
-	r.reserved[rdir] = usage{r.reserved[rdir].n + 1, r.reserved[rdir].bytes + res.bytes}
-	r.mu.Unlock()
 	if e := r.rate.take(string(env.Sender()), r.now()); e != nil {
 		r.release(res)
 		r.count(func(s *Stats) { s.RateLimited++ })
@@ -134,12 +146,17 @@ func (r *Relay) admit(env *envelope.Envelope, size int) (*reservation, *relaypro
 	return res, nil
 }
 
-// settleLocked ends res when its envelope entered the inbox. r.mu must be held.
-func (r *Relay) settleLocked(res *reservation) {
-	if res == nil || res.settled {
+// release ends res (nil: no quota; released already: nothing). It takes the
+// recipient's quota stripe, so an admit that read the inbox's usage before
+// this accept's envelope entered it still sees the reservation.
+func (r *Relay) release(res *reservation) {
+	if res == nil || res.released {
 		return
 	}
-	res.settled = true
+	res.released = true
+	qmu := &r.quotaStripes[stripe(res.rdir)]
+	qmu.Lock()
+	r.mu.Lock()
 	u := r.reserved[res.rdir]
 	u.n--
 	u.bytes -= res.bytes
@@ -148,13 +165,8 @@ func (r *Relay) settleLocked(res *reservation) {
 	} else {
 		r.reserved[res.rdir] = u
 	}
-}
-
-// release ends res if it was not settled (the accept failed).
-func (r *Relay) release(res *reservation) {
-	r.mu.Lock()
-	r.settleLocked(res)
 	r.mu.Unlock()
+	qmu.Unlock()
 }
 
 // senderRate is a token bucket per sender DID. A bucket that has refilled is
@@ -230,119 +242,41 @@ func (s *senderRate) pruneLocked(now time.Time) {
 	}
 }
 
-// loadRegistry reads the allow-list (registryDir) into r.allowed.
-func (r *Relay) loadRegistry() error {
-	ents, err := r.fs.ReadDir(registryDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+// Register adds did to the allow-list, durably, before it answers.
+// Registering again changes nothing.
+func (r *Relay) Register(ctx context.Context, did identity.DID) error {
+	if err := r.back.register(ctx, did); err != nil {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("relay: read the registered recipients: %w", err)
-	}
-	for _, d := range ents {
-		if d.Type.IsRegular() && len(d.Name) == 64 {
-			r.allowed[d.Name] = true
-		}
-	}
-	return nil
-}
-
-// Register adds did to the allow-list, durably (fsx.CreateFile), before it
-// answers. Registering again changes nothing.
-func (r *Relay) Register(did identity.DID) error {
-	rdir := recipientDir(did)
-	r.regMu.Lock()
-	defer r.regMu.Unlock()
-	if _, err := fsx.MkdirPrivate(r.fs, registryDir); err != nil {
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its list of recipients", err)
-	}
-	if err := fsx.CreateFile(r.fs, registryDir, rdir, []byte(string(did)+"\n")); err != nil && !os.IsExist(err) {
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its list of recipients", err)
-	}
-	r.mu.Lock()
-	r.allowed[rdir] = true
-	r.mu.Unlock()
 	r.log.Info("relay: recipient registered", "recipient", string(did))
 	return nil
 }
 
-// Unregister removes did from the allow-list, durably (fsx.RemoveFile).
-// Envelopes waiting for it stay to be fetched.
-func (r *Relay) Unregister(did identity.DID) error {
-	rdir := recipientDir(did)
-	r.regMu.Lock()
-	defer r.regMu.Unlock()
-	r.mu.Lock()
-	delete(r.allowed, rdir) // refuse from now on, even if the removal fails
-	r.mu.Unlock()
-	if err := fsx.RemoveFile(r.fs, registryDir, rdir); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its list of recipients", err)
+// Unregister removes did from the allow-list, durably. Envelopes waiting for
+// it stay to be fetched.
+func (r *Relay) Unregister(ctx context.Context, did identity.DID) error {
+	if err := r.back.unregister(ctx, did); err != nil {
+		return err
 	}
 	r.log.Info("relay: recipient unregistered", "recipient", string(did))
 	return nil
 }
 
-// Expire is the maintenance pass: it removes the inbox envelopes whose delivery
-// deadline has passed — files removed and each inbox directory fsynced, then
-// their receipt records raised to terminal with outcome EXPIRED (Ack's order) —
-// in chunks of at most expireChunk envelopes of one inbox, so no lock is held
-// across the file system and no transaction grows without bound. It returns how
-// many it removed. The de-duplication records stay until their retainUntil.
+// Expire is the maintenance pass: it removes the inbox envelopes whose
+// delivery deadline has passed (the storage's expire: on the files in chunks
+// with Ack's order, records raised to terminal EXPIRED; on JetStream a header
+// scan deleting the messages) and returns how many it removed. The
+// de-duplication records stay until their retention ends, so a late copy is
+// still answered with its receipt. It also drops the sender-rate buckets that
+// have refilled.
 func (r *Relay) Expire(ctx context.Context) (int, error) {
-	total := 0
 	r.rate.prune(r.now())
-	for ctx.Err() == nil {
-		rdir, gone := r.takeExpired(r.now().UnixMilli())
-		if len(gone) == 0 {
-			break
-		}
-		r.count(func(s *Stats) { s.Expired += int64(len(gone)) })
-		if err := r.removeEntries(ctx, rdir, gone, "EXPIRED"); err != nil {
-			return total, err
-		}
-		total += len(gone)
+	n, err := r.back.expire(ctx, r.now())
+	if n > 0 {
+		r.count(func(s *Stats) { s.Expired += int64(n) })
+		r.log.Info("relay: expired envelopes removed", "count", n)
 	}
-	if total > 0 {
-		r.log.Info("relay: expired envelopes removed", "count", total)
-	}
-	return total, nil
-}
-
-// takeExpired takes up to expireChunk expired entries of one inbox out of it.
-func (r *Relay) takeExpired(nowMs int64) (string, []*entry) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for rdir, ib := range r.inboxes {
-		var gone []*entry
-		for _, e := range ib.entries {
-			if e.deadline <= nowMs {
-				gone = append(gone, e)
-				if len(gone) == expireChunk {
-					break
-				}
-			}
-		}
-		if len(gone) == 0 {
-			continue
-		}
-		r.unlinkLocked(rdir, ib, gone)
-		return rdir, gone
-	}
-	return "", nil
-}
-
-// unlinkLocked takes gone out of ib (and of byID). r.mu must be held.
-func (r *Relay) unlinkLocked(rdir string, ib *inbox, gone []*entry) {
-	for _, e := range gone {
-		delete(r.byID, e.envelopeID)
-		ib.bytes -= int64(e.size)
-	}
-	if len(gone) > 0 {
-		ib.entries = slices.DeleteFunc(ib.entries, func(e *entry) bool { return r.byID[e.envelopeID] != e })
-	}
-	if len(ib.entries) == 0 {
-		delete(r.inboxes, rdir)
-	}
+	return n, err
 }
 
 // maintain runs Expire every period until stop is closed.

@@ -47,8 +47,10 @@ func wantRefused(t *testing.T, a relayproto.BatchAnswer, status int, code string
 	}
 }
 
-func TestQuotaEnvelopes(t *testing.T) {
-	e := newLimitedEnv(t, relay.Limits{QuotaEnvelopes: 2})
+func TestQuotaEnvelopes(t *testing.T) { eachBackend(t, testQuotaEnvelopes) }
+
+func testQuotaEnvelopes(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{QuotaEnvelopes: 2})
 	ctx := context.Background()
 	bob, carol := ident(t, 2), ident(t, 3)
 	var first []byte
@@ -96,8 +98,10 @@ func TestQuotaEnvelopes(t *testing.T) {
 	wantLimited(t, status, body, h, relayproto.CodeRelayQuota, "60")
 }
 
-func TestQuotaBytes(t *testing.T) {
-	e := newLimitedEnv(t, relay.Limits{QuotaBytes: envelope.MaxSize})
+func TestQuotaBytes(t *testing.T) { eachBackend(t, testQuotaBytes) }
+
+func testQuotaBytes(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{QuotaBytes: envelope.MaxSize})
 	bob := ident(t, 2)
 	deadline := e.clock.Now().Add(time.Hour)
 	_, a := e.messageFrom(ident(t, 1), bob.DID(), 40_000, deadline)
@@ -119,8 +123,10 @@ func TestQuotaBytes(t *testing.T) {
 	}
 }
 
-func TestSenderRateLimit(t *testing.T) {
-	e := newLimitedEnv(t, relay.Limits{SenderRate: 0.5, SenderBurst: 2})
+func TestSenderRateLimit(t *testing.T) { eachBackend(t, testSenderRateLimit) }
+
+func testSenderRateLimit(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{SenderRate: 0.5, SenderBurst: 2})
 	ctx := context.Background()
 	alice, dave, bob := ident(t, 1), ident(t, 4), ident(t, 2)
 	deadline := e.clock.Now().Add(time.Hour)
@@ -172,8 +178,10 @@ func TestSenderRateLimit(t *testing.T) {
 	}
 }
 
-func TestAllowList(t *testing.T) {
-	e := newLimitedEnv(t, relay.Limits{AllowList: true})
+func TestAllowList(t *testing.T) { eachBackend(t, testAllowList) }
+
+func testAllowList(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{AllowList: true})
 	ctx := context.Background()
 	bob, carol := ident(t, 2), ident(t, 3)
 	_, toBob := e.message(bob.DID())
@@ -227,8 +235,10 @@ func TestAllowList(t *testing.T) {
 	}
 }
 
-func TestExpiry(t *testing.T) {
-	e := newEnv(t)
+func TestExpiry(t *testing.T) { eachBackend(t, testExpiry) }
+
+func testExpiry(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	ctx := context.Background()
 	bob := ident(t, 2)
 	short, shortData := e.messageFrom(ident(t, 1), bob.DID(), 10, e.clock.Now().Add(time.Minute))
@@ -285,8 +295,10 @@ func TestExpiry(t *testing.T) {
 }
 
 // The periodic pass (Limits.ExpireEvery) removes expired envelopes by itself.
-func TestExpiryPass(t *testing.T) {
-	e := newLimitedEnv(t, relay.Limits{ExpireEvery: 5 * time.Millisecond})
+func TestExpiryPass(t *testing.T) { eachBackend(t, testExpiryPass) }
+
+func testExpiryPass(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{ExpireEvery: 5 * time.Millisecond})
 	bob := ident(t, 2)
 	_, data := e.messageFrom(ident(t, 1), bob.DID(), 10, e.clock.Now().Add(time.Minute))
 	if status, _, _ := e.post(data); status != 200 {

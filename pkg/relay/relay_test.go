@@ -15,11 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -56,23 +59,56 @@ type env struct {
 	srv    *httptest.Server
 	client *relayproto.Client
 	relID  *identity.Identity
-	limits relay.Limits // the relay's limits on (re)start
+	limits relay.Limits  // the relay's limits on (re)start
 	opts   relay.Options // more options for start
+	// backend is fileBackend or jetStreamBackend; nats is the JetStream
+	// server of the latter, kept across restarts.
+	backend string
+	nats    *server.Server
+}
+
+// The storages a behaviour test runs on (eachBackend).
+const (
+	fileBackend      = "file"
+	jetStreamBackend = "jetstream"
+)
+
+// eachBackend runs fn as a subtest on each storage.
+func eachBackend(t *testing.T, fn func(t *testing.T, backend string)) {
+	for _, b := range []string{fileBackend, jetStreamBackend} {
+		t.Run(b, func(t *testing.T) { fn(t, b) })
+	}
 }
 
 func newEnv(t *testing.T) *env { return newLimitedEnv(t, relay.Limits{}) }
 
 // newLimitedEnv is newEnv with a relay that has limits l.
-func newLimitedEnv(t *testing.T, l relay.Limits) *env {
-	e := &env{t: t, home: t.TempDir(), clock: newFakeClock(time.UnixMilli(1_767_225_600_000)), relID: ident(t, 9), limits: l}
+func newLimitedEnv(t *testing.T, l relay.Limits) *env { return newEnvOn(t, fileBackend, l) }
+
+// newEnvOn is newLimitedEnv on storage backend (a JetStream server of its own).
+func newEnvOn(t *testing.T, backend string, l relay.Limits) *env {
+	e := &env{t: t, home: t.TempDir(), clock: newFakeClock(time.UnixMilli(1_767_225_600_000)), relID: ident(t, 9), limits: l,
+		backend: backend}
+	if backend == jetStreamBackend {
+		e.nats = startNATS(t)
+	}
 	e.start()
 	t.Cleanup(e.stop)
 	return e
 }
 
+// jetStreamOptions are the relay options of a JetStream test relay on s.
+func jetStreamOptions(t *testing.T, s *server.Server) relay.Options {
+	return relay.Options{JetStream: connectNATS(t, s), JetStreamOptions: jsstore.Options{Replicas: 1, SyncAlways: true}}
+}
+
 func (e *env) start() {
 	e.t.Helper()
 	o := e.opts
+	if e.nats != nil {
+		js := jetStreamOptions(e.t, e.nats)
+		o.JetStream, o.JetStreamOptions = js.JetStream, js.JetStreamOptions
+	}
 	o.Identity, o.Home, o.Now, o.Logger, o.Limits = e.relID, e.home, e.clock.Now, quiet, e.limits
 	r, err := relay.New(o)
 	if err != nil {
@@ -130,8 +166,10 @@ func wantCode(t *testing.T, status int, body []byte, wantStatus int, wantCode st
 	}
 }
 
-func TestAcceptDuplicateConflict(t *testing.T) {
-	e := newEnv(t)
+func TestAcceptDuplicateConflict(t *testing.T) { eachBackend(t, testAcceptDuplicateConflict) }
+
+func testAcceptDuplicateConflict(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob := ident(t, 2)
 	en, data := e.message(bob.DID())
 	status, receipt, h := e.post(data)
@@ -255,8 +293,10 @@ func TestRefusals(t *testing.T) {
 	}
 }
 
-func TestInboxFetchAck(t *testing.T) {
-	e := newEnv(t)
+func TestInboxFetchAck(t *testing.T) { eachBackend(t, testInboxFetchAck) }
+
+func testInboxFetchAck(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob, carol := ident(t, 2), ident(t, 3)
 	ctx := context.Background()
 	var ids []string
@@ -343,7 +383,11 @@ func TestInboxFetchAck(t *testing.T) {
 }
 
 func TestAckedEnvelopeDuplicateAfterRestart(t *testing.T) {
-	e := newEnv(t)
+	eachBackend(t, testAckedEnvelopeDuplicateAfterRestart)
+}
+
+func testAckedEnvelopeDuplicateAfterRestart(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob := ident(t, 2)
 	en, data := e.message(bob.DID())
 	_, receipt, _ := e.post(data)
@@ -450,8 +494,10 @@ func TestInboxAuth(t *testing.T) {
 	wantCode(t, status, body, 401, relayproto.CodeAuthTimestamp)
 }
 
-func TestConcurrentSameEnvelope(t *testing.T) {
-	e := newEnv(t)
+func TestConcurrentSameEnvelope(t *testing.T) { eachBackend(t, testConcurrentSameEnvelope) }
+
+func testConcurrentSameEnvelope(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	_, data := e.message(ident(t, 2).DID())
 	got := make(chan []byte)
 	for range 16 {

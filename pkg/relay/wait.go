@@ -2,8 +2,6 @@ package relay
 
 import (
 	"context"
-	"slices"
-	"strconv"
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -45,40 +43,13 @@ func (r *Relay) wakeLocked(rdir string) {
 	}
 }
 
-// publishedLocked is called when the visible sequence numbers grew from below
-// lo to below hi (an in-flight write finished): it wakes the recipients that
-// have an envelope in [lo, hi). r.mu must be held.
-func (r *Relay) publishedLocked(lo, hi uint64) {
-	if lo >= hi || r.waits.n == 0 {
-		return
-	}
-	for rdir := range r.waits.by {
-		ib := r.inboxes[rdir]
-		if ib == nil {
-			continue
-		}
-		i := firstAtLeast(ib.entries, lo)
-		if i < len(ib.entries) && ib.entries[i].seq < hi {
-			r.wakeLocked(rdir)
-		}
-	}
-}
-
-// firstAfter is the index of the first entry with a sequence number above after.
-func firstAfter(entries []*entry, after uint64) int { return firstAtLeast(entries, after+1) }
-
-// firstAtLeast is the index of the first entry with a sequence number of at least seq.
-func firstAtLeast(entries []*entry, seq uint64) int {
-	i, _ := slices.BinarySearchFunc(entries, seq, func(x *entry, s uint64) int {
-		switch {
-		case x.seq < s:
-			return -1
-		case x.seq > s:
-			return 1
-		}
-		return 0
-	})
-	return i
+// wake wakes every fetch waiting on recipient dir rdir: the storage calls it
+// when an envelope becomes visible there (the file storage when an accept
+// publishes one, JetStream on the accept notification of any relay process).
+func (r *Relay) wake(rdir string) {
+	r.mu.Lock()
+	r.wakeLocked(rdir)
+	r.mu.Unlock()
 }
 
 func (r *Relay) dropWaiterLocked(rdir string, w *waiter) {
@@ -93,22 +64,18 @@ func (r *Relay) dropWaiterLocked(rdir string, w *waiter) {
 	r.waits.n--
 }
 
-// addWaiter registers a held fetch of rdir after cursor after — unless an
-// envelope is visible there already (ready) or waits are stopped (both: nil
-// waiter). Beyond the bounds it answers 503 RELAY_BUSY.
-func (r *Relay) addWaiter(rdir string, after uint64) (w *waiter, ready bool, e error) {
+// addWaiter registers a held fetch of rdir — unless waits are stopped (nil
+// waiter). Beyond the bounds it answers 503 RELAY_BUSY. It is registered
+// before the fetch that decides to wait reads the inbox, so an envelope that
+// becomes visible after that read wakes it.
+func (r *Relay) addWaiter(rdir string) (w *waiter, e error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if ib := r.inboxes[rdir]; ib != nil {
-		if i := firstAfter(ib.entries, after); i < len(ib.entries) && ib.entries[i].seq < r.visibleBelow() {
-			return nil, true, nil
-		}
-	}
 	if r.waits.stopped {
-		return nil, false, nil
+		return nil, nil
 	}
 	if r.waits.n >= r.waits.max || len(r.waits.by[rdir]) >= maxWaitersPerRecipient {
-		return nil, false, unavailable(relayproto.CodeRelayBusy, "too many inbox fetches waiting; fetch without wait or retry later", nil)
+		return nil, unavailable(relayproto.CodeRelayBusy, "too many inbox fetches waiting; fetch without wait or retry later", nil)
 	}
 	if r.waits.by == nil {
 		r.waits.by = map[string]map[*waiter]struct{}{}
@@ -119,7 +86,13 @@ func (r *Relay) addWaiter(rdir string, after uint64) (w *waiter, ready bool, e e
 	w = &waiter{ch: make(chan struct{})}
 	r.waits.by[rdir][w] = struct{}{}
 	r.waits.n++
-	return w, false, nil
+	return w, nil
+}
+
+func (r *Relay) dropWaiter(rdir string, w *waiter) {
+	r.mu.Lock()
+	r.dropWaiterLocked(rdir, w)
+	r.mu.Unlock()
 }
 
 // FetchWait is Fetch held for up to wait while the page would be empty: it
@@ -128,44 +101,50 @@ func (r *Relay) addWaiter(rdir string, after uint64) (w *waiter, ready bool, e e
 // (StopWaiting), and with ctx's error when ctx ends first (the client went
 // away); its place is freed in every case.
 // Exported for the package's external tests, which call it without an HTTP server.
-func (r *Relay) FetchWait(ctx context.Context, recipient identity.DID, after uint64, limit int, wait time.Duration) (*relayproto.InboxPage, error) {
-	page, err := r.Fetch(recipient, after, limit)
-	cursor := strconv.FormatUint(after, 10)
-	if err != nil || wait <= 0 || len(page.Envelopes) > 0 || page.More || page.Cursor != cursor {
+func (r *Relay) FetchWait(ctx context.Context, recipient identity.DID, after string, limit int, wait time.Duration) (*relayproto.InboxPage, error) {
+	page, err := r.Fetch(ctx, recipient, after, limit)
+	if err != nil || wait <= 0 || len(page.Envelopes) > 0 || page.More {
 		return page, err
 	}
+	// The storage's own form of the cursor (the start is "" or "0"; a cursor
+	// of the other storage's format is the start): the page is empty while
+	// it stays.
+	cursor := page.Cursor
 	t := time.NewTimer(min(wait, relayproto.MaxInboxWait))
 	defer t.Stop()
 	rdir := recipientDir(recipient)
 	for {
-		w, ready, err := r.addWaiter(rdir, after)
+		w, err := r.addWaiter(rdir)
 		if err != nil {
 			return nil, err
 		}
-		if !ready && w == nil {
+		if w == nil {
 			return page, nil // stopped
 		}
-		if w != nil {
-			select {
-			case <-w.ch:
-			case <-t.C:
-				r.mu.Lock()
-				r.dropWaiterLocked(rdir, w)
-				r.mu.Unlock()
-				return page, nil
-			case <-ctx.Done():
-				r.mu.Lock()
-				r.dropWaiterLocked(rdir, w)
-				r.mu.Unlock()
-				return nil, ctx.Err()
-			}
-		}
-		// Woken: read the page again. It can still be empty (acknowledged
-		// meanwhile by another fetch of the recipient); then wait on.
-		if page, err = r.Fetch(recipient, after, limit); err != nil || len(page.Envelopes) > 0 || page.More || page.Cursor != cursor {
+		// Read again with the waiter in place: an envelope that became
+		// visible since the last read is seen now, one that becomes visible
+		// later wakes w.
+		if page, err = r.Fetch(ctx, recipient, after, limit); err != nil || !emptyPage(page, cursor) {
+			r.dropWaiter(rdir, w)
 			return page, err
 		}
+		select {
+		case <-w.ch:
+			// Woken: read the page again. It can still be empty (acknowledged
+			// meanwhile by another fetch of the recipient); then wait on.
+		case <-t.C:
+			r.dropWaiter(rdir, w)
+			return page, nil
+		case <-ctx.Done():
+			r.dropWaiter(rdir, w)
+			return nil, ctx.Err()
+		}
 	}
+}
+
+// emptyPage reports whether page, fetched after cursor, has nothing to give.
+func emptyPage(page *relayproto.InboxPage, cursor string) bool {
+	return len(page.Envelopes) == 0 && !page.More && page.Cursor == cursor
 }
 
 // Waiting is the number of fetches being held now.
@@ -189,25 +168,6 @@ func (r *Relay) StopWaiting() {
 
 // Status returns what Fetch from the start would page through in recipient's
 // inbox: the visible envelopes, their bytes, the oldest and newest receivedAt.
-func (r *Relay) Status(recipient identity.DID) relayproto.InboxStatus {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var st relayproto.InboxStatus
-	ib := r.inboxes[recipientDir(recipient)]
-	if ib == nil {
-		return st
-	}
-	below := r.visibleBelow()
-	for _, e := range ib.entries {
-		if e.seq >= below {
-			break
-		}
-		st.Count++
-		st.Bytes += int64(e.size)
-		if st.OldestReceivedAt == 0 || e.receivedAt < st.OldestReceivedAt {
-			st.OldestReceivedAt = e.receivedAt
-		}
-		st.NewestReceivedAt = max(st.NewestReceivedAt, e.receivedAt)
-	}
-	return st
+func (r *Relay) Status(ctx context.Context, recipient identity.DID) (relayproto.InboxStatus, error) {
+	return r.back.status(ctx, recipient)
 }

@@ -63,8 +63,10 @@ func answer(t *testing.T, ch <-chan fetchResult) *relayproto.InboxPage {
 
 // A held fetch answers as soon as an envelope for its recipient is accepted,
 // alone or in a batch; one for another recipient does not wake it.
-func TestLongPollWakesOnAccept(t *testing.T) {
-	e := newEnv(t)
+func TestLongPollWakesOnAccept(t *testing.T) { eachBackend(t, testLongPollWakesOnAccept) }
+
+func testLongPollWakesOnAccept(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob, carol := ident(t, 2), ident(t, 3)
 	ctx := context.Background()
 
@@ -282,8 +284,10 @@ func TestLongPollOutlivesServerTimeouts(t *testing.T) {
 
 // GET /v1/inbox/status: the caller's visible envelopes, their bytes, the oldest
 // and newest receivedAt; signed, no query.
-func TestInboxStatus(t *testing.T) {
-	e := newEnv(t)
+func TestInboxStatus(t *testing.T) { eachBackend(t, testInboxStatus) }
+
+func testInboxStatus(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob, carol := ident(t, 2), ident(t, 3)
 	ctx := context.Background()
 	st, err := e.client.Status(ctx, bob)

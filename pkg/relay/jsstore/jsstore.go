@@ -67,6 +67,20 @@
 // may be answered by a follower that is behind). Status and Expire scan
 // headers only, through an ordered (ephemeral) consumer.
 //
+// # Notifications and the allow-list
+//
+// A Put that holds a new envelope publishes, after it is durable, an empty core
+// NATS message on NOTIFY.<hex sha256(recipient DID)> (default NOTIFY
+// sealbridge.notify, outside the stream's subjects, so never stored). Watch
+// subscribes to them: a relay process holding a long-polled fetch learns of an
+// envelope any process accepted. A notification is a hint, not a record: one
+// lost (a disconnect, a crash right after the Put) only delays a held fetch
+// until its wait ends.
+//
+// A second key-value bucket (default SEALBRIDGE_RECIPIENTS) is the relay's
+// allow-list, keyed by hex sha256(recipient DID), holding the DID, shared by
+// every relay process; Register writes it before it returns.
+//
 // # Durability condition
 //
 // JetStream acknowledges a publish once the message is stored — by a quorum
@@ -94,6 +108,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -106,9 +121,13 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultStream    = "SEALBRIDGE_INBOX"
-	DefaultSubject   = "sealbridge.inbox"
-	DefaultBucket    = "SEALBRIDGE_RECEIPTS"
+	DefaultStream  = "SEALBRIDGE_INBOX"
+	DefaultSubject = "sealbridge.inbox"
+	DefaultBucket  = "SEALBRIDGE_RECEIPTS"
+	// DefaultRecipientsBucket is the allow-list's bucket.
+	DefaultRecipientsBucket = "SEALBRIDGE_RECIPIENTS"
+	// DefaultNotify is the subject prefix of the accept notifications.
+	DefaultNotify    = "sealbridge.notify"
 	DefaultReplicas  = 3
 	DefaultRetention = 24 * time.Hour
 	// MinReplicas is the replication that makes an acknowledged message
@@ -154,6 +173,12 @@ type Options struct {
 	Subject string
 	// Bucket is the de-duplication bucket's name (default DefaultBucket).
 	Bucket string
+	// RecipientsBucket is the allow-list's bucket (default
+	// DefaultRecipientsBucket).
+	RecipientsBucket string
+	// Notify is the subject prefix of the accept notifications (default
+	// DefaultNotify); it must not overlap Subject.
+	Notify string
 	// Replicas is the replication of the stream and bucket when Open creates
 	// them (default DefaultReplicas). Existing ones are checked, not changed.
 	Replicas int
@@ -172,10 +197,13 @@ type Options struct {
 // use, and several Stores (in several processes) may share one stream and
 // bucket.
 type Store struct {
+	nc        *nats.Conn
 	js        jetstream.JetStream
 	stream    jetstream.Stream
 	kv        jetstream.KeyValue
+	reg       jetstream.KeyValue // the allow-list
 	subject   string
+	notify    string
 	retention time.Duration
 }
 
@@ -221,6 +249,15 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	if opts.Bucket == "" {
 		opts.Bucket = DefaultBucket
 	}
+	if opts.RecipientsBucket == "" {
+		opts.RecipientsBucket = DefaultRecipientsBucket
+	}
+	if opts.Notify == "" {
+		opts.Notify = DefaultNotify
+	}
+	if opts.Notify == opts.Subject || strings.HasPrefix(opts.Notify, opts.Subject+".") {
+		return nil, fmt.Errorf("jsstore: the notification subject %s lies in the stream's subjects %s.>; hint: choose another Notify prefix", opts.Notify, opts.Subject)
+	}
 	if opts.Replicas == 0 {
 		opts.Replicas = DefaultReplicas
 	}
@@ -231,7 +268,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jsstore: %w", err)
 	}
-	s := &Store{js: js, subject: opts.Subject, retention: opts.Retention}
+	s := &Store{nc: nc, js: js, subject: opts.Subject, notify: opts.Notify, retention: opts.Retention}
 	scfg := jetstream.StreamConfig{
 		Name:        opts.Stream,
 		Description: "sealbridge relay inbox envelopes",
@@ -295,7 +332,97 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	if !kinfo.Config.AllowMsgTTL || kinfo.Config.Storage != jetstream.FileStorage {
 		return nil, fmt.Errorf("jsstore: bucket %s must have file storage and per-key TTLs (limit_marker_ttl); hint: recreate it or let the relay create it", opts.Bucket)
 	}
+	if s.reg, err = openBucket(ctx, js, jetstream.KeyValueConfig{
+		Bucket: opts.RecipientsBucket, Description: "sealbridge relay allow-list",
+		History: 1, Storage: jetstream.FileStorage, Replicas: opts.Replicas,
+	}, opts.SyncAlways); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// openBucket opens (creating on first use) a plain bucket and checks it as
+// Open checks the others.
+func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, syncAlways bool) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: open bucket %s: %w", cfg.Bucket, err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: open bucket %s: %w", cfg.Bucket, err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return nil, fmt.Errorf("jsstore: bucket %s: unexpected status type %T", cfg.Bucket, st)
+	}
+	info := bs.StreamInfo()
+	if err := checkDurable("bucket "+cfg.Bucket, info.Config.Replicas, syncAlways); err != nil {
+		return nil, err
+	}
+	if info.Config.Storage != jetstream.FileStorage {
+		return nil, fmt.Errorf("jsstore: bucket %s must have file storage; hint: recreate it or let the relay create it", cfg.Bucket)
+	}
+	return kv, nil
+}
+
+// Register adds recipient to the allow-list; on return without error it is
+// durable. Registering again changes nothing.
+func (s *Store) Register(ctx context.Context, recipient identity.DID) error {
+	if _, err := s.reg.Put(ctx, RecipientKey(recipient), []byte(recipient)); err != nil {
+		return fmt.Errorf("jsstore: register: %w", err)
+	}
+	return nil
+}
+
+// Unregister removes recipient from the allow-list.
+func (s *Store) Unregister(ctx context.Context, recipient identity.DID) error {
+	if err := s.reg.Delete(ctx, RecipientKey(recipient)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("jsstore: unregister: %w", err)
+	}
+	return nil
+}
+
+// Registered reports whether recipient is on the allow-list.
+func (s *Store) Registered(ctx context.Context, recipient identity.DID) (bool, error) {
+	_, err := s.reg.Get(ctx, RecipientKey(recipient))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("jsstore: read the allow-list: %w", err)
+}
+
+// Watch calls fn with the recipient key (hex sha256 of the DID) of every
+// envelope a Put, in any process, newly holds from now on, until stop is
+// called. fn runs on one goroutine of the connection; it must not block.
+// Notifications are hints (see the package doc): one may be lost, and a
+// recipient may be named when nothing new is visible to it.
+func (s *Store) Watch(fn func(recipientKey string)) (stop func(), err error) {
+	prefix := s.notify + "."
+	sub, err := s.nc.Subscribe(prefix+"*", func(m *nats.Msg) {
+		if k, ok := strings.CutPrefix(m.Subject, prefix); ok {
+			fn(k)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: watch: %w", err)
+	}
+	// The subscription is registered with the server before Watch returns, so
+	// no notification published afterwards is missed.
+	if err := s.nc.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("jsstore: watch: %w", err)
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
 }
 
 func checkDurable(what string, replicas int, syncAlways bool) error {
@@ -393,6 +520,9 @@ func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, dig
 		// We completed an earlier, other envelope of this id.
 		return rec.held(envelopeID), true, ErrConflict
 	}
+	// Durable and fetchable: tell the waiting fetches (a hint; a failure
+	// only delays them).
+	_ = s.nc.Publish(s.notify+"."+rkey, nil)
 	return rec.held(envelopeID), false, nil
 }
 

@@ -369,3 +369,78 @@ func TestRacingPutsAgree(t *testing.T) {
 		t.Fatalf("%d + %d envelopes held for %d ids: a loser's message was left in an inbox", len(a), len(b), n)
 	}
 }
+
+// A new Put notifies the watchers of every Store on the stream, naming the
+// recipient's key; a duplicate does not.
+func TestWatchSeesPutsOfOtherStores(t *testing.T) {
+	s := singleNode(t)
+	ctx := context.Background()
+	open := func() *jsstore.Store {
+		st, err := jsstore.Open(ctx, connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	a, b := open(), open()
+	got := make(chan string, 4)
+	stop, err := a.Watch(func(k string) { got <- k })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	w := newWire("n")
+	put(t, b, bob, w, t0)
+	if k := <-got; k != jsstore.RecipientKey(bob) {
+		t.Fatalf("notified %s, want bob's key", k)
+	}
+	put(t, b, bob, w, t0) // duplicate: nothing new
+	put(t, b, alice, newWire("m"), t0)
+	if k := <-got; k != jsstore.RecipientKey(alice) {
+		t.Fatalf("notified %s after a duplicate and alice's put, want alice's key only", k)
+	}
+}
+
+// The allow-list is shared by every Store on the buckets.
+func TestRegisterShared(t *testing.T) {
+	s := singleNode(t)
+	ctx := context.Background()
+	var st [2]*jsstore.Store
+	for i := range st {
+		var err error
+		if st[i], err = jsstore.Open(ctx, connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := st[1].Registered(ctx, bob); err != nil || ok {
+		t.Fatalf("registered before: %v %v", ok, err)
+	}
+	for range 2 { // idempotent
+		if err := st[0].Register(ctx, bob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := st[1].Registered(ctx, bob); err != nil || !ok {
+		t.Fatalf("not registered on the other store: %v %v", ok, err)
+	}
+	if ok, _ := st[1].Registered(ctx, alice); ok {
+		t.Fatal("alice registered too")
+	}
+	for range 2 {
+		if err := st[1].Unregister(ctx, bob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := st[0].Registered(ctx, bob); err != nil || ok {
+		t.Fatalf("still registered: %v %v", ok, err)
+	}
+}
+
+func TestNotifyMustLieOutsideTheStream(t *testing.T) {
+	s := singleNode(t)
+	_, err := jsstore.Open(context.Background(), connect(t, s.ClientURL()),
+		jsstore.Options{Replicas: 1, SyncAlways: true, Notify: jsstore.DefaultSubject + ".n"})
+	if err == nil || !strings.Contains(err.Error(), "hint:") {
+		t.Fatalf("Open with a notify subject in the stream: %v", err)
+	}
+}

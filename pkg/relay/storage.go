@@ -1,0 +1,81 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
+)
+
+// storage is where a Relay keeps what it accepted: the inbox envelopes, their
+// de-duplication records and the allow-list. Two implementations: the files
+// next to the relay's store (fileStore, the default) and NATS JetStream
+// (jsBackend, pkg/relay/jsstore), which several relay processes share.
+//
+// Above it, shared by both, stay the HTTP layer, the signed-request checks,
+// the envelopes' verification, the receipts' signing (a function of the
+// record's fields and the relay's key), the batch's per-item answers, the
+// limits' decisions and the held fetches. Errors a storage returns are
+// *relayproto.Error values (a 503 for anything the sender should retry).
+//
+// Cursors are the storage's own: each parses the other's format as "from the
+// start" (see parseFileCursor, jsBackend.cursor), so a recipient whose relay
+// changed backend is served its inbox again instead of nothing forever.
+type storage interface {
+	// lookup returns the de-duplication record of envelope id, nil if none.
+	lookup(ctx context.Context, id string) (*held, error)
+	// put holds the new envelopes items — checked, admitted, their ids
+	// without records when looked up — in order and sets each item's held and
+	// outcome. An error concerns them all: none is acknowledged.
+	put(ctx context.Context, items []*newEnvelope) error
+	// fetch returns recipient's envelopes after cursor after ("": from the
+	// start), at most limit (1..relayproto.MaxFetchLimit) and maxPageBytes of
+	// them, never one at or past its deadline. When recipient's inbox gains an
+	// envelope visible to fetch, the storage calls the Relay's wake.
+	fetch(ctx context.Context, recipient identity.DID, after string, limit int) (*relayproto.InboxPage, error)
+	// ack removes the listed envelopes from recipient's inbox and returns how
+	// many it removed.
+	ack(ctx context.Context, recipient identity.DID, ids []string) (int, error)
+	// status is what a fetch from the start would page through.
+	status(ctx context.Context, recipient identity.DID) (relayproto.InboxStatus, error)
+	// usage is what waits in recipient's inbox, for its quota.
+	usage(ctx context.Context, recipient identity.DID) (usage, error)
+	// expire removes the inbox envelopes whose deadline is at or before now
+	// and returns how many.
+	expire(ctx context.Context, now time.Time) (int, error)
+	// registered, register and unregister are the allow-list; register and
+	// unregister are durable before they return.
+	registered(ctx context.Context, recipient identity.DID) (bool, error)
+	register(ctx context.Context, recipient identity.DID) error
+	unregister(ctx context.Context, recipient identity.DID) error
+	close() error
+}
+
+// held is what a storage keeps of an accepted envelope: the fields its
+// receipt is signed from.
+type held struct {
+	envelopeID string
+	digest     string
+	receivedAt int64 // Unix ms
+}
+
+// putOutcome is what storage.put made of a new envelope.
+type putOutcome int
+
+const (
+	putNew       putOutcome = iota // held now
+	putDuplicate                   // held already (another accept won the race): answer its receipt
+	putConflict                    // its id is held with another digest: 409
+)
+
+// newEnvelope is one envelope for storage.put.
+type newEnvelope struct {
+	env        *envelope.Envelope
+	wire       []byte
+	receivedAt time.Time
+	// Set by put.
+	held    held
+	outcome putOutcome
+}
