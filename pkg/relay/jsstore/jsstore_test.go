@@ -373,10 +373,10 @@ func TestRacingPutsAgree(t *testing.T) {
 // A new Put notifies the watchers of every Store on the stream, naming the
 // recipient's key; a duplicate does not.
 func TestWatchSeesPutsOfOtherStores(t *testing.T) {
-	s := singleNode(t)
+	s := natstest.Node(t)
 	ctx := context.Background()
 	open := func() *jsstore.Store {
-		st, err := jsstore.Open(ctx, connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true})
+		st, err := jsstore.Open(ctx, natstest.Connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -403,12 +403,12 @@ func TestWatchSeesPutsOfOtherStores(t *testing.T) {
 
 // The allow-list is shared by every Store on the buckets.
 func TestRegisterShared(t *testing.T) {
-	s := singleNode(t)
+	s := natstest.Node(t)
 	ctx := context.Background()
 	var st [2]*jsstore.Store
 	for i := range st {
 		var err error
-		if st[i], err = jsstore.Open(ctx, connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true}); err != nil {
+		if st[i], err = jsstore.Open(ctx, natstest.Connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -437,8 +437,8 @@ func TestRegisterShared(t *testing.T) {
 }
 
 func TestNotifyMustLieOutsideTheStream(t *testing.T) {
-	s := singleNode(t)
-	_, err := jsstore.Open(context.Background(), connect(t, s.ClientURL()),
+	s := natstest.Node(t)
+	_, err := jsstore.Open(context.Background(), natstest.Connect(t, s.ClientURL()),
 		jsstore.Options{Replicas: 1, SyncAlways: true, Notify: jsstore.DefaultSubject + ".n"})
 	if err == nil || !strings.Contains(err.Error(), "hint:") {
 		t.Fatalf("Open with a notify subject in the stream: %v", err)
