@@ -41,7 +41,11 @@ var allowed = map[string][]string{
 	"pkg/client":        {"pkg/errcode", "internal/dataroot"},
 	"pkg/daemon": {"pkg/record", "pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "pkg/relayproto",
 		"internal/dataroot", "internal/uuid", "github.com/prometheus/client_golang"},
-	"fsfixtures": {"pkg/store", "pkg/record", "internal/dataroot", "pkg/identity", "pkg/envelope", "internal/fsx", "internal/uuid"},
+	// natstest: in-process NATS servers for tests and benchmarks only; no other
+	// package may import it (only _test.go files do), so nats-server stays out of
+	// every binary.
+	"internal/natstest": {"github.com/nats-io/nats-server/v2", "github.com/nats-io/nats.go"},
+	"fsfixtures":        {"pkg/store", "pkg/record", "internal/dataroot", "pkg/identity", "pkg/envelope", "internal/fsx", "internal/uuid"},
 }
 
 func TestImportEdges(t *testing.T) {
@@ -78,7 +82,7 @@ func checkEdge(pkg, imp string) string {
 			return ""
 		case strings.HasPrefix(target, "cmd/"):
 			return "commands never import each other"
-		case target == "fsfixtures" || target == "internal/crashtest" || target == "internal/archtest":
+		case target == "fsfixtures" || target == "internal/crashtest" || target == "internal/archtest" || target == "internal/natstest":
 			return "test-only packages"
 		}
 		return ""
@@ -108,6 +112,9 @@ func TestCheckEdgeRefusesUpwardImports(t *testing.T) {
 		{"pkg/relayproto", module + "/pkg/relay"},
 		{"pkg/relayproto", module + "/pkg/store"},
 		{"pkg/daemon", module + "/pkg/relay"},
+		{"cmd/sealbridge-relay", module + "/internal/natstest"},
+		{"pkg/relay", module + "/internal/natstest"},
+		{"pkg/relay/jsstore", "github.com/nats-io/nats-server/v2/server"},
 	} {
 		if checkEdge(c.pkg, c.imp) == "" {
 			t.Errorf("%s → %s was allowed", c.pkg, c.imp)

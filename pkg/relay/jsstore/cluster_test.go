@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
@@ -25,10 +28,10 @@ func TestClusterTwoRelaysNodeRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three-node cluster: a few seconds")
 	}
-	c := newCluster(t)
+	c := natstest.Cluster(t, 3)
 	stores := []*jsstore.Store{
-		openRetry(t, connect(t, c.urls(0)), jsstore.Options{}),
-		openRetry(t, connect(t, c.urls(1)), jsstore.Options{}),
+		openRetry(t, natstest.Connect(t, c.URLs(0)), jsstore.Options{}),
+		openRetry(t, natstest.Connect(t, c.URLs(1)), jsstore.Options{}),
 	}
 
 	const recipients, perRecipient = 8, 125
@@ -44,9 +47,9 @@ func TestClusterTwoRelaysNodeRestart(t *testing.T) {
 	restarted := make(chan struct{})
 	go func() { // the node of the second store goes down after 300 acks, up after 600
 		<-down
-		c.stop(1)
+		c.Stop(1)
 		<-up
-		c.start(1)
+		c.Start(1)
 		close(restarted)
 	}()
 	var downOnce, upOnce sync.Once
@@ -164,5 +167,23 @@ func fetchAllRetry(t *testing.T, stores []*jsstore.Store, to identity.DID) []str
 			return ids
 		}
 		cursor = page.Cursor
+	}
+}
+
+// openRetry opens a Store, retrying while the cluster elects its leaders.
+func openRetry(t *testing.T, nc *nats.Conn, opts jsstore.Options) *jsstore.Store {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := jsstore.Open(ctx, nc, opts)
+		cancel()
+		if err == nil {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("open on the cluster: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a cluster that is electing; not waiting for an event of ours
 	}
 }

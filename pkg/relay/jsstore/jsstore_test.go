@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
@@ -47,8 +48,8 @@ var (
 
 func openSingle(t *testing.T) (*jsstore.Store, *nats.Conn) {
 	t.Helper()
-	s := singleNode(t)
-	nc := connect(t, s.ClientURL())
+	s := natstest.Node(t)
+	nc := natstest.Connect(t, s.ClientURL())
 	st, err := jsstore.Open(context.Background(), nc, jsstore.Options{Replicas: 1, SyncAlways: true})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
@@ -297,8 +298,8 @@ func TestExpireRemovesPastDeadlineKeepsRecord(t *testing.T) {
 }
 
 func TestOpenRefusesUnreplicatedUnsynced(t *testing.T) {
-	s := singleNode(t)
-	nc := connect(t, s.ClientURL())
+	s := natstest.Node(t)
+	nc := natstest.Connect(t, s.ClientURL())
 	ctx := context.Background()
 	_, err := jsstore.Open(ctx, nc, jsstore.Options{Replicas: 1})
 	if !errors.Is(err, jsstore.ErrNotDurable) || !strings.Contains(err.Error(), "sync_interval: always") ||
@@ -319,11 +320,11 @@ func TestOpenRefusesUnreplicatedUnsynced(t *testing.T) {
 // recipients agree: one Put holds it, the other gets ErrConflict naming the
 // winner's digest, and only the winner's recipient ever sees the id.
 func TestRacingPutsAgree(t *testing.T) {
-	s := singleNode(t)
+	s := natstest.Node(t)
 	ctx := context.Background()
 	var stores []*jsstore.Store
 	for range 2 {
-		st, err := jsstore.Open(ctx, connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true})
+		st, err := jsstore.Open(ctx, natstest.Connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -372,10 +373,10 @@ func TestRacingPutsAgree(t *testing.T) {
 // A new Put notifies the watchers of every Store on the stream, naming the
 // recipient's key; a duplicate does not.
 func TestWatchSeesPutsOfOtherStores(t *testing.T) {
-	s := singleNode(t)
+	s := natstest.Node(t)
 	ctx := context.Background()
 	open := func() *jsstore.Store {
-		st, err := jsstore.Open(ctx, connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true})
+		st, err := jsstore.Open(ctx, natstest.Connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -402,12 +403,12 @@ func TestWatchSeesPutsOfOtherStores(t *testing.T) {
 
 // The allow-list is shared by every Store on the buckets.
 func TestRegisterShared(t *testing.T) {
-	s := singleNode(t)
+	s := natstest.Node(t)
 	ctx := context.Background()
 	var st [2]*jsstore.Store
 	for i := range st {
 		var err error
-		if st[i], err = jsstore.Open(ctx, connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true}); err != nil {
+		if st[i], err = jsstore.Open(ctx, natstest.Connect(t, s.ClientURL()), jsstore.Options{Replicas: 1, SyncAlways: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -436,8 +437,8 @@ func TestRegisterShared(t *testing.T) {
 }
 
 func TestNotifyMustLieOutsideTheStream(t *testing.T) {
-	s := singleNode(t)
-	_, err := jsstore.Open(context.Background(), connect(t, s.ClientURL()),
+	s := natstest.Node(t)
+	_, err := jsstore.Open(context.Background(), natstest.Connect(t, s.ClientURL()),
 		jsstore.Options{Replicas: 1, SyncAlways: true, Notify: jsstore.DefaultSubject + ".n"})
 	if err == nil || !strings.Contains(err.Error(), "hint:") {
 		t.Fatalf("Open with a notify subject in the stream: %v", err)
