@@ -13,8 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
+	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -221,16 +220,7 @@ func TestBackendFlagUsageErrors(t *testing.T) {
 // On a JetStream that is neither replicated nor declared synced the relay
 // exits 1 at start saying which setting to change; declared, it starts.
 func TestJetStreamBackendDurability(t *testing.T) {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		JetStream: true, StoreDir: t.TempDir(), SyncAlways: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
+	s := natstest.Node(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	base := []string{"--listen=127.0.0.1:0", "--home", t.TempDir(), "--backend", "jetstream", "--nats-url", s.ClientURL()}

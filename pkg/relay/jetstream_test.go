@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -133,7 +134,7 @@ func TestForeignCursorIsTheStart(t *testing.T) {
 // The relay refuses a JetStream stream neither replicated nor declared synced
 // on every write, saying which setting to change.
 func TestJetStreamNotDurableRefused(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Node(t)
 	o := jetStreamOptions(t, s)
 	o.Identity, o.Logger = ident(t, 9), quiet
 	o.JetStreamOptions.SyncAlways = false

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -90,7 +91,7 @@ func newEnvOn(t *testing.T, backend string, l relay.Limits) *env {
 	e := &env{t: t, home: t.TempDir(), clock: newFakeClock(time.UnixMilli(1_767_225_600_000)), relID: ident(t, 9), limits: l,
 		backend: backend}
 	if backend == jetStreamBackend {
-		e.nats = startNATS(t)
+		e.nats = natstest.Node(t)
 	}
 	e.start()
 	t.Cleanup(e.stop)
@@ -99,7 +100,7 @@ func newEnvOn(t *testing.T, backend string, l relay.Limits) *env {
 
 // jetStreamOptions are the relay options of a JetStream test relay on s.
 func jetStreamOptions(t *testing.T, s *server.Server) relay.Options {
-	return relay.Options{JetStream: connectNATS(t, s), JetStreamOptions: jsstore.Options{Replicas: 1, SyncAlways: true}}
+	return relay.Options{JetStream: natstest.Connect(t, s.ClientURL()), JetStreamOptions: jsstore.Options{Replicas: 1, SyncAlways: true}}
 }
 
 func (e *env) start() {
