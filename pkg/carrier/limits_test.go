@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -37,10 +39,23 @@ type limitedRelay struct {
 	batches atomic.Int64 // batch requests served
 }
 
-func newLimitedRelay(t *testing.T, l relay.Limits, clock *fakeClock, batch bool) *limitedRelay {
+// limitCases are the relays the limit tests run against: each storage backend
+// (the file one; JetStream on an in-process node), each with and without the
+// batch endpoint.
+var limitCases = []struct {
+	name             string
+	jetstream, batch bool
+}{{"file/single", false, false}, {"file/batch", false, true}, {"jetstream/single", true, false}, {"jetstream/batch", true, true}}
+
+func newLimitedRelay(t *testing.T, l relay.Limits, clock *fakeClock, jetstream, batch bool) *limitedRelay {
 	t.Helper()
-	r, err := relay.New(relay.Options{Identity: relayIdentity(t), Home: t.TempDir(), Now: clock.Now,
-		Logger: slog.New(slog.DiscardHandler), Limits: l})
+	opts := relay.Options{Identity: relayIdentity(t), Home: t.TempDir(), Now: clock.Now,
+		Logger: slog.New(slog.DiscardHandler), Limits: l}
+	if jetstream {
+		opts.JetStream = natstest.Connect(t, natstest.Node(t).ClientURL())
+		opts.JetStreamOptions = jsstore.Options{Replicas: 1, SyncAlways: true}
+	}
+	r, err := relay.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,10 +85,10 @@ type limitRun struct {
 	lr    *limitedRelay
 }
 
-func startLimitRun(t *testing.T, l relay.Limits, batch bool) *limitRun {
+func startLimitRun(t *testing.T, l relay.Limits, jetstream, batch bool) *limitRun {
 	clock := newFakeClock()
 	run := &limitRun{t: t, clock: clock, s: openStore(t, t.TempDir(), store.Options{Now: clock.Now})}
-	run.lr = newLimitedRelay(t, l, clock, batch)
+	run.lr = newLimitedRelay(t, l, clock, jetstream, batch)
 	run.c = New(run.s, NewHTTPTransport(HTTPOptions{}), Options{Clock: clock, Watch: WatchOff, Jitter: func() float64 { return 0.5 }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -109,9 +124,9 @@ func (run *limitRun) outbox(id string) *record.Outbox {
 // backoffThenDeliver: the second envelope over the limit is retried no sooner than
 // the relay's Retry-After, with the code in lastError, then delivered once room is
 // made (free) and its attempt is due.
-func backoffThenDeliver(t *testing.T, l relay.Limits, batch bool, code string, retry time.Duration,
+func backoffThenDeliver(t *testing.T, l relay.Limits, jetstream, batch bool, code string, retry time.Duration,
 	free func(run *limitRun, first string)) {
-	run := startLimitRun(t, l, batch)
+	run := startLimitRun(t, l, jetstream, batch)
 	ids := run.enqueue(2)
 	first, second := ids[0], ids[1]
 	waitFor(t, "the first envelope relayed, the second refused for now", func() bool {
@@ -139,9 +154,9 @@ func backoffThenDeliver(t *testing.T, l relay.Limits, batch bool, code string, r
 }
 
 func TestCarrierBacksOffOnRelayQuota(t *testing.T) {
-	for _, batch := range []bool{false, true} {
-		t.Run(map[bool]string{false: "single", true: "batch"}[batch], func(t *testing.T) {
-			backoffThenDeliver(t, relay.Limits{QuotaEnvelopes: 1}, batch, relayproto.CodeRelayQuota,
+	for _, c := range limitCases {
+		t.Run(c.name, func(t *testing.T) {
+			backoffThenDeliver(t, relay.Limits{QuotaEnvelopes: 1}, c.jetstream, c.batch, relayproto.CodeRelayQuota,
 				relay.QuotaRetryAfter*time.Second, func(run *limitRun, first string) {
 					// The recipient fetches and acknowledges the first: room for the second.
 					if n, err := run.lr.relay.Ack(context.Background(), peer(), []string{first}); err != nil || n != 1 {
@@ -153,20 +168,20 @@ func TestCarrierBacksOffOnRelayQuota(t *testing.T) {
 }
 
 func TestCarrierBacksOffOnSenderRate(t *testing.T) {
-	for _, batch := range []bool{false, true} {
-		t.Run(map[bool]string{false: "single", true: "batch"}[batch], func(t *testing.T) {
+	for _, c := range limitCases {
+		t.Run(c.name, func(t *testing.T) {
 			// One envelope per 100 s: the second waits for its token (the clock
 			// moving to the next attempt brings it).
-			backoffThenDeliver(t, relay.Limits{SenderRate: 0.01, SenderBurst: 1}, batch, relayproto.CodeRelayRateLimited,
+			backoffThenDeliver(t, relay.Limits{SenderRate: 0.01, SenderBurst: 1}, c.jetstream, c.batch, relayproto.CodeRelayRateLimited,
 				100*time.Second, func(*limitRun, string) {})
 		})
 	}
 }
 
 func TestCarrierClosesOnRecipientNotAllowed(t *testing.T) {
-	for _, batch := range []bool{false, true} {
-		t.Run(map[bool]string{false: "single", true: "batch"}[batch], func(t *testing.T) {
-			run := startLimitRun(t, relay.Limits{AllowList: true}, batch)
+	for _, c := range limitCases {
+		t.Run(c.name, func(t *testing.T) {
+			run := startLimitRun(t, relay.Limits{AllowList: true}, c.jetstream, c.batch)
 			refused := run.enqueue(1)[0]
 			waitFor(t, "the envelope closed", func() bool { return run.outbox(refused).State == record.StateClosed })
 			if o := run.outbox(refused); o.Attempts != 1 || !strings.Contains(o.LastError, relayproto.CodeRecipientNotAllowed) {
