@@ -84,6 +84,8 @@ func openTarget(urls string, opts jsstore.Options, replicas int) (*jsTarget, err
 	}
 	t := &jsTarget{js: js}
 	deadline := time.Now().Add(60 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond) // a cluster electing its leaders has no event to wait on
+	defer tick.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if t.store == nil {
@@ -102,7 +104,7 @@ func openTarget(urls string, opts jsstore.Options, replicas int) (*jsTarget, err
 		if time.Now().After(deadline) {
 			return nil, err
 		}
-		time.Sleep(50 * time.Millisecond) // a cluster electing its leaders has no event to wait on
+		<-tick.C
 	}
 }
 

@@ -385,6 +385,8 @@ func TestJetStreamTwoRelaysNodeRestart(t *testing.T) {
 // connection settling after the restart) for up to a minute.
 func postRetry(cl *relayproto.Client, wire []byte) ([]byte, *envelope.RelayReceipt, error) {
 	deadline := time.Now().Add(60 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond) // the carrier's backoff, not a wait for an event
+	defer tick.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		b, rc, err := cl.Post(ctx, wire)
@@ -393,7 +395,7 @@ func postRetry(cl *relayproto.Client, wire []byte) ([]byte, *envelope.RelayRecei
 		if err == nil || !errors.As(err, &re) || re.Status != 503 || time.Now().After(deadline) {
 			return b, rc, err
 		}
-		time.Sleep(20 * time.Millisecond) // the carrier's backoff, not a wait for an event
+		<-tick.C
 	}
 }
 
@@ -404,6 +406,8 @@ func fetchAllJS(t *testing.T, relays []jsRelay, id *identity.Identity) []relaypr
 	deadline := time.Now().Add(60 * time.Second)
 	var all []relayproto.InboxEnvelope
 	after := ""
+	tick := time.NewTicker(20 * time.Millisecond) // a recipient's backoff after a failed page
+	defer tick.Stop()
 	for k := 0; ; k++ {
 		cl := &relayproto.Client{BaseURL: relays[k%2].url}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -413,7 +417,7 @@ func fetchAllJS(t *testing.T, relays []jsRelay, id *identity.Identity) []relaypr
 			if time.Now().After(deadline) {
 				t.Fatalf("fetch at %s: %v", cl.BaseURL, err)
 			}
-			time.Sleep(20 * time.Millisecond) // a recipient's backoff
+			<-tick.C
 			continue
 		}
 		all = append(all, page.Envelopes...)

@@ -51,6 +51,8 @@ func TestClusterStopStart(t *testing.T) {
 	}
 	ctx := t.Context()
 	deadline := time.Now().Add(60 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond) // polling an election with a deadline
+	defer tick.Stop()
 	for { // the cluster elects its meta leader after the restart
 		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}, Replicas: 3})
 		if err == nil {
@@ -59,6 +61,6 @@ func TestClusterStopStart(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("create R3 stream: %v", err)
 		}
-		time.Sleep(20 * time.Millisecond) // polling an election with a deadline
+		<-tick.C
 	}
 }

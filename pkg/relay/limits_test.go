@@ -305,13 +305,7 @@ func testExpiryPass(t *testing.T, backend string) {
 		t.Fatal(status)
 	}
 	e.clock.Add(time.Minute)
-	deadline := time.Now().Add(30 * time.Second)
-	for e.relay.Stats().Expired != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the expiry pass did not remove the expired envelope")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "the expiry pass removing the expired envelope", func() bool { return e.relay.Stats().Expired == 1 })
 }
 
 func TestLimitsChecked(t *testing.T) {

@@ -19,11 +19,13 @@ import (
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within 30s", what)
 		}
-		time.Sleep(time.Millisecond)
+		<-tick.C
 	}
 }
 

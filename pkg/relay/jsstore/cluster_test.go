@@ -59,6 +59,8 @@ func TestClusterTwoRelaysNodeRestart(t *testing.T) {
 	errs := make(chan error, recipients)
 	for r := range recipients {
 		wg.Go(func() {
+			tick := time.NewTicker(10 * time.Millisecond) // the carrier's backoff, not a wait for an event
+			defer tick.Stop()
 			for i := range perRecipient {
 				w := newWire(fmt.Sprintf("r%d-%d", r, i))
 				st := stores[(r+i)%2]
@@ -81,7 +83,7 @@ func TestClusterTwoRelaysNodeRestart(t *testing.T) {
 						break
 					}
 					retries.Add(1)
-					time.Sleep(10 * time.Millisecond)        // the carrier's backoff, not a wait for an event
+					<-tick.C
 					st = stores[(r+i+int(retries.Load()))%2] // a carrier may try the other relay
 				}
 				switch n := count.Add(1); {
@@ -149,6 +151,8 @@ func fetchAllRetry(t *testing.T, stores []*jsstore.Store, to identity.DID) []str
 	deadline := time.Now().Add(60 * time.Second)
 	var ids []string
 	cursor := ""
+	tick := time.NewTicker(10 * time.Millisecond) // a recipient's backoff after a failed page
+	defer tick.Stop()
 	for i := 0; ; i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		page, err := stores[i%2].Fetch(ctx, to, cursor, 50)
@@ -157,7 +161,7 @@ func fetchAllRetry(t *testing.T, stores []*jsstore.Store, to identity.DID) []str
 			if time.Now().After(deadline) {
 				t.Fatalf("Fetch: %v", err)
 			}
-			time.Sleep(10 * time.Millisecond) // a recipient's backoff
+			<-tick.C
 			continue
 		}
 		for _, e := range page.Envelopes {
@@ -174,6 +178,8 @@ func fetchAllRetry(t *testing.T, stores []*jsstore.Store, to identity.DID) []str
 func openRetry(t *testing.T, nc *nats.Conn, opts jsstore.Options) *jsstore.Store {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond) // polling a cluster that is electing; not waiting for an event of ours
+	defer tick.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		st, err := jsstore.Open(ctx, nc, opts)
@@ -184,6 +190,6 @@ func openRetry(t *testing.T, nc *nats.Conn, opts jsstore.Options) *jsstore.Store
 		if time.Now().After(deadline) {
 			t.Fatalf("open on the cluster: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond) // polling a cluster that is electing; not waiting for an event of ours
+		<-tick.C
 	}
 }
