@@ -85,7 +85,8 @@ func openFiles(opts Options, now func() time.Time, log *slog.Logger, wake func(s
 		inboxes: map[string]*inbox{}, byID: map[string]*entry{}, inflight: map[uint64]struct{}{},
 		hidden: map[uint64]string{}, allowed: map[string]bool{},
 	}
-	sopts := store.Options{Home: opts.Home, WrapFS: opts.WrapFS}
+	// The relay's clock: it dates the receipts, so it judges their retention too.
+	sopts := store.Options{Home: opts.Home, WrapFS: opts.WrapFS, Now: now}
 	var err error
 	if f.st, err = store.Open(f.id.Signer(), sopts); err != nil {
 		return nil, fmt.Errorf("relay: open store: %w", err)
@@ -623,6 +624,16 @@ func (f *fileStore) expire(ctx context.Context, now time.Time) (int, error) {
 			return total, err
 		}
 		total += len(gone)
+	}
+	// Then the relay's store: receipt records past their retainUntil (the
+	// deadline + 24 h, after which an envelope sent again is refused as expired
+	// anyway) and old temps, in bounded chunks (DESIGN §10).
+	rep, err := f.st.Maintain(ctx)
+	if err != nil {
+		return total, err
+	}
+	if len(rep.Errors) > 0 {
+		return total, fmt.Errorf("relay: store maintenance: %w", errors.Join(rep.Errors...))
 	}
 	return total, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -362,5 +363,37 @@ func TestLimitListener(t *testing.T) {
 	}
 	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("accept after close: %v", err)
+	}
+}
+
+// The expiry pass also maintains the file backend's store: a receipt record past its
+// retainUntil (the deadline + 24 h) is removed, after which the envelope sent again is
+// refused as expired, never taken in again.
+func TestExpiryRemovesOldReceipts(t *testing.T) {
+	e := newEnvOn(t, "file", relay.Limits{})
+	ctx := context.Background()
+	bob := ident(t, 2)
+	en, data := e.messageFrom(ident(t, 1), bob.DID(), 10, e.clock.Now().Add(time.Minute))
+	if status, _, _ := e.post(data); status != 200 {
+		t.Fatal(status)
+	}
+	receipts := func() int {
+		files, _ := filepath.Glob(filepath.Join(e.home, "delivery", "*", "receipts", "*.json"))
+		return len(files)
+	}
+	if receipts() != 1 {
+		t.Fatalf("%d receipt records after the accept", receipts())
+	}
+	e.clock.Add(time.Minute + 24*time.Hour - time.Millisecond) // just before its receipt's retainUntil
+	if _, err := e.relay.Expire(ctx); err != nil || receipts() != 1 {
+		t.Fatalf("before its retainUntil: %v, %d receipt records; want it kept", err, receipts())
+	}
+	e.clock.Add(time.Millisecond)
+	if _, err := e.relay.Expire(ctx); err != nil || receipts() != 0 {
+		t.Fatalf("at its retainUntil: %v, %d receipt records; want none", err, receipts())
+	}
+	if status, body, _ := e.post(data); status != http.StatusUnprocessableEntity && status != http.StatusBadRequest ||
+		!strings.Contains(string(body), relayproto.CodeEnvelopeExpired) {
+		t.Fatalf("%s sent again after its receipt expired: %d %s, want refused as expired", en.ID(), status, body)
 	}
 }
