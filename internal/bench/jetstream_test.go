@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -19,7 +21,9 @@ import (
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 // The relay's JetStream storage (pkg/relay/jsstore) putting new envelopes, beside the
@@ -38,6 +42,7 @@ const jsWriters = 16
 // jsTarget is one topology: the jsstore Store and, on the same connection, the raw
 // stream (subjects rawSubject.<recipient>.<id>, the shape of jsstore's).
 type jsTarget struct {
+	nc    *nats.Conn // for a relay on this JetStream
 	store *jsstore.Store
 	js    jetstream.JetStream
 	built time.Duration // servers started, stream and bucket created
@@ -82,7 +87,7 @@ func openTarget(urls string, opts jsstore.Options, replicas int) (*jsTarget, err
 	if err != nil {
 		return nil, err
 	}
-	t := &jsTarget{js: js}
+	t := &jsTarget{nc: nc, js: js}
 	deadline := time.Now().Add(60 * time.Second)
 	tick := time.NewTicker(50 * time.Millisecond) // a cluster electing its leaders has no event to wait on
 	defer tick.Stop()
@@ -268,4 +273,65 @@ func BenchmarkFloorJetStreamClusterPublish1(b *testing.B) { jsPublish(b, cluster
 // BenchmarkJetStreamClusterPut16: plain publishes to an R3 stream from 16 goroutines.
 func BenchmarkFloorJetStreamClusterPublish16(b *testing.B) {
 	jsPublish(b, clusterJS(b), jsWriters)
+}
+
+// BenchmarkRelayAcceptJetStream1 is the relay on the JetStream backend (one node,
+// sync_interval: always) accepting new envelopes one at a time, in process
+// (Relay.Accept: parse and verify, jsstore Put, receipt signed): env/s.
+func BenchmarkRelayAcceptJetStream1(b *testing.B) { relayOnJS(b, singleJS(b), 1) }
+
+// BenchmarkRelayAcceptJetStreamBatch64 is the same in batches of 64 (Relay.AcceptBatch,
+// which puts them one by one, in order): env/s.
+func BenchmarkRelayAcceptJetStreamBatch64(b *testing.B) { relayOnJS(b, singleJS(b), relayBatch) }
+
+// relayOnJS runs a relay on t's JetStream accepting b.N calls of per new envelopes.
+// The stream outlives the runs, so every run signs envelopes of its own (outside the
+// clock): the pool's would be duplicates.
+func relayOnJS(b *testing.B, t *jsTarget, per int) {
+	b.StopTimer()
+	o, _, peer := owner()
+	now := time.Now()
+	body := bytes.Repeat([]byte("x"), 512)
+	envs := make([][]byte, b.N*per)
+	if err := onAllCores(len(envs), func(i int) (err error) {
+		_, envs[i], err = envelope.NewMessage(o, identity.DID(peer), uuid.NewString(), body, now.Add(24*time.Hour), now)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	id, err := identity.FromSeed(relaySeed[:])
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := relay.New(relay.Options{Identity: id, Home: benchDir(b), Logger: slog.New(slog.DiscardHandler),
+		JetStream: t.nc, JetStreamOptions: jsstore.Options{Replicas: 1, SyncAlways: true}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	b.StartTimer()
+	for i := range b.N {
+		batch := envs[i*per : (i+1)*per]
+		if per == 1 {
+			if _, err := r.Accept(ctx, batch[0]); err != nil {
+				b.Fatal(err)
+			}
+			continue
+		}
+		res, err := r.AcceptBatch(ctx, batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, x := range res {
+			if x.Outcome != relayproto.BatchAccepted {
+				b.Fatalf("batch result %q (%s), want accepted", x.Outcome, x.Code)
+			}
+		}
+	}
+	b.StopTimer()
+	reportRate(b, float64(b.N*per), "env/s")
+	if got := r.Stats().Accepted; got != int64(b.N*per) {
+		b.Fatalf("the relay accepted %d envelopes, want %d", got, b.N*per)
+	}
 }

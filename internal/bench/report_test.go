@@ -100,6 +100,8 @@ var (
 	relayBatch64   = bench{name: "RelayAcceptBatch64", fn: BenchmarkRelayAcceptBatch64, unit: "env/s"}
 	relayHTTP1     = bench{name: "RelayAcceptHTTP1", fn: BenchmarkRelayAcceptHTTP1, unit: "env/s", optional: true}
 	relayHTTP64    = bench{name: "RelayAcceptHTTPBatch64", fn: BenchmarkRelayAcceptHTTPBatch64, unit: "env/s", optional: true}
+	relayJS1       = bench{name: "RelayAcceptJetStream1", fn: BenchmarkRelayAcceptJetStream1, unit: "env/s"}
+	relayJS64      = bench{name: "RelayAcceptJetStreamBatch64", fn: BenchmarkRelayAcceptJetStreamBatch64, unit: "env/s"}
 	jsPut1         = bench{name: "JetStreamPut1", fn: BenchmarkJetStreamPut1, unit: "env/s"}
 	jsPut16        = bench{name: "JetStreamPut16", fn: BenchmarkJetStreamPut16, unit: "env/s"}
 	jsPub1         = bench{name: "FloorJetStreamPublish1", fn: BenchmarkFloorJetStreamPublish1, unit: "env/s"}
@@ -179,12 +181,14 @@ var rows = []row{
 	{what: "part: fsx.WriteFile, durable create via fsx (records/s)", ours: partFsxWrite, base: ref(floorCreate1), baseWhat: "raw create, 1 writer"},
 	{what: "part: fsx.OS.Lstat of a record (lstats/s)", ours: partFsxLstat, base: ref(partRawLstat), baseWhat: "fstatat on an open dir fd"},
 	// The relay's accept rate: two durable files per new envelope (inbox file and
-	// receipt record) on the file backend; jsstore (not yet used by the relay) beside a
-	// plain JetStream publish of the same bytes.
+	// receipt record) on the file backend; the same relay on the JetStream backend; and
+	// its storage, jsstore, beside a plain JetStream publish of the same bytes.
 	{what: "relay accept, 1 new envelope, in process (env/s; 2 durable files each)", ours: relayAccept1, base: ref(floorCreate1), baseWhat: "raw create, 1 writer (records/s)"},
 	{what: "relay accept, batches of 64, in process (env/s; 2 durable files each)", ours: relayBatch64, base: ref(floorGroup16), baseWhat: "raw group commit of 16 (records/s)"},
 	{what: "relay accept over HTTP, 1 envelope, relayproto.Client (env/s)", ours: relayHTTP1, base: ref(relayAccept1), baseWhat: "the same, in process"},
 	{what: "relay accept over HTTP, batches of 64, relayproto.Client (env/s)", ours: relayHTTP64, base: ref(relayBatch64), baseWhat: "the same, in process"},
+	{what: "relay accept on JetStream (1 node, sync_interval: always), 1 new envelope, in process (env/s)", ours: relayJS1, base: ref(relayAccept1), baseWhat: "the same on the file backend"},
+	{what: "relay accept on JetStream (1 node, sync_interval: always), batches of 64, in process (env/s)", ours: relayJS64, base: ref(relayBatch64), baseWhat: "the same on the file backend"},
 	{what: "jsstore Put, 1 at a time, 1 node, sync_interval: always (env/s)", ours: jsPut1, base: ref(jsPub1), baseWhat: "plain JetStream publish of the same bytes, no KV"},
 	{what: "jsstore Put, 16 goroutines, 1 node, sync_interval: always (env/s)", ours: jsPut16, base: ref(jsPub16), baseWhat: "plain publishes, 16 goroutines"},
 	{what: "jsstore Put, 1 at a time, 3 nodes, R3 (env/s)", ours: jsR3Put1, base: ref(jsR3Pub1), baseWhat: "plain publish to an R3 stream"},
