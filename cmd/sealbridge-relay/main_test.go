@@ -234,3 +234,28 @@ func TestJetStreamBackendDurability(t *testing.T) {
 		t.Fatalf("declared sync_interval: always: exit %d, stderr %q", code, errb.String())
 	}
 }
+
+// A NATS .creds file holds a secret (an NKey seed): like a key file, one that others
+// may read, or a symbolic link, is refused before anything connects.
+func TestNATSCredsFileMustBePrivate(t *testing.T) {
+	t.Setenv("SEALBRIDGE_HOME", t.TempDir())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	dir := t.TempDir()
+	open := filepath.Join(dir, "relay.creds")
+	if err := os.WriteFile(open, []byte("-----BEGIN NATS USER JWT-----\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.creds")
+	if err := os.Symlink(open, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, creds := range []string{open, link} {
+		var out, errb bytes.Buffer
+		code := run(ctx, []string{"--listen=127.0.0.1:0", "--backend", "jetstream", "--nats-url", "nats://127.0.0.1:1",
+			"--jetstream-sync-always", "--jetstream-replicas", "1", "--nats-creds", creds}, &out, &errb)
+		if code != 1 || !strings.Contains(errb.String(), "NATS credentials file") || !strings.Contains(errb.String(), "chmod 600") {
+			t.Errorf("--nats-creds %s: exit %d, stderr %q; want refused, saying chmod 600", filepath.Base(creds), code, errb.String())
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
@@ -268,6 +270,9 @@ func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err erro
 	creds := cmp.Or(f.NATSCreds, f.getenv(EnvNATSCreds))
 	switch {
 	case creds != "":
+		if err := checkCredsFile(creds); err != nil {
+			return nil, err
+		}
 		opts = append(opts, nats.UserCredentials(creds))
 	case f.getenv(EnvNATSUser) != "":
 		opts = append(opts, nats.UserInfo(f.getenv(EnvNATSUser), f.getenv(EnvNATSPassword)))
@@ -286,3 +291,22 @@ func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err erro
 // NotDurableHint is the hint of a relay command refused by
 // jsstore.ErrNotDurable: the command-line form of the setting to change.
 const NotDurableHint = "give the stream and buckets 3 replicas (--jetstream-replicas 3 when the relay creates them; nats stream edit --replicas 3 for existing ones), or run every JetStream server with sync_interval: always and say so with --jetstream-sync-always"
+
+// checkCredsFile holds a NATS .creds file (it holds an NKey seed) to the rules of a
+// private key file (SECURITY.md): a regular file, not a symbolic link, one link,
+// owned by this user, no group or other permission bits.
+func checkCredsFile(path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("the NATS credentials file %s: %w", path, err)
+	}
+	info, err := fsx.NewOS(filepath.Dir(abs)).Lstat(filepath.Base(abs))
+	if err == nil {
+		err = fsx.CheckPrivateFile(abs, info)
+	}
+	if err != nil {
+		return errcode.WithHint(fmt.Errorf("the NATS credentials file: %w", err),
+			"it holds a secret: make it a regular file of yours with mode 0600 (chmod 600 "+abs+")")
+	}
+	return nil
+}
