@@ -290,6 +290,10 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		}
 	}
 	if err != nil {
+		if notClustered(err) {
+			return nil, fmt.Errorf("%w: stream %s: this JetStream is a single server, which cannot keep %d replicas; hint: run a cluster of %d or more, or run this server with sync_interval: always and declare it with Replicas 1 and SyncAlways (sealbridge-relay --jetstream-replicas 1 --jetstream-sync-always)",
+				ErrNotDurable, opts.Stream, opts.Replicas, MinReplicas)
+		}
 		return nil, fmt.Errorf("jsstore: open stream %s: %w", opts.Stream, err)
 	}
 	info := s.stream.CachedInfo()
@@ -423,6 +427,16 @@ func (s *Store) Watch(fn func(recipientKey string)) (stop func(), err error) {
 		return nil, fmt.Errorf("jsstore: watch: %w", err)
 	}
 	return func() { _ = sub.Unsubscribe() }, nil
+}
+
+// errCodeReplicasNotSupported is JetStream's answer to a replicated stream on a
+// server that is not clustered ("replicas > 1 not supported in non-clustered mode").
+const errCodeReplicasNotSupported jetstream.ErrorCode = 10074
+
+// notClustered reports whether err is JetStream refusing replicas on a single server.
+func notClustered(err error) bool {
+	var je jetstream.JetStreamError
+	return errors.As(err, &je) && je.APIError() != nil && je.APIError().ErrorCode == errCodeReplicasNotSupported
 }
 
 func checkDurable(what string, replicas int, syncAlways bool) error {

@@ -301,7 +301,13 @@ func TestOpenRefusesUnreplicatedUnsynced(t *testing.T) {
 	s := natstest.Node(t)
 	nc := natstest.Connect(t, s.ClientURL())
 	ctx := context.Background()
-	_, err := jsstore.Open(ctx, nc, jsstore.Options{Replicas: 1})
+	// The default, R3, on a single server: refused as not durable, saying what to do
+	// (not JetStream's bare "replicas > 1 not supported in non-clustered mode").
+	_, err := jsstore.Open(ctx, nc, jsstore.Options{})
+	if !errors.Is(err, jsstore.ErrNotDurable) || !strings.Contains(err.Error(), "--jetstream-replicas 1 --jetstream-sync-always") {
+		t.Fatalf("Open R3 on a single server: %v", err)
+	}
+	_, err = jsstore.Open(ctx, nc, jsstore.Options{Replicas: 1})
 	if !errors.Is(err, jsstore.ErrNotDurable) || !strings.Contains(err.Error(), "sync_interval: always") ||
 		!strings.Contains(err.Error(), "replicas") {
 		t.Fatalf("Open R1 without SyncAlways: %v", err)
