@@ -361,12 +361,12 @@ func (f *fileStore) putOne(ctx context.Context, it *newEnvelope) error {
 	rdir := recipientDir(env.Recipient())
 	name := fileName(seq, env.ID())
 	if _, err := fsx.MkdirPrivate(f.fs, rdir); err != nil {
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
+		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", err)
 	}
 	// The name's sequence number is new, so nothing may be there: CreateFile
 	// refuses to replace what is.
 	if err := fsx.CreateFile(f.fs, rdir, name, data); err != nil {
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
+		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", err)
 	}
 	rec := receiptRecord(env, it.receivedAt.UnixMilli())
 	err := f.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
@@ -438,7 +438,7 @@ func (f *fileStore) fetch(_ context.Context, recipient identity.DID, cursor stri
 			continue // acknowledged meanwhile
 		}
 		if err != nil {
-			return nil, unavailable("INBOX_UNREADABLE", "the relay cannot read its inbox", err)
+			return nil, unavailable(relayproto.CodeInboxUnreadable, "the relay cannot read its inbox", err)
 		}
 		page.Envelopes = append(page.Envelopes, relayproto.InboxEnvelope{
 			Cursor: page.Cursor, EnvelopeID: e.envelopeID, EnvelopeDigest: e.digest,
@@ -487,7 +487,7 @@ func (f *fileStore) removeEntries(ctx context.Context, rdir string, gone []*entr
 		firstErr = err
 	}
 	if firstErr != nil {
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", firstErr)
+		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", firstErr)
 	}
 	// The files are gone: the records must follow even if the caller has gone
 	// away meanwhile (a client that disconnects, a server shutting down), so
@@ -582,10 +582,10 @@ func (f *fileStore) register(_ context.Context, did identity.DID) error {
 	f.regMu.Lock()
 	defer f.regMu.Unlock()
 	if _, err := fsx.MkdirPrivate(f.fs, registryDir); err != nil {
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its list of recipients", err)
+		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its list of recipients", err)
 	}
 	if err := fsx.CreateFile(f.fs, registryDir, rdir, []byte(string(did)+"\n")); err != nil && !os.IsExist(err) {
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its list of recipients", err)
+		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its list of recipients", err)
 	}
 	f.mu.Lock()
 	f.allowed[rdir] = true
@@ -603,7 +603,7 @@ func (f *fileStore) unregister(_ context.Context, did identity.DID) error {
 	delete(f.allowed, rdir) // refuse from now on, even if the removal fails
 	f.mu.Unlock()
 	if err := fsx.RemoveFile(f.fs, registryDir, rdir); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its list of recipients", err)
+		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its list of recipients", err)
 	}
 	return nil
 }
@@ -714,7 +714,7 @@ func (f *fileStore) commitBatch(ctx context.Context, items []*newEnvelope) error
 		it.rec = receiptRecord(it.env, it.receivedAt.UnixMilli())
 		if !dirs[it.rdir] {
 			if _, err := fsx.MkdirPrivate(f.fs, it.rdir); err != nil {
-				return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
+				return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", err)
 			}
 			dirs[it.rdir] = true
 		}
@@ -759,20 +759,20 @@ func (f *fileStore) commitBatch(ctx context.Context, items []*newEnvelope) error
 	}
 	if stageErr != nil {
 		cleanup()
-		return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", stageErr)
+		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", stageErr)
 	}
 	// Publish in sequence order; each name's sequence number is new, so
 	// nothing may be there (PublishNoReplace refuses to replace what is).
 	for _, it := range fresh {
 		if err := it.staged.PublishNoReplace(it.name); err != nil {
 			cleanup()
-			return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
+			return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", err)
 		}
 	}
 	for d := range dirs {
 		if err := f.fs.SyncDir(d); err != nil {
 			cleanup()
-			return unavailable("INBOX_UNWRITABLE", "the relay cannot write its inbox", err)
+			return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", err)
 		}
 	}
 	err := f.st.PreparedTransaction(ctx, func(tx *store.Tx) error {

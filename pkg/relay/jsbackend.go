@@ -61,7 +61,7 @@ func openJetStream(ctx context.Context, nc *nats.Conn, opts jsstore.Options, now
 
 // jsError is the answer to a JetStream failure: 503, the sender retries.
 func jsError(err error) *relayproto.Error {
-	return unavailable("RELAY_STORAGE_UNAVAILABLE", "the relay's JetStream storage is unavailable", err)
+	return unavailable(relayproto.CodeRelayStorageUnavailable, "the relay's JetStream storage is unavailable", err)
 }
 
 func (j *jsBackend) close() error {

@@ -54,6 +54,13 @@ const (
 	// recipients that registered with it (POST /v1/recipients/register).
 	CodeRecipientNotAllowed = "RECIPIENT_NOT_ALLOWED"
 	CodeRelayInternal       = "RELAY_INTERNAL"
+	// CodeInboxUnwritable and CodeInboxUnreadable (503, with Retry-After): the
+	// file relay cannot write or read its inbox (or its list of recipients);
+	// CodeRelayStorageUnavailable (503, with Retry-After): the relay's JetStream
+	// storage does not answer. Retrying later helps.
+	CodeInboxUnwritable         = "INBOX_UNWRITABLE"
+	CodeInboxUnreadable         = "INBOX_UNREADABLE"
+	CodeRelayStorageUnavailable = "RELAY_STORAGE_UNAVAILABLE"
 )
 
 func newError(status int, code, format string, args ...any) *Error {
