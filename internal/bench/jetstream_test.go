@@ -23,7 +23,6 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
-	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 // The relay's JetStream storage (pkg/relay/jsstore) putting new envelopes, beside the
@@ -319,15 +318,7 @@ func relayOnJS(b *testing.B, t *jsTarget, per int) {
 			}
 			continue
 		}
-		res, err := r.AcceptBatch(ctx, batch)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, x := range res {
-			if x.Outcome != relayproto.BatchAccepted {
-				b.Fatalf("batch result %q (%s), want accepted", x.Outcome, x.Code)
-			}
-		}
+		acceptBatch(b, r, batch)
 	}
 	b.StopTimer()
 	reportRate(b, float64(b.N*per), "env/s")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
@@ -108,11 +109,7 @@ func (r *Relay) serveEnvelope(w http.ResponseWriter, req *http.Request) (int, er
 }
 
 func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error) {
-	body, e := readBody(w, req, relayproto.MaxAckBodySize, relayproto.CodeBodyTooLarge)
-	if e != nil {
-		return 0, e
-	}
-	did, e := r.authenticate(req, body)
+	_, did, e := r.signedRequest(w, req)
 	if e != nil {
 		return 0, e
 	}
@@ -160,11 +157,7 @@ func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error
 }
 
 func (r *Relay) serveStatus(w http.ResponseWriter, req *http.Request) (int, error) {
-	body, e := readBody(w, req, relayproto.MaxAckBodySize, relayproto.CodeBodyTooLarge)
-	if e != nil {
-		return 0, e
-	}
-	did, e := r.authenticate(req, body)
+	_, did, e := r.signedRequest(w, req)
 	if e != nil {
 		return 0, e
 	}
@@ -184,11 +177,7 @@ func (r *Relay) serveStatus(w http.ResponseWriter, req *http.Request) (int, erro
 }
 
 func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) {
-	body, e := readBody(w, req, relayproto.MaxAckBodySize, relayproto.CodeBodyTooLarge)
-	if e != nil {
-		return 0, e
-	}
-	did, e := r.authenticate(req, body)
+	body, did, e := r.signedRequest(w, req)
 	if e != nil {
 		return 0, e
 	}
@@ -215,11 +204,7 @@ func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) 
 
 // serveRegister adds the signing recipient to the allow-list, or removes it.
 func (r *Relay) serveRegister(w http.ResponseWriter, req *http.Request) (int, error) {
-	body, e := readBody(w, req, relayproto.MaxAckBodySize, relayproto.CodeBodyTooLarge)
-	if e != nil {
-		return 0, e
-	}
-	did, e := r.authenticate(req, body)
+	body, did, e := r.signedRequest(w, req)
 	if e != nil {
 		return 0, e
 	}
@@ -248,4 +233,19 @@ func writeJSONBytes(w http.ResponseWriter, status int, data []byte) {
 	h.Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(status)
 	_, _ = w.Write(data)
+}
+
+// signedRequest reads req's body (at most relayproto.MaxAckBodySize) and
+// verifies its signature (docs/RELAY.md "Signed inbox requests"): the body and
+// the recipient who signed it.
+func (r *Relay) signedRequest(w http.ResponseWriter, req *http.Request) ([]byte, identity.DID, *relayproto.Error) {
+	body, e := readBody(w, req, relayproto.MaxAckBodySize, relayproto.CodeBodyTooLarge)
+	if e != nil {
+		return nil, "", e
+	}
+	did, e := r.authenticate(req, body)
+	if e != nil {
+		return nil, "", e
+	}
+	return body, did, nil
 }
