@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
@@ -248,16 +247,7 @@ func batchIDs(t *testing.T, s *store.Store) map[string]string {
 // repair, and after the repair nothing, with every message still as allowed and
 // consistent; and that the store still takes a new message and a new action.
 func TestSIGKILLOperatorActions(t *testing.T) {
-	rounds := *actionKills
-	if testing.Short() {
-		rounds = 10
-	}
-	seed := *killSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	t.Logf("seed %d (replay: go test ./internal/crashtest -run TestSIGKILLOperatorActions -crash.seed=%d -crash.actionkills=%d)", seed, seed, rounds)
-	rng := rand.New(rand.NewPCG(seed, seed^0x0bc0a7e5))
+	rounds, seed, rng := killRounds(t, *actionKills, 10, "actionkills", 0x0bc0a7e5)
 	ctx := context.Background()
 	const storeRounds = 50 // a store lives this many rounds (fsck reads all of it each round)
 	var dir string

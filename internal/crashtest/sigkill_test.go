@@ -16,8 +16,8 @@ import (
 )
 
 var (
-	killRounds = flag.Int("crash.kills", 200, "SIGKILL rounds of TestSIGKILLWriters (just crash: 5000)")
-	killSeed   = flag.Uint64("crash.seed", 0, "seed of TestSIGKILLWriters (0: from the clock; printed)")
+	killRoundsFlag = flag.Int("crash.kills", 200, "SIGKILL rounds of TestSIGKILLWriters (just crash: 5000)")
+	killSeed       = flag.Uint64("crash.seed", 0, "seed of TestSIGKILLWriters (0: from the clock; printed)")
 )
 
 const writerEnv = "SEALBRIDGE_CRASH_WRITER"
@@ -52,16 +52,7 @@ func TestCrashWriterProcess(t *testing.T) {
 // SIGKILLs them at random moments, reopens the store, and checks that every printed
 // message is present with its whole batch and that the store is usable.
 func TestSIGKILLWriters(t *testing.T) {
-	rounds := *killRounds
-	if testing.Short() {
-		rounds = 20
-	}
-	seed := *killSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	t.Logf("seed %d (replay: go test ./internal/crashtest -run TestSIGKILLWriters -crash.seed=%d -crash.kills=%d)", seed, seed, rounds)
-	rng := rand.New(rand.NewPCG(seed, seed^0x5ea1b41d))
+	rounds, seed, rng := killRounds(t, *killRoundsFlag, 20, "kills", 0x5ea1b41d)
 	dir := privateDir(t)
 	acked := map[string]int{} // message id → envelopes
 	kills := 0
@@ -163,4 +154,22 @@ func killAfter(cmds []*exec.Cmd, delay time.Duration) int {
 		cmd.Process.Signal(syscall.SIGKILL)
 	}
 	return len(cmds)
+}
+
+// killRounds returns a SIGKILL test's rounds (flagged, or short under -short), its
+// seed (-crash.seed, else from the clock) and a generator of it, and logs how to
+// replay the run (roundsFlag is the name of the rounds flag after "crash."; salt
+// makes the test's generator its own).
+func killRounds(t *testing.T, flagged, short int, roundsFlag string, salt uint64) (int, uint64, *rand.Rand) {
+	t.Helper()
+	rounds := flagged
+	if testing.Short() {
+		rounds = short
+	}
+	seed := *killSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (replay: go test ./internal/crashtest -run %s -crash.seed=%d -crash.%s=%d)", seed, t.Name(), seed, roundsFlag, rounds)
+	return rounds, seed, rand.New(rand.NewPCG(seed, seed^salt))
 }
