@@ -41,7 +41,8 @@ const jsWriters = 16
 // jsTarget is one topology: the jsstore Store and, on the same connection, the raw
 // stream (subjects rawSubject.<recipient>.<id>, the shape of jsstore's).
 type jsTarget struct {
-	nc    *nats.Conn // for a relay on this JetStream
+	nc    *nats.Conn      // for a relay on this JetStream
+	opts  jsstore.Options // how jsstore was opened on it
 	store *jsstore.Store
 	js    jetstream.JetStream
 	built time.Duration // servers started, stream and bucket created
@@ -86,7 +87,7 @@ func openTarget(urls string, opts jsstore.Options, replicas int) (*jsTarget, err
 	if err != nil {
 		return nil, err
 	}
-	t := &jsTarget{nc: nc, js: js}
+	t := &jsTarget{nc: nc, opts: opts, js: js}
 	deadline := time.Now().Add(60 * time.Second)
 	tick := time.NewTicker(50 * time.Millisecond) // a cluster electing its leaders has no event to wait on
 	defer tick.Stop()
@@ -277,17 +278,26 @@ func BenchmarkFloorJetStreamClusterPublish16(b *testing.B) {
 // BenchmarkRelayAcceptJetStream1 is the relay on the JetStream backend (one node,
 // sync_interval: always) accepting new envelopes one at a time, in process
 // (Relay.Accept: parse and verify, jsstore Put, receipt signed): env/s.
-func BenchmarkRelayAcceptJetStream1(b *testing.B) { relayOnJS(b, singleJS(b), 1) }
+func BenchmarkRelayAcceptJetStream1(b *testing.B) { relayOnJS(b, singleJS, 1) }
 
 // BenchmarkRelayAcceptJetStreamBatch64 is the same in batches of 64 (Relay.AcceptBatch,
 // which puts them one by one, in order): env/s.
-func BenchmarkRelayAcceptJetStreamBatch64(b *testing.B) { relayOnJS(b, singleJS(b), relayBatch) }
+func BenchmarkRelayAcceptJetStreamBatch64(b *testing.B) { relayOnJS(b, singleJS, relayBatch) }
 
-// relayOnJS runs a relay on t's JetStream accepting b.N calls of per new envelopes.
+// BenchmarkRelayAcceptJetStreamCluster1 and …Batch64 are the same on the three-node
+// R3 cluster (default sync interval): env/s.
+func BenchmarkRelayAcceptJetStreamCluster1(b *testing.B) { relayOnJS(b, clusterJS, 1) }
+
+func BenchmarkRelayAcceptJetStreamClusterBatch64(b *testing.B) {
+	relayOnJS(b, clusterJS, relayBatch)
+}
+
+// relayOnJS runs a relay on target's JetStream accepting b.N calls of per new envelopes.
 // The stream outlives the runs, so every run signs envelopes of its own (outside the
 // clock): the pool's would be duplicates.
-func relayOnJS(b *testing.B, t *jsTarget, per int) {
+func relayOnJS(b *testing.B, target func(*testing.B) *jsTarget, per int) {
 	b.StopTimer()
+	t := target(b) // started (once per process) off the clock
 	o, _, peer := owner()
 	now := time.Now()
 	body := bytes.Repeat([]byte("x"), 512)
@@ -303,7 +313,7 @@ func relayOnJS(b *testing.B, t *jsTarget, per int) {
 		b.Fatal(err)
 	}
 	r, err := relay.New(relay.Options{Identity: id, Home: benchDir(b), Logger: slog.New(slog.DiscardHandler),
-		JetStream: t.nc, JetStreamOptions: jsstore.Options{Replicas: 1, SyncAlways: true}})
+		JetStream: t.nc, JetStreamOptions: t.opts})
 	if err != nil {
 		b.Fatal(err)
 	}

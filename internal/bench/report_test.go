@@ -102,6 +102,8 @@ var (
 	relayHTTP64    = bench{name: "RelayAcceptHTTPBatch64", fn: BenchmarkRelayAcceptHTTPBatch64, unit: "env/s", optional: true}
 	relayJS1       = bench{name: "RelayAcceptJetStream1", fn: BenchmarkRelayAcceptJetStream1, unit: "env/s"}
 	relayJS64      = bench{name: "RelayAcceptJetStreamBatch64", fn: BenchmarkRelayAcceptJetStreamBatch64, unit: "env/s"}
+	relayJSR3_1    = bench{name: "RelayAcceptJetStreamCluster1", fn: BenchmarkRelayAcceptJetStreamCluster1, unit: "env/s", optional: true}
+	relayJSR3_64   = bench{name: "RelayAcceptJetStreamClusterBatch64", fn: BenchmarkRelayAcceptJetStreamClusterBatch64, unit: "env/s", optional: true}
 	jsPut1         = bench{name: "JetStreamPut1", fn: BenchmarkJetStreamPut1, unit: "env/s"}
 	jsPut16        = bench{name: "JetStreamPut16", fn: BenchmarkJetStreamPut16, unit: "env/s"}
 	jsPub1         = bench{name: "FloorJetStreamPublish1", fn: BenchmarkFloorJetStreamPublish1, unit: "env/s"}
@@ -189,6 +191,8 @@ var rows = []row{
 	{what: "relay accept over HTTP, batches of 64, relayproto.Client (env/s)", ours: relayHTTP64, base: ref(relayBatch64), baseWhat: "the same, in process"},
 	{what: "relay accept on JetStream (1 node, sync_interval: always), 1 new envelope, in process (env/s)", ours: relayJS1, base: ref(relayAccept1), baseWhat: "the same on the file backend"},
 	{what: "relay accept on JetStream (1 node, sync_interval: always), batches of 64, in process (env/s)", ours: relayJS64, base: ref(relayBatch64), baseWhat: "the same on the file backend"},
+	{what: "relay accept on JetStream (3 nodes, R3), 1 new envelope, in process (env/s)", ours: relayJSR3_1, base: ref(relayAccept1), baseWhat: "the same on the file backend"},
+	{what: "relay accept on JetStream (3 nodes, R3), batches of 64, in process (env/s)", ours: relayJSR3_64, base: ref(relayBatch64), baseWhat: "the same on the file backend"},
 	{what: "jsstore Put, 1 at a time, 1 node, sync_interval: always (env/s)", ours: jsPut1, base: ref(jsPub1), baseWhat: "plain JetStream publish of the same bytes, no KV"},
 	{what: "jsstore Put, 16 goroutines, 1 node, sync_interval: always (env/s)", ours: jsPut16, base: ref(jsPub16), baseWhat: "plain publishes, 16 goroutines"},
 	{what: "jsstore Put, 1 at a time, 3 nodes, R3 (env/s)", ours: jsR3Put1, base: ref(jsR3Pub1), baseWhat: "plain publish to an R3 stream"},
