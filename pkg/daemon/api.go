@@ -73,6 +73,10 @@ type statusWriter struct {
 	status int
 }
 
+// Unwrap gives http.ResponseController the connection's writer (a held long
+// poll moves its deadlines).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code

@@ -435,8 +435,14 @@ func (d *Daemon) serveChanges(w http.ResponseWriter, r *http.Request) {
 		d.writeReset(w, resetRestarted)
 		return
 	}
-	if wait > 0 { // the server's WriteTimeout is 60 s: make room for the longest wait
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 30*time.Second))
+	if wait > 0 {
+		// The server's read and write timeouts (60 s) count from the request's
+		// arrival and may be shorter than the wait; a read deadline that passes
+		// cancels the request. Make room for this one.
+		rc := http.NewResponseController(w)
+		end := time.Now().Add(wait + 30*time.Second)
+		_ = rc.SetReadDeadline(end)
+		_ = rc.SetWriteDeadline(end)
 	}
 	p := f.next(r.Context(), seq, topics, wait)
 	if p.reset != "" {

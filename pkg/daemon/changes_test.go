@@ -2,7 +2,11 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -304,5 +308,25 @@ func TestChangesDetectsOtherWriters(t *testing.T) {
 			seen[ch.Topic+"/"+ch.ID] = true
 		}
 		cur = p.Cursor
+	}
+}
+
+// A long poll outlives the server's read and write timeouts (60 s in the daemon, as
+// long as the longest wait): a passing read deadline would cancel the request.
+func TestChangesLongPollOutlivesServerTimeouts(t *testing.T) {
+	d, c, _, _ := changeDaemon(t, t.TempDir(), Options{ChangePollEvery: time.Hour})
+	cur := firstCursor(t, c)
+	srv := httptest.NewUnstartedServer(d.handler())
+	srv.Config.ReadTimeout, srv.Config.WriteTimeout = 20*time.Millisecond, 20*time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/v1/changes?after=" + url.QueryEscape(cur) + "&wait=300ms")
+	if err != nil {
+		t.Fatalf("a wait longer than the server's timeouts: %v", err)
+	}
+	defer resp.Body.Close()
+	var p client.ChangePage
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil || resp.StatusCode != http.StatusOK || len(p.Changes) != 0 || p.Reset {
+		t.Fatalf("a wait longer than the server's timeouts: %d %+v %v; want an empty page", resp.StatusCode, p, err)
 	}
 }
