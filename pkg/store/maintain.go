@@ -31,7 +31,9 @@ type MaintenanceReport struct {
 // stops the pass and is returned.
 func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 	var rep MaintenanceReport
+	stepFailed := false // the last step's transaction failed (recorded in the report)
 	step := func(fn func(tx *Tx) error) error {
+		stepFailed = false
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -40,6 +42,7 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 				return ctx.Err()
 			}
 			rep.Errors = append(rep.Errors, err)
+			stepFailed = true
 		}
 		return nil
 	}
@@ -51,12 +54,14 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 	// A step that wrote (closed a member, moved a message forward) finishes its batch
 	// in a second transaction, once what it wrote is durable: never in the same one,
 	// whose removals could outlive the message's move in a crash.
+	// A step whose transaction failed leaves its batch alone: what it wrote may not
+	// be durable, and a removal after it could outlive it.
 	for _, id := range batches {
 		wrote := false
 		if err := step(func(tx *Tx) (err error) { wrote, err = s.maintainBatch(tx, id, &rep); return err }); err != nil {
 			return rep, err
 		}
-		if wrote {
+		if wrote && !stepFailed {
 			if err := step(func(tx *Tx) (err error) { _, err = s.maintainBatch(tx, id, &rep); return err }); err != nil {
 				return rep, err
 			}
@@ -72,7 +77,7 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 		if err := step(func(tx *Tx) (err error) { wrote, err = s.maintainSingles(tx, chunk, &rep); return err }); err != nil {
 			return rep, err
 		}
-		if wrote {
+		if wrote && !stepFailed {
 			if err := step(func(tx *Tx) (err error) { _, err = s.maintainSingles(tx, chunk, &rep); return err }); err != nil {
 				return rep, err
 			}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -256,5 +257,46 @@ func TestMaintenanceRemovesInBoundedChunks(t *testing.T) {
 	}
 	if ids, err := s.List(record.KindMessages); err != nil || len(ids) != 0 {
 		t.Fatalf("left: %d %v", len(ids), err)
+	}
+}
+
+// A maintenance step whose writes fail to become durable (the messages directory's
+// fsync fails as it closes a message by its deadline) leaves the batch alone: removing
+// the closed members after it could outlive the message's close in a crash, and the
+// message would be reported absent.
+func TestMaintenanceKeepsBatchWhenTheCloseFails(t *testing.T) {
+	clock := newTestClock(time.Now())
+	failing := new(atomic.Bool)
+	s := openStore(t, store.Options{Now: clock.Now, WrapFS: func(inner fsx.FS) fsx.FS {
+		f := fsx.NewFaulty(inner)
+		f.Inject = func(op fsx.Op) error {
+			if failing.Load() && op.Kind == fsx.OpSyncDir && op.Path == string(record.KindMessages) {
+				return syscall.EIO
+			}
+			return nil
+		}
+		return f
+	}})
+	req := sendRequest(t, 1)
+	req.DeliveryDeadline = clock.Now().Add(time.Minute)
+	if _, err := s.Enqueue(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Minute)
+	failing.Store(true)
+	rep, err := s.Maintain(context.Background())
+	if err != nil || len(rep.Errors) == 0 {
+		t.Fatalf("maintenance with the messages fsync failing: %v %v, want the step's error reported", err, rep.Errors)
+	}
+	if ids, _ := s.List(record.KindOutbox); len(ids) != 1 || rep.BatchesFinished != 0 {
+		t.Fatalf("the closed single was removed (%v, %d finished) after a close that may not be durable", ids, rep.BatchesFinished)
+	}
+	failing.Store(false)
+	maintain(t, s)
+	if m, err := s.Message(req.MessageID); err != nil || m == nil || m.Status != record.StatusClosed {
+		t.Fatalf("after a clean pass: %+v %v", m, err)
+	}
+	if ids, _ := s.List(record.KindOutbox); len(ids) != 0 {
+		t.Fatalf("the single was not removed by the clean pass: %v", ids)
 	}
 }

@@ -88,6 +88,16 @@ func TestMessageRetentionOptions(t *testing.T) {
 	s := openStore(t, store.Options{Now: clock.Now, DeliveredRetention: time.Minute, ClosedRetention: time.Hour})
 	a, _ := enqueue(t, s, 1)
 	b, _ := enqueue(t, s, 1)
+	early, _ := enqueue(t, s, 1)
+	created := clock.Now().UnixMilli()
+	// Ended right away: kept as long as the send's Idempotency-Key can be retried
+	// (24 h after its creation), or a retry would enqueue the message again.
+	endMessage(t, s, early.MessageID, record.StatusClosed, record.ClosedByCancelled, clock.Now())
+	if m, _ := s.Message(early.MessageID); m.RetainUntil != created+store.DefaultOperationRetention.Milliseconds() {
+		t.Fatalf("a message ended at once: retainUntil %d, want its creation + 24 h (%d)", m.RetainUntil,
+			created+store.DefaultOperationRetention.Milliseconds())
+	}
+	clock.Advance(48 * time.Hour)
 	endMessage(t, s, a.MessageID, record.StatusDelivered, "", clock.Now())
 	endMessage(t, s, b.MessageID, record.StatusClosed, record.ClosedByRefused, clock.Now())
 	for _, c := range []struct {
