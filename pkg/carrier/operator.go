@@ -173,8 +173,10 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 		}
 		return r, nil
 	}
-	if a.Op == record.ActionCancel && m.Status == record.StatusRelayed && !anyPending(members) {
-		r.Code, r.Message = errcode.MessageClosed.String(), "nothing to cancel: the message is already relayed, and an envelope at the relay is not recalled"
+	if a.Op == record.ActionCancel && !anyPending(members) {
+		// Relayed, or queued behind members a crash left settled (maintenance
+		// brings it forward): nothing is pending, and nothing is recalled.
+		r.Code, r.Message = errcode.MessageClosed.String(), "nothing to cancel: no envelope is pending, and an envelope at the relay is not recalled"
 		return r, nil
 	}
 	act := func() *record.Action { c := a; return &c }
@@ -191,8 +193,11 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 		switch a.Op {
 		case record.ActionHold:
 			if o.Held == nil {
+				// A held envelope takes no part in its target's wait: it leaves the
+				// wait it was in, so that neither the wait's expiry nor, after a
+				// long hold, the release closes it unprobed.
 				held := act()
-				o.Held, o.Operator, change = held, act(), true
+				o.Held, o.Operator, o.UnreachableSince, change = held, act(), 0, true
 			}
 		case record.ActionRelease:
 			if o.Held != nil {

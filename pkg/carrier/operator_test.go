@@ -464,6 +464,38 @@ func TestRetryTargetClearsWait(t *testing.T) {
 	}
 }
 
+// A held envelope leaves its target's wait: when the unreachable relay's wait
+// expires, the held message is not closed with the rest, and released after the
+// expiry it is probed instead of closed.
+func TestHeldLeavesTheWait(t *testing.T) {
+	h := newHarness(t, Options{OfflineLimit: time.Hour, ProbeEvery: time.Minute}, store.Options{})
+	h.tr.answer = unreachable
+	held, other := h.enqueue(relayA, 1, 24*time.Hour), h.enqueue(relayA, 1, 24*time.Hour)
+	t0 := h.clock.Now()
+	h.start()
+	h.settle()
+	if o := h.outbox(held.Envelopes[0].EnvelopeID); o.UnreachableSince == 0 {
+		t.Fatalf("not in the wait: %+v", o)
+	}
+	h.act(ids(held.MessageID), record.ActionHold, "")
+	if o := h.outbox(held.Envelopes[0].EnvelopeID); o.UnreachableSince != 0 {
+		t.Fatalf("a held envelope still in the wait: %+v", o)
+	}
+	h.runUntil(t0.Add(2 * time.Hour))
+	if o := h.outbox(other.Envelopes[0].EnvelopeID); o.State != record.StateClosed {
+		t.Fatalf("the unheld envelope after the wait's expiry: %+v", o)
+	}
+	if o := h.outbox(held.Envelopes[0].EnvelopeID); o.State != record.StatePending {
+		t.Fatalf("the held envelope was closed by the wait's expiry: %+v", o)
+	}
+	sends := h.tr.count()
+	h.act(ids(held.MessageID), record.ActionRelease, "")
+	h.runUntil(t0.Add(3 * time.Hour))
+	if o := h.outbox(held.Envelopes[0].EnvelopeID); o.State != record.StatePending || h.tr.count() == sends {
+		t.Fatalf("released after the expiry: %+v, %d sends then %d; want probed, not closed", o, sends, h.tr.count())
+	}
+}
+
 // blockingSend blocks each send until release is closed, announcing it on started.
 func blockingSend(h *harness) (started chan sendRec, release chan struct{}) {
 	started, release = make(chan sendRec, 16), make(chan struct{})
@@ -522,5 +554,8 @@ func TestHoldInFlightThenRelayed(t *testing.T) {
 	h.settle()
 	if o := h.outbox(req.Envelopes[0].EnvelopeID); o.State != record.StateRelayed || o.Held != nil || o.Operator.Op != record.ActionHold {
 		t.Fatalf("outbox %+v", o)
+	}	// Its one envelope relayed, the message has nothing left to hold.
+	if m := h.message(req.MessageID); m.Status != record.StatusRelayed || m.Held != nil {
+		t.Fatalf("message %+v: relayed and still held", m)
 	}
 }

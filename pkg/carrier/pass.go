@@ -478,7 +478,7 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 	total := 0
 	var ids []string
 	for i := range tp.envs {
-		if tp.envs[i].UnreachableSince > 0 {
+		if tp.envs[i].UnreachableSince > 0 && !tp.envs[i].Held {
 			ids = append(ids, tp.envs[i].EnvelopeID)
 		}
 	}
@@ -493,8 +493,8 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 				if err != nil {
 					return err
 				}
-				if o == nil || o.State != record.StatePending || o.UnreachableSince == 0 {
-					continue
+				if o == nil || o.State != record.StatePending || o.UnreachableSince == 0 || o.Held != nil {
+					continue // a held envelope takes no part in the wait: only its deadline closes it
 				}
 				if l := o.Lease; l != nil && l.Until > now && l.Holder != c.o.HolderID {
 					continue
@@ -555,6 +555,9 @@ func (c *Carrier) messageTx(tx *store.Tx, o *record.Outbox, now int64, status, c
 	case record.StatusRelayed:
 		if m.Status == record.StatusQueued {
 			m.Status, changed = record.StatusRelayed, true
+		}
+		if m.Held != nil && record.IsSingle(o.BatchID, o.EnvelopeID, o.Ordinal) {
+			m.Held, changed = nil, true // its one envelope is relayed: nothing left to hold
 		}
 	case record.StatusClosed:
 		if m.Status == record.StatusQueued || m.Status == record.StatusRelayed {
