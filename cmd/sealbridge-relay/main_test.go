@@ -194,6 +194,8 @@ func TestBackendFlagUsageErrors(t *testing.T) {
 		{args: []string{"--backend", "jetstream"}, want: "needs --nats-url"},
 		{args: []string{"--backend", "jetstream", "--nats-url", "nats://alice:s3cret@127.0.0.1:4222"}, want: "credentials never go on the command line"},
 		{args: []string{"--backend", "jetstream", "--nats-url", "nats://127.0.0.1:4222,nats://tok@10.0.0.1:4222"}, want: "credentials never go on the command line"},
+		{args: []string{"--backend", "jetstream", "--nats-url", "nats://relay:2024#s3cret@127.0.0.1:4222"}, want: "credentials never go on the command line"},
+		{args: []string{"--backend", "jetstream", "--nats-url", "nats://relay:2024?s3cret@127.0.0.1:4222"}, want: "credentials never go on the command line"},
 		{args: []string{"--nats-url", "nats://127.0.0.1:4222"}, want: "need --backend jetstream"},
 		{args: []string{"--jetstream-sync-always"}, want: "need --backend jetstream"},
 		{args: []string{"--backend", "jetstream", "--nats-url", "nats://127.0.0.1:4222", "--jetstream-replicas", "0"}, want: "replicas"},

@@ -554,7 +554,7 @@ func TestHoldInFlightThenRelayed(t *testing.T) {
 	h.settle()
 	if o := h.outbox(req.Envelopes[0].EnvelopeID); o.State != record.StateRelayed || o.Held != nil || o.Operator.Op != record.ActionHold {
 		t.Fatalf("outbox %+v", o)
-	}	// Its one envelope relayed, the message has nothing left to hold.
+	} // Its one envelope relayed, the message has nothing left to hold.
 	if m := h.message(req.MessageID); m.Status != record.StatusRelayed || m.Held != nil {
 		t.Fatalf("message %+v: relayed and still held", m)
 	}

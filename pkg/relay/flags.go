@@ -225,12 +225,14 @@ func checkNATSURLs(s string) error {
 	for i, raw := range strings.Split(s, ",") {
 		raw = strings.TrimSpace(raw)
 		u, err := url.Parse(raw)
-		if raw == "" || err != nil || u.Host == "" {
-			return fmt.Errorf("--nats-url: server %d is not nats://host:port (a comma-separated list)", i+1)
+		if strings.Contains(raw, "@") || (err == nil && u.User != nil) {
+			// Any "@", even one a parser would read as part of a fragment or
+			// query ("nats://user:pa#ss@host"), may be a password's.
+			return fmt.Errorf("--nats-url: server %d has credentials in it (an @): credentials never go on the command line; give --nats-creds FILE or set %s and %s",
+				i+1, EnvNATSUser, EnvNATSPassword)
 		}
-		if u.User != nil {
-			return fmt.Errorf("--nats-url: server %d has credentials in it (%s://…@%s): credentials never go on the command line; give --nats-creds FILE or set %s and %s",
-				i+1, u.Scheme, u.Host, EnvNATSUser, EnvNATSPassword)
+		if raw == "" || err != nil || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || (u.Path != "" && u.Path != "/") {
+			return fmt.Errorf("--nats-url: server %d is not nats://host:port (a comma-separated list)", i+1)
 		}
 	}
 	return nil

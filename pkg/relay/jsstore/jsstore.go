@@ -142,6 +142,14 @@ const (
 	maxPageBytes  = 4 << 20
 	// scanBatch is how many headers a scan asks for at once.
 	scanBatch = 256
+	// maxHeaderBytes is the room the stream's message size limit leaves for the
+	// headers of an envelope of envelope.MaxSize (the server counts both).
+	maxHeaderBytes = 4 << 10
+	// maxRecordTTL bounds the TTL given to a de-duplication record; a record
+	// whose deadline lies further out gets none (it is kept).
+	maxRecordTTL = 100 * 365 * 24 * time.Hour
+	// recordTimeout bounds the record's creation after its message is durable.
+	recordTimeout = 30 * time.Second
 )
 
 // Message headers.
@@ -278,7 +286,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		Discard:     jetstream.DiscardNew,
 		MaxMsgs:     -1,
 		MaxBytes:    -1,
-		MaxMsgSize:  int32(envelope.MaxSize),
+		MaxMsgSize:  int32(envelope.MaxSize + maxHeaderBytes), // the server counts headers too
 		Storage:     jetstream.FileStorage,
 		Replicas:    opts.Replicas,
 		AllowDirect: false,
@@ -303,6 +311,10 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	if info.Config.Discard != jetstream.DiscardNew || info.Config.AllowDirect || info.Config.Storage != jetstream.FileStorage {
 		return nil, fmt.Errorf("jsstore: stream %s must have file storage, discard new and allow_direct false (has %s, discard %s, allow_direct %t); hint: fix it with nats stream edit or let the relay create it",
 			opts.Stream, info.Config.Storage, info.Config.Discard, info.Config.AllowDirect)
+	}
+	if m := info.Config.MaxMsgSize; m > 0 && m < int32(envelope.MaxSize+maxHeaderBytes) {
+		return nil, fmt.Errorf("jsstore: stream %s takes messages of at most %d bytes, too few for an envelope of %d and its headers; hint: nats stream edit %s --max-msg-size %d",
+			opts.Stream, m, envelope.MaxSize, opts.Stream, envelope.MaxSize+maxHeaderBytes)
 	}
 	kcfg := jetstream.KeyValueConfig{
 		Bucket:         opts.Bucket,
@@ -512,9 +524,19 @@ func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, dig
 	if err != nil {
 		return Held{}, false, fmt.Errorf("jsstore: encode record of %s: %w", envelopeID, err)
 	}
-	ttl := time.UnixMilli(rec.Deadline).Add(s.retention).Sub(time.UnixMilli(rec.ReceivedAt))
-	ttl = max(ttl, s.retention).Truncate(time.Second) + time.Second
-	if _, err := s.kv.Create(ctx, envelopeID, value, jetstream.KeyTTL(ttl)); err != nil {
+	// The record outlives the deadline by the retention; a deadline so far out that
+	// the server's TTL arithmetic could overflow (and expire it at once) keeps it.
+	var ttlOpt []jetstream.KVCreateOpt
+	if ttl := time.UnixMilli(rec.Deadline).Add(s.retention).Sub(time.UnixMilli(rec.ReceivedAt)); ttl > 0 && ttl <= maxRecordTTL {
+		ttlOpt = append(ttlOpt, jetstream.KeyTTL(max(ttl, s.retention).Truncate(time.Second)+time.Second))
+	}
+	// The message is durable: its record must follow whatever the caller does
+	// (a client gone mid-Put would leave a fetchable message without its record,
+	// which an ack then a retry would serve twice). Bounded on its own.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer ccancel()
+	ctx = cctx
+	if _, err := s.kv.Create(ctx, envelopeID, value, ttlOpt...); err != nil {
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return Held{}, false, fmt.Errorf("jsstore: record %s: %w", envelopeID, err)
 		}
@@ -759,6 +781,11 @@ func (s *Store) scan(ctx context.Context, filter string, fn func(seq uint64, h n
 	if err != nil {
 		return fmt.Errorf("jsstore: scan: %w", err)
 	}
+	defer func() { // not left for the inactivity threshold: one per scan adds up
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = s.stream.DeleteConsumer(dctx, cons.CachedInfo().Name)
+	}()
 	for {
 		if err := ctx.Err(); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package jsstore_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
@@ -448,5 +450,43 @@ func TestNotifyMustLieOutsideTheStream(t *testing.T) {
 		jsstore.Options{Replicas: 1, SyncAlways: true, Notify: jsstore.DefaultSubject + ".n"})
 	if err == nil || !strings.Contains(err.Error(), "hint:") {
 		t.Fatalf("Open with a notify subject in the stream: %v", err)
+	}
+}
+
+// An envelope of the largest size the relay accepts fits the stream with its headers
+// (the server counts both against the message size limit).
+func TestPutLargestEnvelope(t *testing.T) {
+	st, _ := openSingle(t)
+	w := newWire("large")
+	w.data = append(w.data[:len(w.data)-1], bytes.Repeat([]byte(" "), envelope.MaxSize-len(w.data))...)
+	w.data = append(w.data, '}')
+	w.data = w.data[:envelope.MaxSize]
+	sum := sha256.Sum256(w.data)
+	w.digest = hex.EncodeToString(sum[:])
+	if _, _, err := st.Put(context.Background(), bob, w.id, w.digest, w.data, t0, t0.Add(time.Hour)); err != nil {
+		t.Fatalf("Put of %d bytes: %v", len(w.data), err)
+	}
+}
+
+// A scan (Status, quotas, Expire) leaves no consumer behind on the stream.
+func TestScansLeaveNoConsumers(t *testing.T) {
+	st, nc := openSingle(t)
+	put(t, st, bob, newWire("a"), t0)
+	for range 5 {
+		if _, err := st.Status(context.Background(), bob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(context.Background(), jsstore.DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil || info.State.Consumers != 0 {
+		t.Fatalf("%d consumers left after 5 scans (%v), want 0", info.State.Consumers, err)
 	}
 }
