@@ -528,10 +528,13 @@ func (f *fileStore) status(_ context.Context, recipient identity.DID) (relayprot
 	if ib == nil {
 		return st, nil
 	}
-	below := f.visibleBelow()
+	below, now := f.visibleBelow(), f.now().UnixMilli()
 	for _, e := range ib.entries {
 		if e.seq >= below {
 			break
+		}
+		if e.deadline <= now {
+			continue // never served again; the expiry pass removes it
 		}
 		st.Count++
 		st.Bytes += int64(e.size)
@@ -546,10 +549,17 @@ func (f *fileStore) status(_ context.Context, recipient identity.DID) (relayprot
 func (f *fileStore) usage(_ context.Context, recipient identity.DID) (usage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var u usage
 	if ib := f.inboxes[recipientDir(recipient)]; ib != nil {
-		return usage{len(ib.entries), ib.bytes}, nil
+		now := f.now().UnixMilli()
+		for _, e := range ib.entries {
+			if e.deadline > now { // an expired envelope takes no room: it is never served again
+				u.n++
+				u.bytes += int64(e.size)
+			}
+		}
 	}
-	return usage{}, nil
+	return u, nil
 }
 
 // loadRegistry reads the allow-list (registryDir) into f.allowed.

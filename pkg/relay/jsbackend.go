@@ -154,7 +154,7 @@ func (j *jsBackend) ack(ctx context.Context, recipient identity.DID, ids []strin
 }
 
 func (j *jsBackend) status(ctx context.Context, recipient identity.DID) (relayproto.InboxStatus, error) {
-	st, err := j.st.Status(ctx, recipient)
+	st, err := j.st.StatusAt(ctx, recipient, j.now())
 	if err != nil {
 		return relayproto.InboxStatus{}, jsError(err)
 	}
@@ -166,7 +166,7 @@ func (j *jsBackend) status(ctx context.Context, recipient identity.DID) (relaypr
 }
 
 func (j *jsBackend) usage(ctx context.Context, recipient identity.DID) (usage, error) {
-	st, err := j.st.Status(ctx, recipient)
+	st, err := j.st.StatusAt(ctx, recipient, j.now()) // an expired envelope takes no room
 	if err != nil {
 		return usage{}, jsError(err)
 	}

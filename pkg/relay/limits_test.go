@@ -397,3 +397,27 @@ func TestExpiryRemovesOldReceipts(t *testing.T) {
 		t.Fatalf("%s sent again after its receipt expired: %d %s, want refused as expired", en.ID(), status, body)
 	}
 }
+
+// An envelope past its deadline takes no room in its recipient's quota and is not in
+// the status: it is never served again, so nobody could acknowledge it to make room.
+func TestQuotaIgnoresExpired(t *testing.T) { eachBackend(t, testQuotaIgnoresExpired) }
+
+func testQuotaIgnoresExpired(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{QuotaEnvelopes: 1})
+	bob := ident(t, 2)
+	_, short := e.messageFrom(ident(t, 1), bob.DID(), 10, e.clock.Now().Add(time.Minute))
+	if status, _, _ := e.post(short); status != 200 {
+		t.Fatal(status)
+	}
+	_, next := e.messageFrom(ident(t, 1), bob.DID(), 10, e.clock.Now().Add(time.Hour))
+	if status, _, _ := e.post(next); status != http.StatusTooManyRequests {
+		t.Fatalf("over the quota: %d, want 429", status)
+	}
+	e.clock.Add(time.Minute) // the first one's deadline: never served from now on
+	if st, err := e.client.Status(context.Background(), bob); err != nil || st.Count != 0 {
+		t.Fatalf("status at the deadline: %+v %v, want nothing waiting", st, err)
+	}
+	if status, body, _ := e.post(next); status != 200 {
+		t.Fatalf("after the first one expired: %d %s, want accepted (no expiry pass ran)", status, body)
+	}
+}

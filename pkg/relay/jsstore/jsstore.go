@@ -727,12 +727,21 @@ type Status struct {
 // Status returns recipient's inbox state. It reads every waiting envelope's
 // headers (not its bytes).
 func (s *Store) Status(ctx context.Context, recipient identity.DID) (Status, error) {
+	return s.StatusAt(ctx, recipient, time.Time{})
+}
+
+// StatusAt is Status counting only the envelopes whose deadline is after now
+// (those a fetch at now serves); the zero now counts every waiting envelope.
+func (s *Store) StatusAt(ctx context.Context, recipient identity.DID, now time.Time) (Status, error) {
 	var st Status
 	rkey := RecipientKey(recipient)
 	err := s.scan(ctx, s.inboxFilter(rkey), func(seq uint64, h nats.Header, size int) error {
 		rec, err := recordOf(h, seq, rkey)
 		if err != nil {
 			return err
+		}
+		if !now.IsZero() && rec.Deadline <= now.UnixMilli() {
+			return nil // never served again; the expiry pass removes it
 		}
 		at := time.UnixMilli(rec.ReceivedAt)
 		if st.Count == 0 {
