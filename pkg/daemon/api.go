@@ -141,8 +141,8 @@ func withDelivery(cm *client.Message, envs []*record.Outbox) {
 
 // serveMessages lists messages from the messages index. A queued message is read
 // from its record (it may be an interrupted enqueue, which is not listed) with its
-// pending envelopes; so are a closed one (for why it closed) and a held one (for
-// the hold). A record that cannot be read is listed as an entry carrying
+// pending envelopes; every other message is listed from its summary, which carries
+// its last error, hold and operator action. A record that cannot be read is listed as an entry carrying
 // only its id and the error, and the daemon reports itself not ready; if the index
 // itself cannot be made, each record is read instead. Only a listing that fails (a
 // name that is no record's in the directory) fails the request.
@@ -221,8 +221,8 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 		}
 		cm := client.Message{MessageID: s.MessageID, Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
 			RelayURL: s.RelayURL, Attempts: s.Attempts, CreatedAt: msTime(s.CreatedAt), UpdatedAt: msTime(s.UpdatedAt),
-			Deadline: msTime(s.DeliveryDeadline), Operator: actionOf(s.Operator)}
-		if degraded || s.Status == record.StatusQueued || s.Status == record.StatusClosed || s.Held {
+			Deadline: msTime(s.DeliveryDeadline), LastError: s.LastError, Held: actionOf(s.Held), Operator: actionOf(s.Operator)}
+		if degraded || s.Status == record.StatusQueued {
 			m, err := d.st.Message(s.MessageID)
 			var envs []*record.Outbox
 			if err == nil && m != nil && m.Status == record.StatusQueued {

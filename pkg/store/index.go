@@ -41,11 +41,11 @@ type MessageSummary struct {
 	CreatedAt        int64
 	UpdatedAt        int64
 	Attempts         int
-	Held             bool // an operator's hold is in force
-	// Operator is the last operator action on the message (nil: none); the
-	// summaries MessageSummaries returns hold their own copies.
-	Operator    *record.Action
-	RetainUntil int64
+	LastError        string // why it closed, or the last failed attempt's error
+	// Held is the operator's hold in force and Operator the last operator action
+	// (nil: none); the summaries MessageSummaries returns hold their own copies.
+	Held, Operator *record.Action
+	RetainUntil    int64
 }
 
 // index is a kind's metadata index, valid for one listing stamp. It is guarded by
@@ -97,8 +97,8 @@ func summarizeOutbox(r *record.Outbox) OutboxSummary {
 func summarizeMessage(r *record.Message) MessageSummary {
 	return MessageSummary{MessageID: r.MessageID, Status: r.Status, ClosedBy: r.ClosedBy,
 		PeerOwnerDID: r.PeerOwnerDID, RelayURL: r.RelayURL, DeliveryDeadline: r.DeliveryDeadline,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Attempts: r.Attempts, Held: r.Held != nil,
-		Operator: record.CloneAction(r.Operator), RetainUntil: r.RetainUntil}
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Attempts: r.Attempts, LastError: r.LastError,
+		Held: record.CloneAction(r.Held), Operator: record.CloneAction(r.Operator), RetainUntil: r.RetainUntil}
 }
 
 func newIndex(k record.Kind, st Stamp) *index {
@@ -404,7 +404,7 @@ func (s *Store) MessageSummaries(ctx context.Context) ([]MessageSummary, error) 
 	s.mu.Lock()
 	out := make([]MessageSummary, 0, len(ix.messages))
 	for _, e := range ix.messages {
-		e.Operator = record.CloneAction(e.Operator)
+		e.Held, e.Operator = record.CloneAction(e.Held), record.CloneAction(e.Operator)
 		out = append(out, e)
 	}
 	s.mu.Unlock()
