@@ -784,13 +784,17 @@ func (s *Store) scan(ctx context.Context, filter string, fn func(seq uint64, h n
 	} else if err != nil {
 		return fmt.Errorf("jsstore: scan: %w", err)
 	}
-	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter}, HeadersOnly: true, InactiveThreshold: time.Minute,
+	// A plain ephemeral consumer of the scan's own (an ordered one may replace
+	// itself under another name, which its deletion below would miss), deleted at
+	// the end: one left per scan for the inactivity threshold adds up.
+	cons, err := s.stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubjects: []string{filter}, HeadersOnly: true, AckPolicy: jetstream.AckNonePolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: time.Minute,
 	})
 	if err != nil {
 		return fmt.Errorf("jsstore: scan: %w", err)
 	}
-	defer func() { // not left for the inactivity threshold: one per scan adds up
+	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = s.stream.DeleteConsumer(dctx, cons.CachedInfo().Name)
