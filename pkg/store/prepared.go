@@ -212,6 +212,7 @@ func (s *Store) leadHold(ctx context.Context) {
 func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
 	pub := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]record.Record{}}
 	defer pub.end()
+	var earlier groupWrites
 	for phase := 0; phase < 2; phase++ {
 		touched := map[string][]*publication{}
 		for _, p := range batch {
@@ -219,6 +220,9 @@ func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
 				continue
 			}
 			if phase == 0 {
+				if p.err = earlier.validate(p.plan); p.err != nil {
+					continue
+				}
 				if p.err = s.validatePlan(p.plan); p.err != nil {
 					continue
 				}
@@ -227,6 +231,7 @@ func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
 						continue
 					}
 				}
+				earlier.add(p.plan)
 			}
 			var ws []*write
 			for _, w := range p.plan.writes {
@@ -250,6 +255,42 @@ func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
 			}
 		}
 	}
+}
+
+// groupWrites is what the plans accepted earlier in one group commit write, all of
+// it, including the writes they publish last (putLast): a later plan of the group
+// that read one of those records, or listed one of those kinds, was planned before
+// they were published and is stale, even though the generation marks of the last
+// writes are not written yet when it is validated.
+type groupWrites struct {
+	paths map[string]bool
+	kinds map[record.Kind]bool
+}
+
+func (g *groupWrites) add(plan *Tx) {
+	if g.paths == nil {
+		g.paths, g.kinds = map[string]bool{}, map[record.Kind]bool{}
+	}
+	for _, w := range plan.writes {
+		g.paths[w.path()] = true
+		g.kinds[w.kind] = true
+	}
+}
+
+// validate reports errStalePlan if plan read or listed what an earlier plan of the
+// group writes.
+func (g *groupWrites) validate(plan *Tx) error {
+	for k := range plan.listed {
+		if g.kinds[k] {
+			return errStalePlan
+		}
+	}
+	for p := range plan.deps {
+		if g.paths[p] {
+			return errStalePlan
+		}
+	}
+	return nil
 }
 
 func sortedKeysOf[V any](m map[string]V) []string {
