@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
@@ -286,9 +287,12 @@ func checkOwnerMode(name string, info Info) error {
 	return nil
 }
 
-// MkdirPrivate makes sure directory name exists, is private (CheckPrivateDir), and — if
-// this call created it — that its entry is durable (the parent is fsynced). It reports
-// whether it created the directory. A concurrent creator is tolerated.
+// MkdirPrivate makes sure directory name exists, is private (CheckPrivateDir), and that
+// its entry is durable: it fsyncs the parent whether this call created the directory
+// or found it, because a directory found may be one whose creator crashed, or failed,
+// before its parent's fsync (a crash could then still lose it). It reports whether it
+// created the directory. A concurrent creator is tolerated. Callers that ensure one
+// directory many times pay the fsync once through DirsMade.
 func MkdirPrivate(fsys FS, name string) (created bool, err error) {
 	info, err := fsys.Lstat(name)
 	if IsNotExist(err) {
@@ -296,9 +300,6 @@ func MkdirPrivate(fsys FS, name string) (created bool, err error) {
 		switch {
 		case err == nil:
 			created = true
-			if err := fsys.SyncDir(path.Dir(name)); err != nil {
-				return created, err
-			}
 		case IsExist(err):
 		default:
 			return false, err
@@ -308,5 +309,37 @@ func MkdirPrivate(fsys FS, name string) (created bool, err error) {
 	if err != nil {
 		return created, err
 	}
-	return created, CheckPrivateDir(name, info)
+	if err := CheckPrivateDir(name, info); err != nil {
+		return created, err
+	}
+	return created, fsys.SyncDir(path.Dir(name))
+}
+
+// DirsMade remembers the directories that MkdirPrivate made durable through it, so
+// that ensuring one again costs an lstat (the directory must still be there and
+// private), not a parent fsync. The zero value is ready; it is safe for concurrent
+// use. One DirsMade serves one FS.
+type DirsMade struct {
+	made sync.Map // name → struct{}
+}
+
+// Ensure makes sure directory name exists, is private, and is durable: the first time
+// (and again whenever it is found missing) by MkdirPrivate, afterwards by one lstat
+// and the privacy check.
+func (d *DirsMade) Ensure(fsys FS, name string) error {
+	if _, ok := d.made.Load(name); ok {
+		info, err := fsys.Lstat(name)
+		if err == nil {
+			return CheckPrivateDir(name, info)
+		}
+		if !IsNotExist(err) {
+			return err
+		}
+		d.made.Delete(name)
+	}
+	if _, err := MkdirPrivate(fsys, name); err != nil {
+		return err
+	}
+	d.made.Store(name, struct{}{})
+	return nil
 }

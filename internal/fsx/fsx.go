@@ -21,7 +21,9 @@
 //   - RemoveFile = unlink + SyncDir: when it returns nil the removal is durable.
 //   - ReadFile opens with O_NONBLOCK|O_NOFOLLOW (a FIFO never blocks us), checks with
 //     fstat that it is a regular file no larger than a bound, then reads it.
-//   - MkdirPrivate creates a 0700 directory and fsyncs its parent.
+//   - MkdirPrivate creates a 0700 directory (or finds a private one) and fsyncs its
+//     parent either way, so the directory it returns is durable; DirsMade pays that
+//     fsync once per directory and process.
 //
 // Info carries the fields of a file's fingerprint (dev, ino, mode, uid, size, mtime,
 // ctime in nanoseconds) and of a directory's listing stamp.

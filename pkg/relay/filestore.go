@@ -34,7 +34,8 @@ type fileStore struct {
 	id       *identity.Identity
 	st       *store.Store
 	inboxDir string
-	fs       fsx.FS // rooted at inboxDir; every inbox file call goes through it
+	fs       fsx.FS       // rooted at inboxDir; every inbox file call goes through it
+	dirs     fsx.DirsMade // inbox and registry directories made durable through fs
 	lockFile *os.File
 	now      func() time.Time
 	log      *slog.Logger
@@ -360,7 +361,7 @@ func (f *fileStore) putOne(ctx context.Context, it *newEnvelope) error {
 	defer done()
 	rdir := recipientDir(env.Recipient())
 	name := fileName(seq, env.ID())
-	if _, err := fsx.MkdirPrivate(f.fs, rdir); err != nil {
+	if err := f.dirs.Ensure(f.fs, rdir); err != nil {
 		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", err)
 	}
 	// The name's sequence number is new, so nothing may be there: CreateFile
@@ -591,7 +592,7 @@ func (f *fileStore) register(_ context.Context, did identity.DID) error {
 	rdir := recipientDir(did)
 	f.regMu.Lock()
 	defer f.regMu.Unlock()
-	if _, err := fsx.MkdirPrivate(f.fs, registryDir); err != nil {
+	if err := f.dirs.Ensure(f.fs, registryDir); err != nil {
 		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its list of recipients", err)
 	}
 	if err := fsx.CreateFile(f.fs, registryDir, rdir, []byte(string(did)+"\n")); err != nil && !os.IsExist(err) {
@@ -723,7 +724,7 @@ func (f *fileStore) commitBatch(ctx context.Context, items []*newEnvelope) error
 		it.name = fileName(it.seq, it.env.ID())
 		it.rec = receiptRecord(it.env, it.receivedAt.UnixMilli())
 		if !dirs[it.rdir] {
-			if _, err := fsx.MkdirPrivate(f.fs, it.rdir); err != nil {
+			if err := f.dirs.Ensure(f.fs, it.rdir); err != nil {
 				return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", err)
 			}
 			dirs[it.rdir] = true

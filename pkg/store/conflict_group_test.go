@@ -5,8 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sealbridge/sealbridge/internal/fsx"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
@@ -122,4 +127,40 @@ func TestConcurrentEnqueueOneMessageIDOneAcceptedSet(t *testing.T) {
 			t.Fatalf("trial %d: %d enqueues of one message id accepted, want 1", trial, accepted)
 		}
 	}
+}
+
+// The kind directories the store finds (made by a process that may have crashed before it
+// fsynced the store directory) are made durable before the first record is
+// published in them: the store directory is fsynced once. On the old code it was not.
+func TestFoundKindDirectoryMadeDurableBeforeFirstPublication(t *testing.T) {
+	home := t.TempDir()
+	probe := openStore(t, store.Options{Home: home})
+	// The generation file exists (its creation fsyncs the store directory too).
+	if _, err := probe.BeginOperation(context.Background(), "k", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []record.Kind{record.KindOutbox, record.KindMessages} {
+		if err := os.MkdirAll(filepath.Join(probe.Dir(), string(k)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var faulty *fsx.Faulty
+	s := openStore(t, store.Options{Home: home, WrapFS: func(inner fsx.FS) fsx.FS {
+		faulty = fsx.NewFaulty(inner)
+		return faulty
+	}})
+	enqueue(t, s, 1)
+	synced := false
+	for _, op := range faulty.Log() {
+		switch {
+		case op.Kind == fsx.OpSyncDir && op.Path == ".":
+			synced = true
+		case op.Kind == fsx.OpRename && strings.HasPrefix(op.Path2, "outbox/"):
+			if !synced {
+				t.Fatalf("published %s before the store directory holding the found outbox/ was fsynced", op.Path2)
+			}
+			return
+		}
+	}
+	t.Fatal("no publication into outbox/ recorded")
 }

@@ -149,6 +149,9 @@ type Store struct {
 
 	txSem chan struct{} // one lock holder per process at a time
 
+	storeDirMade atomic.Bool  // ensureStoreDir made the directory chain durable
+	kindDirs     fsx.DirsMade // the kind directories made durable through s.fs
+
 	lockHolds atomic.Int64 // lock acquisitions
 	lockWait  atomic.Int64 // nanoseconds spent waiting for them
 
@@ -270,10 +273,16 @@ func (s *Store) checkDirs() error {
 	return nil
 }
 
-// ensureStoreDir creates the private directory chain down to the store directory.
+// ensureStoreDir makes the private directory chain down to the store directory exist
+// and be durable. The first call of each Store runs the chain even if the store
+// directory exists (its creator may have crashed before a parent's fsync:
+// fsx.MkdirPrivate fsyncs the parent of a directory it finds, too); later calls only
+// check that it is still there.
 func (s *Store) ensureStoreDir() error {
-	if _, err := s.fs.Lstat("."); err == nil {
-		return nil
+	if s.storeDirMade.Load() {
+		if _, err := s.fs.Lstat("."); err == nil {
+			return nil
+		}
 	}
 	base := s.dataRoot
 	rel := ""
@@ -289,9 +298,10 @@ func (s *Store) ensureStoreDir() error {
 	parts := strings.Split(rel, "/")
 	for i := range parts {
 		if _, err := fsx.MkdirPrivate(rootFS, strings.Join(parts[:i+1], "/")); err != nil {
-			return unwritable(base, err)
+			return writeError(base, err)
 		}
 	}
+	s.storeDirMade.Store(true)
 	return nil
 }
 
@@ -322,10 +332,11 @@ func ensureDataRoot(base string) error {
 	return nil
 }
 
-// ensureKindDir creates the kind's directory (0700, parent fsynced) if needed.
+// ensureKindDir makes the kind's directory exist, private and durable (created 0700,
+// the store directory fsynced once per Store: fsx.DirsMade).
 func (s *Store) ensureKindDir(k record.Kind) error {
-	if _, err := fsx.MkdirPrivate(s.fs, string(k)); err != nil {
-		return unwritable(string(k), err)
+	if err := s.kindDirs.Ensure(s.fs, string(k)); err != nil {
+		return writeError(string(k), err)
 	}
 	return nil
 }
