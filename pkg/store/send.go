@@ -106,6 +106,12 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*record.Message, error) {
 	if prev != nil && prev.EnvelopeDigest != msg.EnvelopeDigest {
 		return nil, conflict(msg, "message id already used for another message")
 	}
+	if prev != nil && prev.Status != record.StatusQueued {
+		// Relayed, delivered or closed: it was accepted, and its envelopes were sent
+		// or ended (maintenance may have removed them since). Nothing to write: a
+		// fresh member would be committed by this message record and sent again.
+		return prev, nil
+	}
 	// Members already present (an interrupted enqueue) fix the batch id.
 	batchID := ""
 	existing := make([]*record.Outbox, len(req.Envelopes))
