@@ -91,7 +91,7 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 	// 2. Orphan outbox records and operations, and 3. records past retainUntil: up to
 	// maintainChunk records of one kind a step, removed together with one directory
 	// fsync, so that neither a lock hold nor the fsyncs grow with the store.
-	for _, k := range record.Kinds {
+	for _, k := range retentionOrder {
 		ids, err := s.listLenient(k, &rep)
 		if err != nil {
 			return rep, err
@@ -121,6 +121,20 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 // maintainChunk bounds the records one maintenance step examines and removes under
 // one lock hold.
 const maintainChunk = 64
+
+// retentionOrder is the order in which steps 2 and 3 go through the kinds: batch
+// markers before the outbox, so that a marker past retention is removed (durably, by
+// its own step) before its members, which are then orphans. A member is never removed
+// while a marker lists it (removable), so no crash leaves a marker without members.
+var retentionOrder = func() []record.Kind {
+	order := []record.Kind{record.KindBatches}
+	for _, k := range record.Kinds {
+		if k != record.KindBatches {
+			order = append(order, k)
+		}
+	}
+	return order
+}()
 
 // listLenient lists a kind, recording (not returning) an invalid directory.
 func (s *Store) listLenient(k record.Kind, rep *MaintenanceReport) ([]string, error) {
@@ -312,6 +326,8 @@ func (s *Store) removable(tx *Tx, k record.Kind, id string, bound map[string]boo
 			}
 		} else if b == nil || !slices.Contains(b.EnvelopeIDs, id) {
 			return removeOrphan, nil
+		} else {
+			return keep, nil // listed by its marker: it goes after the marker
 		}
 	}
 	if retainUntil(r) <= s.nowMs() {
