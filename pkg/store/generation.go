@@ -173,8 +173,9 @@ func (s *Store) changedKinds(from, to generation) map[record.Kind]bool {
 
 // readyGeneration makes the generation file ready for tx's next mark, before the
 // publication it marks: it opens the file once per transaction and, if the file is
-// absent, has no valid header or has reached generationBound bytes, compacts it. A
-// failure here comes before the rename, so nothing is published without its mark.
+// absent, has no valid header or has reached generationBound bytes, or a publication
+// of this process is still unmarked (unmarkedPublication), compacts it. A failure
+// here comes before the rename, so nothing is published without its mark.
 func (tx *Tx) readyGeneration() error {
 	if tx.gen == nil && !tx.genOpen {
 		f, g, err := tx.s.openGeneration(syscall.O_RDWR | syscall.O_APPEND)
@@ -183,10 +184,59 @@ func (tx *Tx) readyGeneration() error {
 		}
 		tx.gen, tx.genState, tx.genOpen = f, g, true
 	}
-	if tx.gen != nil && tx.genState.epoch != [16]byte{} && tx.genState.size < generationBound {
+	unmarked := tx.s.hasUnmarked()
+	if tx.gen != nil && tx.genState.epoch != [16]byte{} && tx.genState.size < generationBound && !unmarked {
 		return nil
 	}
-	return tx.compactGeneration()
+	if err := tx.compactGeneration(); err != nil {
+		return err
+	}
+	if unmarked {
+		tx.s.clearUnmarked()
+	}
+	return nil
+}
+
+// unmarkedPublication handles a publication of kind k whose rename or unlink is done
+// but whose generation mark failed. No stamp or plan of any process can show that
+// change, so the generation file is replaced (compactGeneration) or, if that fails
+// too (a full disk), removed: either way no state any process remembers matches it
+// any more, so every reader lists again and every plan is stale. This process's
+// listing and index of k are dropped, to be rebuilt from the directory. Only if the
+// file can be neither replaced nor removed does k stay unmarked: this process then
+// reconciles k in full at every read, and its next publication replaces the file
+// before it publishes (readyGeneration); other processes cannot learn of the change
+// before that.
+func (tx *Tx) unmarkedPublication(k record.Kind) {
+	s := tx.s
+	s.mu.Lock()
+	delete(s.listings, k)
+	delete(s.indexes, k)
+	s.mu.Unlock()
+	if tx.compactGeneration() == nil || tx.removeGeneration() == nil {
+		s.endPublication(k)
+		return
+	}
+	s.failPublication(k)
+}
+
+// removeGeneration removes the generation file (not durably: marks are never
+// durable) and moves this process's current caches to the absent state, which no
+// other process's stamp of the removed file matches. The next publication makes a new
+// file of a fresh epoch.
+func (tx *Tx) removeGeneration() error {
+	if tx.gen != nil {
+		_ = tx.gen.Close()
+		tx.gen = nil
+	}
+	tx.genOpen = false
+	if err := tx.s.fs.Remove(generationName); err != nil && !fsx.IsNotExist(err) {
+		return writeError(generationName, err)
+	}
+	old := tx.genState
+	tx.genState = generation{}
+	tx.s.adoptGeneration(old, generation{})
+	return nil
 }
 
 // compactGeneration replaces the generation file, durably (fsx.WriteFile: temp, fsync,

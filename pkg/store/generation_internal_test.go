@@ -1,11 +1,16 @@
 package store
 
 import (
+	"context"
 	"crypto/ed25519"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 
+	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
@@ -61,5 +66,58 @@ func TestGenerationEpochTellsReusedInode(t *testing.T) {
 	}
 	if err := s.validatePlan(&Tx{s: s, gen0: g2, listed: map[record.Kind]bool{record.KindMessages: true}}); err != nil {
 		t.Errorf("a plan listing only messages was invalidated by an outbox mark: %v", err)
+	}
+}
+
+// When the generation file can be neither marked, replaced nor removed, the kind
+// stays unmarked in the failing process, which reconciles it in full (and so reads it
+// right) until its next publication replaces the file; from then on it trusts stamps
+// again. On the old code the kind stayed unmarked until the process ended.
+func TestUnmarkedKindHealsAtTheNextPublication(t *testing.T) {
+	failing := new(atomic.Bool)
+	s, err := Open(ed25519.NewKeyFromSeed(make([]byte, 32)), Options{Home: t.TempDir(), WrapFS: func(inner fsx.FS) fsx.FS {
+		f := fsx.NewFaulty(inner)
+		f.Inject = func(op fsx.Op) error {
+			gen := op.Path == generationName && (op.Kind == fsx.OpWrite || op.Kind == fsx.OpRemove)
+			rootTemp := op.Kind == fsx.OpWrite && !strings.Contains(op.Path, "/") && fsx.IsTempName(op.Path)
+			if failing.Load() && (gen || rootTemp) {
+				return syscall.ENOSPC
+			}
+			return nil
+		}
+		return f
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.BeginOperation(ctx, "first", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	failing.Store(true)
+	if _, err := s.BeginOperation(ctx, "second", []byte(`{}`)); err == nil {
+		t.Fatal("BeginOperation with its marks failing reported success")
+	}
+	unmarked := func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.unmarked) > 0 }
+	if !unmarked() {
+		t.Fatal("no kind is unmarked although its mark, replacement and removal all failed")
+	}
+	ix, err := s.prepareIndex(ctx, record.KindOperations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(ix.ops); n != 2 {
+		t.Fatalf("the failing process's operations index holds %d, want the 2 on disk", n)
+	}
+	failing.Store(false)
+	if _, err := s.BeginOperation(ctx, "third", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if unmarked() {
+		t.Fatal("still unmarked after a publication replaced the generation file")
+	}
+	ix, err = s.prepareIndex(ctx, record.KindOperations)
+	if err != nil || len(ix.ops) != 3 {
+		t.Fatalf("operations index after healing: %v entries, %v", len(ix.ops), err)
 	}
 }

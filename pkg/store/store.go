@@ -659,6 +659,27 @@ func (s *Store) failPublication(k record.Kind) {
 	s.mu.Unlock()
 }
 
+// hasUnmarked reports whether a publication of this process is still unmarked.
+func (s *Store) hasUnmarked() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.unmarked) > 0
+}
+
+// clearUnmarked ends the unmarked state once the generation file was replaced (no
+// process's state of the old file matches the new one): the kinds' listings and
+// indexes are dropped, because one installed while the kind was unmarked may carry a
+// stamp that the new file would make look current.
+func (s *Store) clearUnmarked() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.unmarked {
+		delete(s.listings, k)
+		delete(s.indexes, k)
+	}
+	s.unmarked = nil
+}
+
 func (s *Store) endPublicationLocked(k record.Kind) {
 	s.publishing[k]--
 	if s.publishing[k] == 0 {

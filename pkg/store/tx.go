@@ -468,7 +468,7 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 		}
 		dirs[string(w.kind)] = true
 		if err := tx.published(w, before); err != nil {
-			tx.s.failPublication(w.kind) // changed without a mark: see beginPublication
+			tx.unmarkedPublication(w.kind)
 			return dirs, err
 		}
 		tx.s.endPublication(w.kind)
