@@ -164,3 +164,37 @@ func TestFoundKindDirectoryMadeDurableBeforeFirstPublication(t *testing.T) {
 	}
 	t.Fatal("no publication into outbox/ recorded")
 }
+
+// Capacity holds under concurrent enqueues in one group commit: a single's message
+// record is published last, after the capacity checks of the later plans of its
+// group, and those checks count it all the same. With room for one more message, of
+// eight concurrent one-envelope enqueues exactly one is accepted. On the old code
+// every plan of a group saw the room and several were accepted past the limit.
+func TestConcurrentEnqueuesKeepTheMessagesLimit(t *testing.T) {
+	const trials, workers = 20, 8
+	for trial := range trials {
+		s := openStore(t, store.Options{Limits: store.Limits{Messages: 2}})
+		warmUp(t, s) // one message: room for one more
+		reqs := make([]store.SendRequest, workers)
+		for i := range reqs {
+			reqs[i] = sendRequest(t, 1)
+		}
+		errs := gate(workers, func(i int) error {
+			_, err := s.Enqueue(context.Background(), reqs[i])
+			return err
+		})
+		accepted := 0
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				accepted++
+			case errors.Is(err, errcode.OutboxFull):
+			default:
+				t.Fatalf("trial %d: enqueue %d: %v", trial, i, err)
+			}
+		}
+		if accepted != 1 {
+			t.Fatalf("trial %d: %d enqueues accepted with room for one message", trial, accepted)
+		}
+	}
+}

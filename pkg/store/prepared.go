@@ -210,9 +210,9 @@ func (s *Store) leadHold(ctx context.Context) {
 // ordinary writes, then one fsync per directory, then the putLast writes of the plans
 // that succeeded, then one fsync per directory again.
 func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
-	pub := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]record.Record{}}
-	defer pub.end()
 	var earlier groupWrites
+	pub := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]record.Record{}, group: &earlier}
+	defer pub.end()
 	for phase := 0; phase < 2; phase++ {
 		touched := map[string][]*publication{}
 		for _, p := range batch {
@@ -265,15 +265,22 @@ func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
 type groupWrites struct {
 	paths map[string]bool
 	kinds map[record.Kind]bool
+	// lastCreates counts, per kind, the records the accepted plans create with
+	// putLast writes: published after every plan's capacity check, they are counted
+	// by those checks all the same (unpublishedCreates).
+	lastCreates map[record.Kind]int
 }
 
 func (g *groupWrites) add(plan *Tx) {
 	if g.paths == nil {
-		g.paths, g.kinds = map[string]bool{}, map[record.Kind]bool{}
+		g.paths, g.kinds, g.lastCreates = map[string]bool{}, map[record.Kind]bool{}, map[record.Kind]int{}
 	}
 	for _, w := range plan.writes {
 		g.paths[w.path()] = true
 		g.kinds[w.kind] = true
+		if fp, read := plan.deps[w.path()]; w.last && w.rec != nil && read && fp == (fsx.Fingerprint{}) {
+			g.lastCreates[w.kind]++
+		}
 	}
 }
 

@@ -56,7 +56,7 @@ func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*record.Message, 
 		m, err := s.planEnqueue(tx, req)
 		out = m
 		return err
-	}, func(pub *Tx) error { return s.checkCapacity(pub.ctx, req) })
+	}, func(pub *Tx) error { return s.checkCapacity(pub, req) })
 	if err != nil {
 		return nil, err
 	}
@@ -195,13 +195,14 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*record.Message, error) {
 
 // checkCapacity checks, under the lock, that req's new message fits the DESIGN §5 limits,
 // from the outbox and messages indexes: kept current by this process's publications,
-// and reconciled only if another process published to their kind since.
-func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
-	outbox, err := s.prepareIndexHeld(ctx, record.KindOutbox)
+// and reconciled only if another process published to their kind since. The message
+// records that earlier plans of the same group commit publish last are counted too.
+func (s *Store) checkCapacity(pub *Tx, req SendRequest) error {
+	outbox, err := s.prepareIndexHeld(pub.ctx, record.KindOutbox)
 	if err != nil {
 		return err
 	}
-	msgs, err := s.prepareIndexHeld(ctx, record.KindMessages)
+	msgs, err := s.prepareIndexHeld(pub.ctx, record.KindMessages)
 	if err != nil {
 		return err
 	}
@@ -212,7 +213,7 @@ func (s *Store) checkCapacity(ctx context.Context, req SendRequest) error {
 	s.mu.Lock()
 	ob := s.answer(record.KindOutbox, outbox)
 	pending, total := ob.pending, newBytes+ob.bytes
-	messages := len(s.answer(record.KindMessages, msgs).messages)
+	messages := len(s.answer(record.KindMessages, msgs).messages) + pub.unpublishedCreates(record.KindMessages)
 	s.mu.Unlock()
 	switch {
 	case pending+len(req.Envelopes) > s.limits.PendingEnvelopes:

@@ -40,6 +40,9 @@ type Tx struct {
 	listed   map[record.Kind]bool       // kinds whose listing the plan read
 	writes   []*write
 
+	// Publishing a group commit: what the group's plans accepted so far write.
+	group *groupWrites
+
 	// Publishing: the generation file, opened at the first publication (genOpen;
 	// gen is nil while it is absent), and its state as this transaction left it.
 	gen      fsx.File
@@ -115,6 +118,16 @@ func (s *Store) lockStore(ctx context.Context) (unlock func() error, lock *lockf
 		}
 		return nil
 	}, lock, nil
+}
+
+// unpublishedCreates returns how many records of kind k the plans accepted so far in
+// this group commit create with writes not yet published (their putLast writes, in
+// the first phase). A capacity check adds them to what its index counts.
+func (tx *Tx) unpublishedCreates(k record.Kind) int {
+	if tx.group == nil {
+		return 0
+	}
+	return tx.group.lastCreates[k]
 }
 
 // end closes the transaction's view and its generation handle.
