@@ -28,10 +28,9 @@
 //
 // # Transactions
 //
-// Transaction runs fn once under the lock with a read-your-writes view; each Put or
-// Delete inside it is durable when it returns. Enqueue writes a message's outbox
-// members and message record, then its batch marker, in one transaction; a member is
-// dispatchable only while its marker lists it.
+// Transaction runs fn once under the lock; each Put or Delete is durable when it
+// returns. PreparedTransaction plans under the lock, signs and fsyncs outside it, and
+// publishes in a group commit; it is serializable and durable when it returns nil.
 //
 // # Errors
 //

@@ -2,7 +2,6 @@ package store
 
 import (
 	"bytes"
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"syscall"
@@ -133,154 +132,49 @@ func (s *Store) generation() (generation, error) {
 	return g, err
 }
 
-// changedKinds returns the kinds published to between generation states from and to.
-// When it cannot tell — they are not states of one file (a compaction, a replacement,
-// a file that appeared or is gone), to is shorter, the file now open is no longer the
-// one to names, or a byte is not a kind mark — it returns every kind.
+// changedKinds returns the kinds published to between generation states from and to,
+// or every kind when that cannot be told (see markCounts).
 func (s *Store) changedKinds(from, to generation) map[record.Kind]bool {
-	all := map[record.Kind]bool{}
-	for _, k := range record.Kinds {
-		all[k] = true
-	}
-	switch {
-	case to == from:
-		return map[record.Kind]bool{}
-	case !from.sameFile(to) || to.size < from.size || to.size-from.size > generationBound:
-		return all
-	}
-	f, now, err := s.openGeneration(syscall.O_RDONLY)
-	if f == nil || err != nil {
-		return all
-	}
-	defer f.Close()
-	if !now.sameFile(to) || now.size < to.size {
-		return all
-	}
-	buf := make([]byte, to.size-from.size)
-	if n, err := f.ReadAt(buf, from.size); err != nil || n != len(buf) {
-		return all
-	}
 	changed := map[record.Kind]bool{}
-	for _, b := range buf {
-		k, ok := markKind[b]
-		if !ok {
-			return all
+	counts, known := s.markCounts(from, to)
+	for _, k := range record.Kinds {
+		if !known || counts[k] > 0 {
+			changed[k] = true
 		}
-		changed[k] = true
 	}
 	return changed
 }
 
-// readyGeneration makes the generation file ready for tx's next mark, before the
-// publication it marks: it opens the file once per transaction and, if the file is
-// absent, has no valid header or has reached generationBound bytes, or a publication
-// of this process is still unmarked (unmarkedPublication), compacts it. A failure
-// here comes before the rename, so nothing is published without its mark.
-func (tx *Tx) readyGeneration() error {
-	if tx.gen == nil && !tx.genOpen {
-		f, g, err := tx.s.openGeneration(syscall.O_RDWR | syscall.O_APPEND)
-		if err != nil {
-			return err
+// markCounts returns how many marks of each kind the generation file grew by between
+// states from and to. It cannot tell (false) when they are not states of one file (a
+// compaction, a replacement, a file that appeared or is gone), to is shorter, the file
+// now open is no longer the one to names, or a byte is not a kind mark.
+func (s *Store) markCounts(from, to generation) (map[record.Kind]int, bool) {
+	switch {
+	case to == from:
+		return nil, true
+	case !from.sameFile(to) || to.size < from.size || to.size-from.size > generationBound:
+		return nil, false
+	}
+	f, now, err := s.openGeneration(syscall.O_RDONLY)
+	if f == nil || err != nil {
+		return nil, false
+	}
+	defer f.Close()
+	if !now.sameFile(to) || now.size < to.size {
+		return nil, false
+	}
+	buf := make([]byte, to.size-from.size)
+	if n, err := f.ReadAt(buf, from.size); err != nil || n != len(buf) {
+		return nil, false
+	}
+	counts := map[record.Kind]int{}
+	for _, b := range buf {
+		k, ok := markKind[b]
+		if !ok {
+			return nil, false
 		}
-		tx.gen, tx.genState, tx.genOpen = f, g, true
+		counts[k]++
 	}
-	unmarked := tx.s.hasUnmarked()
-	if tx.gen != nil && tx.genState.epoch != [16]byte{} && tx.genState.size < generationBound && !unmarked {
-		return nil
-	}
-	if err := tx.compactGeneration(); err != nil {
-		return err
-	}
-	if unmarked {
-		tx.s.clearUnmarked()
-	}
-	return nil
-}
-
-// unmarkedPublication handles a publication of kind k whose rename or unlink is done
-// but whose generation mark failed. No stamp or plan of any process can show that
-// change, so the generation file is replaced (compactGeneration) or, if that fails
-// too (a full disk), removed: either way no state any process remembers matches it
-// any more, so every reader lists again and every plan is stale. This process's
-// listing and index of k are dropped, to be rebuilt from the directory. Only if the
-// file can be neither replaced nor removed does k stay unmarked: this process then
-// reconciles k in full at every read, and its next publication replaces the file
-// before it publishes (readyGeneration); other processes cannot learn of the change
-// before that.
-func (tx *Tx) unmarkedPublication(k record.Kind) {
-	s := tx.s
-	s.mu.Lock()
-	delete(s.listings, k)
-	delete(s.indexes, k)
-	s.mu.Unlock()
-	if tx.compactGeneration() == nil || tx.removeGeneration() == nil {
-		s.endPublication(k)
-		return
-	}
-	s.failPublication(k)
-}
-
-// removeGeneration removes the generation file (not durably: marks are never
-// durable) and moves this process's current caches to the absent state, which no
-// other process's stamp of the removed file matches. The next publication makes a new
-// file of a fresh epoch.
-func (tx *Tx) removeGeneration() error {
-	if tx.gen != nil {
-		_ = tx.gen.Close()
-		tx.gen = nil
-	}
-	tx.genOpen = false
-	if err := tx.s.fs.Remove(generationName); err != nil && !fsx.IsNotExist(err) {
-		return writeError(generationName, err)
-	}
-	old := tx.genState
-	tx.genState = generation{}
-	tx.s.adoptGeneration(old, generation{})
-	return nil
-}
-
-// compactGeneration replaces the generation file, durably (fsx.WriteFile: temp, fsync,
-// rename, directory fsync), by a header of a fresh epoch and no marks. The new file is
-// a new inode of a new epoch: every state taken of the old one compares unequal to
-// every state of it, so readers re-list and plans re-plan. This process's cached
-// listings and indexes at the old state move to the new one: no directory changed.
-func (tx *Tx) compactGeneration() error {
-	var epoch [16]byte
-	if _, err := rand.Read(epoch[:]); err != nil {
-		return unwritable(generationName, err)
-	}
-	if err := fsx.WriteFile(tx.s.fs, ".", generationName, generationHeader(epoch)); err != nil {
-		return writeError(generationName, err)
-	}
-	old := tx.genState
-	if tx.gen != nil {
-		_ = tx.gen.Close()
-		tx.gen = nil
-	}
-	f, g, err := tx.s.openGeneration(syscall.O_RDWR | syscall.O_APPEND)
-	if err == nil && (f == nil || g.epoch != epoch) {
-		if f != nil {
-			f.Close()
-		}
-		err = invalidAt(generationName, errGenerationReplaced)
-	}
-	if err != nil {
-		return err
-	}
-	tx.gen, tx.genState = f, g
-	tx.s.adoptGeneration(old, g)
-	return nil
-}
-
-// bumpGeneration appends k's mark to the generation file readyGeneration opened.
-func (tx *Tx) bumpGeneration(k record.Kind) (oldGen, newGen generation, err error) {
-	if tx.gen == nil {
-		return generation{}, generation{}, unwritable(generationName, errGenerationNotReady)
-	}
-	if _, err := tx.gen.Write([]byte{kindMark[k]}); err != nil {
-		return generation{}, generation{}, writeError(generationName, err)
-	}
-	oldGen = tx.genState
-	tx.genState.size++
-	return oldGen, tx.genState, nil
+	return counts, true
 }

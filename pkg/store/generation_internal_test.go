@@ -50,7 +50,7 @@ func TestGenerationEpochTellsReusedInode(t *testing.T) {
 	if got := s.changedKinds(g1, g2); len(got) != len(record.Kinds) {
 		t.Errorf("changedKinds across epochs = %v, want every kind", got)
 	}
-	if err := s.validatePlan(&Tx{s: s, gen0: g1}); err != errStalePlan {
+	if err := s.validate(&Tx{s: s, gen0: g1}, &groupWrites{}); err != errStalePlan {
 		t.Errorf("a plan made in the old epoch validated with %v, want it stale", err)
 	}
 	// Within one epoch the marks tell: an outbox publication since g2.
@@ -64,7 +64,7 @@ func TestGenerationEpochTellsReusedInode(t *testing.T) {
 	if got := s.changedKinds(g2, g3); len(got) != 1 || !got[record.KindOutbox] {
 		t.Errorf("changedKinds within the epoch = %v, want outbox only", got)
 	}
-	if err := s.validatePlan(&Tx{s: s, gen0: g2, listed: map[record.Kind]bool{record.KindMessages: true}}); err != nil {
+	if err := s.validate(&Tx{s: s, gen0: g2, listed: map[record.Kind]bool{record.KindMessages: true}}, &groupWrites{}); err != nil {
 		t.Errorf("a plan listing only messages was invalidated by an outbox mark: %v", err)
 	}
 }
@@ -98,7 +98,7 @@ func TestUnmarkedKindHealsAtTheNextPublication(t *testing.T) {
 	if _, err := s.BeginOperation(ctx, "second", []byte(`{}`)); err == nil {
 		t.Fatal("BeginOperation with its marks failing reported success")
 	}
-	unmarked := func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.unmarked) > 0 }
+	unmarked := func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.unmarkedKinds) > 0 }
 	if !unmarked() {
 		t.Fatal("no kind is unmarked although its mark, replacement and removal all failed")
 	}

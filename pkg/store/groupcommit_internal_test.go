@@ -51,7 +51,7 @@ func TestGroupCommitOneHold(t *testing.T) {
 		pubs = append(pubs, &publication{plan: plan, done: make(chan struct{}), lead: make(chan struct{})})
 	}
 	s.pubQueue, s.pubLeader = pubs, true
-	s.leadHold(ctx)
+	s.leadGroup(ctx)
 	syncDirs, renames := 0, 0
 	for _, op := range faulty.Log() {
 		switch op.Kind {

@@ -48,19 +48,19 @@ type MessageSummary struct {
 	RetainUntil    int64
 }
 
-// index is a kind's metadata index, valid for one listing stamp. It is guarded by
-// Store.mu.
+// index is a kind's metadata index, current at one listing stamp (DESIGN §8). It is
+// guarded by Store.mu.
 //
-// Its entries describe the kind as of stamp: every entry was read (or written by this
-// process) after the generation state of stamp was current, except that own counts
-// this process's publications patched in since stamp (adoptPublication on an index a
-// foreign publication had left behind): their marks lie after stamp's generation and
-// are accounted for. ver grows at every change, so a reconciliation made outside
-// s.mu installs its result only on the version it started from.
+// Every entry was read (or written by this process) after the generation state of
+// stamp was current, except the ownMarks publications of this process patched in
+// since stamp (adopt on an index a foreign publication had left behind): their marks
+// lie after stamp's generation and are accounted for. version grows at every change,
+// so a refresh computed outside s.mu installs its result only on the version it
+// started from.
 type index struct {
 	stamp    Stamp
-	own      int
-	ver      uint64
+	ownMarks int
+	version  uint64
 	fps      map[string]fsx.Fingerprint // the file each entry summarizes
 	racy     map[string]bool            // entries fingerprinted within the racy window of the file's ctime
 	outbox   map[string]OutboxSummary
@@ -69,6 +69,22 @@ type index struct {
 	// Outbox aggregates, kept by apply: pending envelopes and all envelope bytes.
 	pending int
 	bytes   int64
+}
+
+// indexSnapshot is what a refresh of a kind's index starts from, taken under s.mu:
+// the index and the parts of it a publication may change meanwhile, and this
+// process's publication state of the kind.
+type indexSnapshot struct {
+	index    *index // nil: none installed yet
+	stamp    Stamp  // index.stamp
+	version  uint64 // index.version: the result is installed only over this version
+	ownMarks int    // index.ownMarks
+	// fullScan: the kind has an unmarked publication (markFailed), so no stamp or
+	// mark count can be trusted and every entry is reconciled.
+	fullScan bool
+	// inFlight is the id of this process's publication of the kind between its rename
+	// and its adoption, "" if none.
+	inFlight string
 }
 
 // operationSummary is the operations index's metadata of one operation.
@@ -117,7 +133,7 @@ func newIndex(k record.Kind, st Stamp) *index {
 // apply records rec (nil: removed), read from the file with fingerprint fp, under id;
 // racy says fp was taken within the racy window of the file's ctime.
 func (ix *index) apply(id string, rec record.Record, fp fsx.Fingerprint, racy bool) {
-	ix.ver++
+	ix.version++
 	ix.fps[id] = fp
 	if racy {
 		ix.racy[id] = true
@@ -261,30 +277,25 @@ func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) (*index, er
 // adopted), no stamp can show the index current: the index is refreshed with that
 // publication's record read again (refreshChanged), so it holds every publication a
 // read before the call could have seen. A kind with a publication whose mark failed
-// (unmarked) is reconciled with a full scan every time.
+// (unmarkedKinds) is reconciled with a full scan every time.
 func (s *Store) indexRound(ctx context.Context, k record.Kind) (ix *index, current bool, err error) {
 	st, err := s.ListingStamp(k)
 	if err != nil {
 		return nil, false, err
 	}
 	s.mu.Lock()
-	old := s.indexes[k]
-	unmarked := s.unmarked[k]
-	inFlight, flying := s.inFlight[k]
-	if !flying && !unmarked && s.indexCurrent(k, old, st) {
+	from := indexSnapshot{index: s.indexes[k], fullScan: s.unmarkedKinds[k], inFlight: s.inFlight[k]}
+	if from.inFlight == "" && !from.fullScan && s.indexCurrent(k, from.index, st) {
 		s.mu.Unlock()
-		return old, true, nil
+		return from.index, true, nil
 	}
-	// What refreshIndex needs of old is read here, under s.mu: publications patch old
-	// in place. (If old changes meanwhile, its ver says so.)
-	var ver uint64
-	var own int
-	var oldStamp Stamp
-	if old != nil {
-		ver, own, oldStamp = old.ver, old.own, old.stamp
+	// Publications patch the index in place: what the refresh needs of it is read
+	// here, under s.mu (if it changes meanwhile, its version says so).
+	if from.index != nil {
+		from.stamp, from.version, from.ownMarks = from.index.stamp, from.index.version, from.index.ownMarks
 	}
 	s.mu.Unlock()
-	return s.refreshIndex(ctx, k, st, old, oldStamp, ver, own, unmarked, flying, inFlight)
+	return s.refreshIndex(ctx, k, st, from)
 }
 
 // reconcile builds k's index for ids, reusing old's entries whose file is unchanged.
@@ -349,10 +360,10 @@ func (s *Store) indexCurrent(k record.Kind, ix *index, st Stamp) bool {
 		// The directory appeared; without a publication to k it holds only temps.
 	case ix.stamp.Dir.Dev != st.Dir.Dev || ix.stamp.Dir.Ino != st.Dir.Ino:
 		return false
-	case ix.own == 0 && ix.stamp.gen.sameFile(st.gen) && ix.stamp.gen.size > st.gen.size:
+	case ix.ownMarks == 0 && ix.stamp.gen.sameFile(st.gen) && ix.stamp.gen.size > st.gen.size:
 		return true // newer than st
 	}
-	if ix.own > 0 || s.changedKinds(ix.stamp.gen, st.gen)[k] { // every kind, across a compaction
+	if ix.ownMarks > 0 || s.changedKinds(ix.stamp.gen, st.gen)[k] { // every kind, across a compaction
 		return false
 	}
 	ix.stamp = st

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -261,38 +262,53 @@ func TestPreparedLockNotHeldWhileStaging(t *testing.T) {
 	}
 }
 
-// Concurrent senders share lock holds and directory fsyncs (group commit).
+// Concurrent senders share lock holds and directory fsyncs (group commit). Every
+// sender has planned and staged before any publishes (their temp fsyncs are held
+// until all are staged), and the first leader's lock acquisition is held until all
+// eight are queued: they publish as one group, with one fsync per directory.
 func TestPreparedGroupCommitSharesDirectoryFsyncs(t *testing.T) {
 	const senders = 8
 	var faulty *fsx.Faulty
 	var staged atomic.Int64
+	var s *store.Store
 	release := make(chan struct{})
-	s := openStore(t, store.Options{LockWait: 10 * time.Second, WrapFS: func(inner fsx.FS) fsx.FS {
+	var released, leaderHeld atomic.Bool
+	s = openStore(t, store.Options{LockWait: 10 * time.Second, WrapFS: func(inner fsx.FS) fsx.FS {
 		faulty = fsx.NewFaulty(inner)
 		return faulty
 	}})
 	enqueue(t, s, 2) // creates the directories
 	faulty.Reset()
-	// Hold every temp fsync until all senders have staged all their files, so their
-	// publications arrive together.
 	faulty.Inject = func(op fsx.Op) error {
-		if op.Kind == fsx.OpSync && fsx.IsTempName(filepath.Base(op.Path)) {
+		switch {
+		case op.Kind == fsx.OpSync && fsx.IsTempName(filepath.Base(op.Path)):
 			if staged.Add(1) == senders*4 {
+				released.Store(true)
 				close(release)
 			}
 			<-release
+		case op.Kind == fsx.OpWrite && op.Path == ".lock" && !strings.HasPrefix(string(op.Data), `{"free":true`) &&
+			released.Load() && leaderHeld.CompareAndSwap(false, true):
+			// Every plan took the lock before the temps were released: this is the
+			// first group's leader taking it.
+			deadline := time.Now().Add(time.Minute)
+			for store.QueuedPublications(s) < senders {
+				if time.Now().After(deadline) {
+					t.Error("the senders never all queued for the first group")
+					break
+				}
+				runtime.Gosched()
+			}
 		}
 		return nil
 	}
 	var wg sync.WaitGroup
 	for range senders {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if _, err := s.Enqueue(context.Background(), sendRequest(t, 2)); err != nil {
 				t.Error(err)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	syncDirs, renames := 0, 0
@@ -308,12 +324,9 @@ func TestPreparedGroupCommitSharesDirectoryFsyncs(t *testing.T) {
 		t.Fatalf("%d renames, want %d", renames, senders*4)
 	}
 	// Without group commit: 3 directory fsyncs per sender (outbox, messages, batches).
-	// How many holds the publications share depends on arrival times; the internal
-	// test TestGroupCommitOneHold pins the exact count.
-	if syncDirs >= senders*3 {
-		t.Fatalf("%d directory fsyncs for %d senders: publications were not grouped", syncDirs, senders)
+	if syncDirs != 3 {
+		t.Fatalf("%d directory fsyncs for %d senders in one group, want 3", syncDirs, senders)
 	}
-	t.Logf("%d senders: %d renames, %d directory fsyncs", senders, renames, syncDirs)
 }
 
 func TestUpdateStagedSingleWrite(t *testing.T) {

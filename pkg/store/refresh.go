@@ -5,47 +5,46 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
-// refreshIndex brings k's index, old at version ver with own patched publications, up
-// to date with the stamp st taken before, and reports whether the result was
-// installed. It updates only the entries that changed when it can tell which
-// (refreshChanged); otherwise — no old index, a kind with an unmarked publication, a
-// replaced directory or generation file, a file system that cannot list inode numbers,
-// or more changes than it can attribute — it reconciles every entry.
-func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *index, oldStamp Stamp, ver uint64, own int, unmarked, flying bool, inFlight string) (*index, bool, error) {
-	if !unmarked && old != nil {
-		installed, handled, err := s.refreshChanged(ctx, k, st, old, oldStamp, ver, own, flying, inFlight)
+// refreshIndex brings k's index, as the snapshot from describes it, up to date with the
+// stamp now taken before, and reports whether the result was installed. It updates
+// only the entries that changed when it can tell which (refreshChanged); otherwise — no
+// index yet, a kind with an unmarked publication (from.fullScan), a replaced directory
+// or generation file, a file system that cannot list inode numbers, or more changes
+// than it can attribute — it reconciles every entry.
+func (s *Store) refreshIndex(ctx context.Context, k record.Kind, now Stamp, from indexSnapshot) (*index, bool, error) {
+	if !from.fullScan && from.index != nil {
+		installed, handled, err := s.refreshChanged(ctx, k, now, from)
 		if err != nil || handled {
 			if !installed {
 				return nil, false, err
 			}
-			return old, true, err
+			return from.index, true, err
 		}
 	}
 	ids, lst, err := s.list(k)
 	if err != nil {
 		return nil, false, err
 	}
-	fresh, err := s.reconcile(ctx, k, lst, ids, old)
+	fresh, err := s.reconcile(ctx, k, lst, ids, from.index)
 	if err != nil {
 		return nil, false, err
 	}
 	// fresh is installed under lst, taken before its scan, and only over the index it
-	// started from, unpatched: a publication of this process patched into old meanwhile
-	// (old.ver moved) may be missing from fresh, and installing fresh then would let a
-	// reader that already found old current read a scan older than what it saw. Such a
-	// round is repeated. The caller answers from the index returned, never from
-	// s.indexes[k] afterwards.
+	// started from, unpatched: a publication of this process patched in meanwhile
+	// (its version moved) may be missing from fresh, and installing fresh then would
+	// let a reader that already found the old index current read a scan older than
+	// what it saw. Such a round is repeated. The caller answers from the index
+	// returned, never from s.indexes[k] afterwards.
 	s.mu.Lock()
 	installed := false
-	if cur := s.indexes[k]; cur == nil || cur == old && old.ver == ver {
-		if old != nil {
-			fresh.ver = old.ver + 1
+	if cur := s.indexes[k]; cur == nil || cur == from.index && cur.version == from.version {
+		if cur != nil {
+			fresh.version = cur.version + 1
 		}
 		s.indexes[k] = fresh
 		installed = true
@@ -54,10 +53,10 @@ func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *
 	return fresh, installed, nil
 }
 
-// refreshChanged updates old in place for the entries of k that changed since its
-// stamp, without an lstat of the others. handled false means it cannot tell which
+// refreshChanged updates from.index in place for the entries of k that changed since
+// its stamp, without an lstat of the others. handled false means it cannot tell which
 // changed and the caller must reconcile every entry; handled true with installed false
-// means old was patched meanwhile and the round is to be repeated.
+// means the index was patched meanwhile and the round is to be repeated.
 //
 // Which entries changed is found from one directory listing with inode numbers
 // (fsx.InoLister) and the generation marks. Every sealbridge publication renames a
@@ -66,7 +65,7 @@ func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *
 // number — except that two or more to one name can restore both (inode numbers are
 // reused). The names whose presence or inode number differ from the index are the
 // detected changes. The marks of k since the index's stamp, read after the listing,
-// less the publications this process already patched in (own), count every
+// less the publications this process already patched in (ownMarks), count every
 // publication that can be visible in the listing, except at most one in flight (the
 // lock admits one publisher, which renames before it marks). If that count equals the
 // number of detected changes, each detected name had exactly one publication and
@@ -79,20 +78,21 @@ func (s *Store) refreshIndex(ctx context.Context, k record.Kind, st Stamp, old *
 // no refresh can see it, racy or not, and its signature still guards every read of
 // the record itself.) Otherwise the caller reconciles every entry.
 //
-// If this process had a publication in flight (flying, of id inFlight) when st was
-// taken, that id is read again and left out of the count, whose mark may or may not
-// be among the marks: then the result is installed only if that publication is still
-// not adopted (ver unchanged), so this process held the lock throughout, no other
+// If this process had a publication in flight (from.inFlight) when now was taken,
+// that id is read again and left out of the count, whose mark may or may not be among
+// the marks: then the result is installed only if that publication is still not
+// adopted (version unchanged), so this process held the lock throughout, no other
 // process was publishing, and the one mark of slack is this publication's.
 //
-// The result is installed under st (taken before the listing): marks appended while
+// The result is installed under now (taken before the listing): marks appended while
 // the listing was read are counted again by the next refresh, which then reconciles.
-func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old *index, oldStamp Stamp, ver uint64, own int, flying bool, inFlight string) (installed, handled bool, err error) {
+func (s *Store) refreshChanged(ctx context.Context, k record.Kind, now Stamp, from indexSnapshot) (installed, handled bool, err error) {
+	old, then := from.index, from.stamp
 	lister, ok := s.fs.(fsx.InoLister)
-	if !ok || st.absent || oldStamp.absent || oldStamp.Dir.Dev != st.Dir.Dev || oldStamp.Dir.Ino != st.Dir.Ino {
+	if !ok || now.absent || then.absent || then.Dir.Dev != now.Dir.Dev || then.Dir.Ino != now.Dir.Ino {
 		return false, false, nil
 	}
-	now := s.now()
+	clock := s.now()
 	ents, err := lister.ReadDirInos(string(k))
 	if fsx.IsNotExist(err) {
 		return false, false, nil
@@ -104,7 +104,7 @@ func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old
 	if err != nil {
 		return false, false, err
 	}
-	marks, known := s.kindMarks(oldStamp.gen, gen, k)
+	marks, known := s.kindMarks(then.gen, gen, k)
 	if !known {
 		return false, false, nil
 	}
@@ -122,9 +122,10 @@ func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old
 		ids, inos = append(ids, id), append(inos, e.Ino)
 	}
 
+	flying := from.inFlight != ""
 	var changed, reread, removed []string
 	s.mu.Lock()
-	if s.indexes[k] != old || old.ver != ver {
+	if s.indexes[k] != old || old.version != from.version {
 		s.mu.Unlock()
 		return false, true, nil
 	}
@@ -135,32 +136,32 @@ func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old
 			found++
 		}
 		switch {
-		case flying && id == inFlight:
+		case flying && id == from.inFlight:
 		case !present || fp.Ino != inos[i]:
 			changed = append(changed, id)
 		}
 	}
-	_, flownIndexed := old.fps[inFlight]
+	_, flownIndexed := old.fps[from.inFlight]
 	gone := len(old.fps) - found
-	if _, listed := slices.BinarySearch(ids, inFlight); flying && flownIndexed && !listed {
+	if _, listed := slices.BinarySearch(ids, from.inFlight); flying && flownIndexed && !listed {
 		gone-- // the publication in flight removed it: read again below, not counted
 	}
-	slack := marks - own - (len(changed) + gone)
+	slack := marks - from.ownMarks - (len(changed) + gone)
 	attributed := slack == 0 || flying && slack == 1
 	if gone > 0 && attributed {
 		for id := range old.fps {
-			if _, ok := slices.BinarySearch(ids, id); !ok && !(flying && id == inFlight) {
+			if _, ok := slices.BinarySearch(ids, id); !ok && !(flying && id == from.inFlight) {
 				removed = append(removed, id)
 			}
 		}
 	}
-	s.listings[k] = &listing{stamp: st, racy: s.stampRacyAt(now, st), ids: ids}
+	s.listings[k] = &listing{stamp: now, racy: s.stampRacyAt(clock, now), ids: ids}
 	s.mu.Unlock()
 	if !attributed {
 		return false, false, nil
 	}
 	if flying {
-		reread = append(reread, inFlight)
+		reread = append(reread, from.inFlight)
 	}
 
 	type read struct {
@@ -183,7 +184,7 @@ func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.indexes[k] != old || old.ver != ver {
+	if s.indexes[k] != old || old.version != from.version {
 		return false, true, nil
 	}
 	for _, id := range removed {
@@ -192,41 +193,14 @@ func (s *Store) refreshChanged(ctx context.Context, k record.Kind, st Stamp, old
 	for _, r := range reads {
 		old.apply(r.id, r.rec, r.fp, r.racy)
 	}
-	old.stamp, old.own = st, 0
-	old.ver++
+	old.stamp, old.ownMarks = now, 0
+	old.version++
 	return true, true, nil
 }
 
 // kindMarks returns how many marks of kind k the generation file grew by between
-// states from and to, or false when that cannot be told (see changedKinds).
+// states from and to, or false when that cannot be told (see markCounts).
 func (s *Store) kindMarks(from, to generation, k record.Kind) (int, bool) {
-	switch {
-	case to == from:
-		return 0, true
-	case !from.sameFile(to) || to.size < from.size || to.size-from.size > generationBound:
-		return 0, false
-	}
-	f, now, err := s.openGeneration(syscall.O_RDONLY)
-	if f == nil || err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	if !now.sameFile(to) || now.size < to.size {
-		return 0, false
-	}
-	buf := make([]byte, to.size-from.size)
-	if n, err := f.ReadAt(buf, from.size); err != nil || n != len(buf) {
-		return 0, false
-	}
-	n := 0
-	for _, b := range buf {
-		mk, ok := markKind[b]
-		if !ok {
-			return 0, false
-		}
-		if mk == k {
-			n++
-		}
-	}
-	return n, true
+	counts, known := s.markCounts(from, to)
+	return counts[k], known
 }

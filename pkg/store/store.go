@@ -167,15 +167,12 @@ type Store struct {
 	listings map[record.Kind]*listing
 	indexes  map[record.Kind]*index
 	cache    *lru.Cache[string, *cached]
-	// publishing counts, per kind, this process's publications between their rename
-	// (or unlink) and their adoptPublication: meanwhile the directory has changed but
-	// the generation does not say so yet, so no stamp shows an index current.
-	publishing map[record.Kind]int
-	// inFlight names, per kind, the id of this process's publication in flight (the
-	// lock admits one at a time); unmarked holds the kinds with a publication whose
-	// generation mark failed.
-	inFlight map[record.Kind]string
-	unmarked map[record.Kind]bool
+	// inFlight holds, per kind, the id of this process's publication between its
+	// rename (or unlink) and its adoption: meanwhile the directory has changed but no
+	// stamp says so yet (DESIGN §8). unmarkedKinds holds the kinds with a publication
+	// whose generation mark failed and could not be made up for (markFailed).
+	inFlight      map[record.Kind]string
+	unmarkedKinds map[record.Kind]bool
 }
 
 // Open returns the store of the identity whose key signer holds. It has no side
@@ -195,7 +192,7 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	}
 	s := &Store{owner: owner, ownerKey: key, signer: signer, limits: opts.Limits.withDefaults(),
 		now: opts.Now, retain: opts.Retention, listings: map[record.Kind]*listing{}, indexes: map[record.Kind]*index{},
-		publishing: map[record.Kind]int{}, txSem: make(chan struct{}, 1)}
+		txSem: make(chan struct{}, 1)}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -625,137 +622,6 @@ func (s *Store) readDirIDs(k record.Kind) ([]string, error) {
 	}
 	slices.Sort(ids)
 	return ids, nil
-}
-
-// beginPublication marks a publication of kind/id in flight, just before its rename
-// or unlink; endPublication ends it after adoptPublication, or after a rename or
-// unlink that failed (and so changed nothing). A publication whose generation mark
-// failed ends with failPublication: k's directory then changed without a mark, and
-// this process's readers of k's index reconcile it fully every time rather than trust
-// a stamp.
-func (s *Store) beginPublication(k record.Kind, id string) {
-	s.mu.Lock()
-	s.publishing[k]++
-	if s.inFlight == nil {
-		s.inFlight = map[record.Kind]string{}
-	}
-	s.inFlight[k] = id
-	s.mu.Unlock()
-}
-
-func (s *Store) endPublication(k record.Kind) {
-	s.mu.Lock()
-	s.endPublicationLocked(k)
-	s.mu.Unlock()
-}
-
-func (s *Store) failPublication(k record.Kind) {
-	s.mu.Lock()
-	if s.unmarked == nil {
-		s.unmarked = map[record.Kind]bool{}
-	}
-	s.unmarked[k] = true
-	s.endPublicationLocked(k)
-	s.mu.Unlock()
-}
-
-// hasUnmarked reports whether a publication of this process is still unmarked.
-func (s *Store) hasUnmarked() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.unmarked) > 0
-}
-
-// clearUnmarked ends the unmarked state once the generation file was replaced (no
-// process's state of the old file matches the new one): the kinds' listings and
-// indexes are dropped, because one installed while the kind was unmarked may carry a
-// stamp that the new file would make look current.
-func (s *Store) clearUnmarked() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k := range s.unmarked {
-		delete(s.listings, k)
-		delete(s.indexes, k)
-	}
-	s.unmarked = nil
-}
-
-func (s *Store) endPublicationLocked(k record.Kind) {
-	s.publishing[k]--
-	if s.publishing[k] == 0 {
-		delete(s.inFlight, k)
-	}
-}
-
-// adoptPublication updates this process's listings and indexes after it published
-// (rec != nil, from the file with fingerprint fp, racy if fp was taken within the
-// racy window of its ctime) or removed (rec == nil) kind/id under the lock. The
-// generation moved from oldGen to newGen and only k's directory changed, so k's
-// cached list and index are patched and move to k's new stamp, and every other
-// kind's cached stamp takes the new generation. Anything that was not current before
-// is dropped.
-func (s *Store) adoptPublication(k record.Kind, id string, rec record.Record, fp fsx.Fingerprint, racy bool, before Stamp, oldGen, newGen generation) {
-	after, err := s.ListingStamp(k)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.moveGenerationLocked(k, oldGen, newGen)
-	if c := s.listings[k]; c != nil {
-		delete(s.listings, k)
-		if err == nil && c.stamp == before {
-			ids := c.ids
-			i, found := slices.BinarySearch(ids, id)
-			switch {
-			case rec != nil && !found:
-				ids = slices.Insert(slices.Clone(ids), i, id)
-			case rec == nil && found:
-				ids = slices.Delete(slices.Clone(ids), i, i+1)
-			}
-			s.listings[k] = &listing{stamp: after, racy: c.racy, ids: ids}
-		}
-	}
-	if ix := s.indexes[k]; ix != nil {
-		// An index current at after was scanned after the rename (while this
-		// publication was in flight): patching it again changes nothing. One left
-		// behind by another process's publication is patched too and keeps its stamp;
-		// own counts this publication's mark for the reconciliation that catches up
-		// (refreshChanged).
-		switch {
-		case err != nil:
-			delete(s.indexes, k)
-		case s.indexCurrent(k, ix, before) || s.indexCurrent(k, ix, after):
-			ix.apply(id, rec, fp, racy)
-			ix.stamp = after
-		default:
-			ix.apply(id, rec, fp, racy)
-			ix.own++
-		}
-	}
-}
-
-// adoptGeneration moves this process's cached listings and indexes at generation
-// state oldGen to newGen: this process, holding the lock, replaced the generation file
-// and changed no directory.
-func (s *Store) adoptGeneration(oldGen, newGen generation) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.moveGenerationLocked("", oldGen, newGen)
-}
-
-// moveGenerationLocked moves the cached listings and indexes of every kind other than
-// except from generation state oldGen to newGen. Caller holds s.mu.
-func (s *Store) moveGenerationLocked(except record.Kind, oldGen, newGen generation) {
-	for kind, c := range s.listings {
-		if kind != except && c.stamp.gen == oldGen {
-			st := c.stamp
-			st.gen = newGen
-			s.listings[kind] = &listing{stamp: st, racy: c.racy, ids: c.ids}
-		}
-	}
-	for kind, ix := range s.indexes {
-		if kind != except && ix.stamp.gen == oldGen {
-			ix.stamp.gen = newGen
-		}
-	}
 }
 
 // Scan calls fn with a copy of every valid record of kind k, in id order, checking

@@ -3,12 +3,8 @@ package store
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path"
-	"runtime"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,14 +36,10 @@ type Tx struct {
 	listed   map[record.Kind]bool       // kinds whose listing the plan read
 	writes   []*write
 
-	// Publishing a group commit: what the group's plans accepted so far write.
+	// Publishing: what the plans accepted so far in this group commit write (nil
+	// outside a group), and the handle on the generation file.
 	group *groupWrites
-
-	// Publishing: the generation file, opened at the first publication (genOpen;
-	// gen is nil while it is absent), and its state as this transaction left it.
-	gen      fsx.File
-	genOpen  bool
-	genState generation
+	marks marks
 }
 
 // write is one planned or performed publication: a record to write, or (rec nil) one
@@ -76,7 +68,7 @@ func (s *Store) Transaction(ctx context.Context, fn func(tx *Tx) error) error {
 	if err != nil {
 		return err
 	}
-	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]record.Record{}}
+	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]record.Record{}, marks: marks{s: s}}
 	err = fn(tx)
 	tx.end()
 	if uerr := unlock(); uerr != nil && err == nil {
@@ -133,10 +125,7 @@ func (tx *Tx) unpublishedCreates(k record.Kind) int {
 // end closes the transaction's view and its generation handle.
 func (tx *Tx) end() {
 	tx.done = true
-	if tx.gen != nil {
-		_ = tx.gen.Close()
-		tx.gen = nil
-	}
+	tx.marks.close()
 }
 
 func (tx *Tx) check() error {
@@ -340,194 +329,6 @@ func (tx *Tx) deleteAll(k record.Kind, ids []string) error {
 		err = serr
 	}
 	return err
-}
-
-// encode signs w's record and checks its size limit.
-func (s *Store) encode(w *write) error {
-	data, err := record.Encode(s.signer, s.owner, w.rec)
-	if err != nil {
-		code := errcode.OutboxStoreUnwritable
-		if errors.Is(err, record.ErrInvalid) {
-			code = errcode.OutboxStoreInvalid
-		}
-		return errcode.New(code, where(w.rec), err)
-	}
-	if int64(len(data)) > s.limits.MaxBytes(w.kind) {
-		code := errcode.OutboxFull
-		if w.kind == record.KindOperations {
-			code = errcode.IdempotencyStoreFull
-		}
-		return errcode.New(code, where(w.rec), errors.New("record exceeds its size limit"))
-	}
-	w.data = data
-	return nil
-}
-
-// Staging runs on at most stageWorkers(n) goroutines: min(GOMAXPROCS*stageWorkersPerCPU,
-// maxStageWorkers, n). A staged write is a signature (CPU) and a create, write and
-// fsync (the disk): a few writes per CPU keep the disk's queue full while others sign,
-// and the cap keeps a transaction of 10,000 records (a settle of a large backlog) from
-// starting 10,000 goroutines, each with a file open.
-const (
-	stageWorkersPerCPU = 4
-	maxStageWorkers    = 32
-)
-
-// stageWorkers returns the number of goroutines that stage n writes.
-func stageWorkers(n int) int {
-	return max(1, min(n, runtime.GOMAXPROCS(0)*stageWorkersPerCPU, maxStageWorkers))
-}
-
-// stage signs every record write and writes it to a fresh, fsynced temp in its kind's
-// directory, on a bounded pool of goroutines (stageWorkers). No write starts once ctx
-// is done. On error, and when ctx ended before staging finished, every temp staged so
-// far is removed: a cancelled caller leaves no temp behind and gets OUTBOX_STORE_BUSY
-// with ctx's error as the cause (see abandoned).
-func (s *Store) stage(ctx context.Context, ws []*write) error {
-	errs := make([]error, len(ws))
-	run := func(i int) {
-		w := ws[i]
-		if w.rec == nil || ctx.Err() != nil {
-			return
-		}
-		if errs[i] = s.encode(w); errs[i] != nil {
-			return
-		}
-		if errs[i] = s.ensureKindDir(w.kind); errs[i] != nil {
-			return
-		}
-		st, err := fsx.Stage(s.fs, string(w.kind), w.data)
-		if err != nil {
-			errs[i] = writeError(string(w.kind), err)
-			return
-		}
-		w.staged = st
-	}
-	var next atomic.Int64
-	work := func() {
-		for i := int(next.Add(1) - 1); i < len(ws); i = int(next.Add(1) - 1) {
-			run(i)
-		}
-	}
-	var wg sync.WaitGroup
-	for range stageWorkers(len(ws)) - 1 {
-		wg.Go(work)
-	}
-	work()
-	wg.Wait()
-	if err := firstCoded(errs); err != nil {
-		discard(ws)
-		return err
-	}
-	if ctx.Err() != nil {
-		discard(ws)
-		return s.abandoned(ctx, "staging")
-	}
-	return nil
-}
-
-// abandoned is the error of a transaction whose ctx ended during step: what it had
-// not published by then is not (a prepared transaction publishes nothing).
-// OUTBOX_STORE_BUSY, as for a lock wait that ctx cut short, with ctx's error as the
-// cause (errors.Is(err, context.Canceled) holds for a cancelled ctx).
-func (s *Store) abandoned(ctx context.Context, step string) error {
-	return errcode.New(errcode.OutboxStoreBusy, s.dir, fmt.Errorf("abandoned while %s: %w", step, ctx.Err()))
-}
-
-// firstCoded returns the first non-nil error of errs.
-func firstCoded(errs []error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
-}
-
-// discard removes the temps of writes that were staged but not published.
-func discard(ws []*write) {
-	for _, w := range ws {
-		if w.staged != nil && !w.staged.Published() {
-			_ = w.staged.Cleanup()
-		}
-	}
-}
-
-// publish renames each staged write into place (or removes the record), in order,
-// under the lock held by tx. It returns the directories to fsync. A failure stops at
-// that write and keeps what was published before it.
-func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
-	dirs = map[string]bool{}
-	if err := tx.lock.Check(); err != nil {
-		return dirs, lockError(tx.s.dir, err)
-	}
-	for _, w := range ws {
-		if err := tx.readyGeneration(); err != nil {
-			return dirs, err
-		}
-		before, err := tx.s.ListingStamp(w.kind)
-		if err != nil {
-			return dirs, err
-		}
-		tx.s.beginPublication(w.kind, w.id)
-		if w.rec == nil {
-			if err := tx.s.fs.Remove(w.path()); err != nil && !fsx.IsNotExist(err) {
-				tx.s.endPublication(w.kind)
-				return dirs, writeError(w.path(), err)
-			}
-		} else if err := w.staged.Publish(record.FileName(w.id)); err != nil {
-			tx.s.endPublication(w.kind)
-			return dirs, writeError(w.path(), err)
-		}
-		dirs[string(w.kind)] = true
-		if err := tx.published(w, before); err != nil {
-			tx.unmarkedPublication(w.kind)
-			return dirs, err
-		}
-		tx.s.endPublication(w.kind)
-	}
-	return dirs, nil
-}
-
-// syncDirs fsyncs each directory once, in name order, and returns the first error.
-func (s *Store) syncDirs(dirs map[string]bool) error {
-	var first error
-	for _, d := range sortedKeys(dirs) {
-		if err := s.fs.SyncDir(d); err != nil && first == nil {
-			first = writeError(d, err)
-		}
-	}
-	return first
-}
-
-// published runs after a successful rename or unlink of w: it grows the generation
-// and brings this process's caches, listings and indexes up to date.
-func (tx *Tx) published(w *write, before Stamp) error {
-	oldGen, newGen, err := tx.bumpGeneration(w.kind)
-	if err != nil {
-		return err
-	}
-	p := w.path()
-	tx.reads[p] = w.rec
-	var fp fsx.Fingerprint
-	now := tx.s.now()
-	if w.rec == nil {
-		tx.s.cache.Remove(p)
-	} else if info, err := tx.s.fs.Lstat(p); err == nil {
-		fp = info.Fingerprint()
-		tx.s.remember(p, w.data, fp, w.rec, now)
-	}
-	tx.s.adoptPublication(w.kind, w.id, w.rec, fp, w.rec != nil && tx.s.racyAt(now, fp.CtimeNs), before, oldGen, newGen)
-	return nil
-}
-
-// kindMark is the byte the generation file grows by for a publication of each kind.
-// A prepared transaction reads the bytes appended since its plan to learn which kinds
-// changed; any other byte means "unknown: assume every kind changed".
-var kindMark = map[record.Kind]byte{
-	record.KindObservations: 'o', record.KindMessages: 'm', record.KindOutbox: 'x', record.KindBatches: 'b',
-	record.KindReceipts: 'r', record.KindOperations: 'p', record.KindIdempotency: 'i',
-	record.KindRefusals: 'f',
 }
 
 // removeFile removes a file that is not a record (a staged temp) from dir.

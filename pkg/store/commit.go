@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"sort"
 	"strings"
 	"time"
 
@@ -14,6 +13,13 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
+// The commit engine (DESIGN §9). A prepared transaction is planned under the lock,
+// staged outside it, then validated and published in a group commit with the other
+// prepared transactions of this Store waiting at that moment. This file holds the
+// plan, the rounds, the group and the validation; publish.go holds the publication,
+// the marks and the adoption into this process's listings and indexes, which no other
+// code changes.
+
 // maxPlanRounds bounds how often a prepared transaction's fn runs before the
 // transaction gives up with OUTBOX_STORE_BUSY.
 const maxPlanRounds = 8
@@ -21,45 +27,48 @@ const maxPlanRounds = 8
 // errStalePlan reports that a publication since the plan touched what it depends on.
 var errStalePlan = errors.New("store: plan invalidated by a concurrent publication")
 
-// publication is one prepared transaction waiting for a lock hold.
+// capacityCheck runs under the lock just before a plan is published; publisher is the
+// group's Tx (its unpublishedCreates counts what earlier plans of the group create
+// last). Its error refuses the plan with nothing written.
+type capacityCheck func(publisher *Tx) error
+
+// publication is one staged plan waiting for, or in, a group commit.
 type publication struct {
 	plan  *Tx
-	check func(pub *Tx) error // run under the lock just before publishing (capacity)
+	check capacityCheck // nil: none
 	err   error
 	done  chan struct{} // closed when err is final
-	lead  chan struct{} // closed when this publication's goroutine must lead the next hold
+	lead  chan struct{} // closed when this publication's goroutine must lead the next group
 }
 
 // PreparedTransaction runs fn under the lock only to read and plan; the lock is never
-// held across a signature or an fsync.
+// held across a signature or an fsync of a record file (DESIGN §9).
 //
 //  1. Plan: under the lock, fn reads records and plans Put and Delete calls.
 //  2. Stage, outside the lock: every planned record is signed and written to a fresh
 //     temp, in parallel, and each temp is fsynced.
-//  3. Publish: under the lock again — shared with every other prepared transaction of
-//     this Store waiting at that moment (group commit) — the plan is checked: if any
-//     publication since the plan changed a record fn read (or any record of a kind fn
-//     listed), the temps are removed and fn runs again, after a jittered backoff, up
-//     to a fixed number of rounds (then OUTBOX_STORE_BUSY). Otherwise the temps
-//     are renamed into place, each directory touched is fsynced once, then the
-//     records planned to go last (a batch marker) are renamed and their directories
-//     fsynced.
+//  3. Validate, under the lock again, in a group commit with the other prepared
+//     transactions of this Store waiting then: if a publication since the plan, or a
+//     plan before it in the group, changed a record fn read (or any record of a kind
+//     fn listed), the temps are removed and fn runs again, up to a bound of rounds.
+//  4. Publish: the temps are renamed into place and each directory touched is fsynced
+//     once; then those planned to go last (a batch marker), and their directories.
 //
-// Progress: conflicting read-modify-write transactions from two processes can starve
-// one another optimistically (the one that planned later always loses). So the last
-// round is run locked: fn, signing, staging and publication in one lock hold, which
-// cannot be invalidated. Options.OptimisticOnly turns that round off; the transaction
-// then gives up with OUTBOX_STORE_BUSY after its optimistic rounds.
+// The last round is run locked (fn, staging and publication in one hold, which nothing
+// can invalidate), so that conflicting writers of two processes cannot starve each
+// other; with Options.OptimisticOnly it gives up with OUTBOX_STORE_BUSY instead.
 //
-// When PreparedTransaction returns nil every planned write is durable. fn may run more
-// than once and must have no side effects besides its plan; an error from fn aborts
-// the transaction with nothing written. A failure during publication keeps what was
-// published before it and returns the error (nothing is acknowledged).
+// When it returns nil every planned write is durable, and the transaction behaved as
+// if it ran alone at its publication: two that read one record and both write it are
+// never both acknowledged. fn may run more than once and must have no side effects
+// besides its plan; its error aborts the transaction with nothing written. A failure
+// during publication keeps what was published before it (nothing is acknowledged).
 func (s *Store) PreparedTransaction(ctx context.Context, fn func(tx *Tx) error) error {
 	return s.preparedTx(ctx, fn, nil)
 }
 
-func (s *Store) preparedTx(ctx context.Context, fn func(tx *Tx) error, check func(pub *Tx) error) error {
+// preparedTx is PreparedTransaction with a capacity check at publication.
+func (s *Store) preparedTx(ctx context.Context, fn func(tx *Tx) error, check capacityCheck) error {
 	backoff := time.Millisecond
 	for round := 0; round < maxPlanRounds; round++ {
 		if round == maxPlanRounds-1 && !s.optimisticOnly {
@@ -100,8 +109,9 @@ func sleepJittered(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// lockedRound runs fn, stages its writes and publishes them in one lock hold.
-func (s *Store) lockedRound(ctx context.Context, fn func(tx *Tx) error, check func(pub *Tx) error) error {
+// lockedRound plans fn, stages its writes and publishes them in one lock hold, which
+// no other writer can invalidate.
+func (s *Store) lockedRound(ctx context.Context, fn func(tx *Tx) error, check capacityCheck) error {
 	unlock, lock, err := s.lockStore(ctx)
 	if err != nil {
 		return err
@@ -110,7 +120,7 @@ func (s *Store) lockedRound(ctx context.Context, fn func(tx *Tx) error, check fu
 	if err == nil && len(plan.writes) > 0 {
 		if err = s.stage(ctx, plan.writes); err == nil {
 			p := &publication{plan: plan, check: check}
-			s.publishBatch(lock, []*publication{p})
+			s.publishGroup(lock, []*publication{p})
 			err = p.err
 			discard(plan.writes)
 		}
@@ -119,19 +129,6 @@ func (s *Store) lockedRound(ctx context.Context, fn func(tx *Tx) error, check fu
 		err = uerr
 	}
 	return err
-}
-
-// planLocked runs fn in prepared mode under the lock the caller holds.
-func (s *Store) planLocked(ctx context.Context, lock *lockfile.Lock, fn func(tx *Tx) error) (*Tx, error) {
-	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]record.Record{}, prepared: true,
-		deps: map[string]fsx.Fingerprint{}, listed: map[record.Kind]bool{}}
-	var err error
-	tx.gen0, err = s.generation()
-	if err == nil {
-		err = fn(tx)
-	}
-	tx.end()
-	return tx, err
 }
 
 // plan runs fn under the lock in prepared mode and returns the plan.
@@ -150,8 +147,22 @@ func (s *Store) plan(ctx context.Context, fn func(tx *Tx) error) (*Tx, error) {
 	return tx, nil
 }
 
-// commit queues p for the next lock hold and waits for its outcome. The first
-// goroutine to queue while no hold is pending leads: it takes the lock, publishes
+// planLocked runs fn in prepared mode under the lock the caller holds: it notes the
+// generation state first, so that every publication after it is seen by validate.
+func (s *Store) planLocked(ctx context.Context, lock *lockfile.Lock, fn func(tx *Tx) error) (*Tx, error) {
+	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]record.Record{}, prepared: true,
+		deps: map[string]fsx.Fingerprint{}, listed: map[record.Kind]bool{}}
+	var err error
+	tx.gen0, err = s.generation()
+	if err == nil {
+		err = fn(tx)
+	}
+	tx.end()
+	return tx, err
+}
+
+// commit queues p for the next group commit and waits for its outcome. The first
+// goroutine to queue while no group is pending leads: it takes the lock, publishes
 // everything queued by then, and hands the lead to the first publication queued
 // meanwhile.
 func (s *Store) commit(ctx context.Context, p *publication) error {
@@ -168,26 +179,26 @@ func (s *Store) commit(ctx context.Context, p *publication) error {
 		case <-p.lead:
 		}
 	}
-	s.leadHold(ctx)
+	s.leadGroup(ctx)
 	<-p.done
 	return p.err
 }
 
-// leadHold takes the lock once and publishes every queued publication.
-func (s *Store) leadHold(ctx context.Context) {
+// leadGroup takes the lock once and publishes every queued publication as one group.
+func (s *Store) leadGroup(ctx context.Context) {
 	unlock, lock, lockErr := s.lockStore(context.WithoutCancel(ctx))
 	s.pubMu.Lock()
-	batch := s.pubQueue
+	group := s.pubQueue
 	s.pubQueue = nil
 	s.pubMu.Unlock()
 	if lockErr != nil {
-		for _, p := range batch {
+		for _, p := range group {
 			p.err = lockErr
 		}
 	} else {
-		s.publishBatch(lock, batch)
+		s.publishGroup(lock, group)
 		if err := unlock(); err != nil {
-			for _, p := range batch {
+			for _, p := range group {
 				if p.err == nil {
 					p.err = err
 				}
@@ -201,37 +212,36 @@ func (s *Store) leadHold(ctx context.Context) {
 		s.pubLeader = false
 	}
 	s.pubMu.Unlock()
-	for _, p := range batch {
+	for _, p := range group {
 		close(p.done)
 	}
 }
 
-// publishBatch publishes the plans of batch under one lock hold: first every plan's
-// ordinary writes, then one fsync per directory, then the putLast writes of the plans
-// that succeeded, then one fsync per directory again.
-func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
-	var earlier groupWrites
-	pub := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]record.Record{}, group: &earlier}
-	defer pub.end()
+// publishGroup validates and publishes the plans of group under the lock the caller
+// holds, in two phases: every accepted plan's ordinary writes, then one fsync per
+// directory touched; then the putLast writes of the plans whose first phase
+// succeeded, and one fsync per directory again. Each plan's outcome is its err.
+func (s *Store) publishGroup(lock *lockfile.Lock, group []*publication) {
+	var accepted groupWrites
+	publisher := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]record.Record{}, group: &accepted,
+		marks: marks{s: s}}
+	defer publisher.end()
 	for phase := 0; phase < 2; phase++ {
 		touched := map[string][]*publication{}
-		for _, p := range batch {
+		for _, p := range group {
 			if p.err != nil {
 				continue
 			}
 			if phase == 0 {
-				if p.err = earlier.validate(p.plan); p.err != nil {
-					continue
-				}
-				if p.err = s.validatePlan(p.plan); p.err != nil {
+				if p.err = s.validate(p.plan, &accepted); p.err != nil {
 					continue
 				}
 				if p.check != nil {
-					if p.err = p.check(pub); p.err != nil {
+					if p.err = p.check(publisher); p.err != nil {
 						continue
 					}
 				}
-				earlier.add(p.plan)
+				accepted.add(p.plan)
 			}
 			var ws []*write
 			for _, w := range p.plan.writes {
@@ -239,7 +249,7 @@ func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
 					ws = append(ws, w)
 				}
 			}
-			dirs, err := pub.publish(ws)
+			dirs, err := publisher.publish(ws)
 			p.err = err
 			for d := range dirs {
 				touched[d] = append(touched[d], p)
@@ -257,17 +267,15 @@ func (s *Store) publishBatch(lock *lockfile.Lock, batch []*publication) {
 	}
 }
 
-// groupWrites is what the plans accepted earlier in one group commit write, all of
-// it, including the writes they publish last (putLast): a later plan of the group
-// that read one of those records, or listed one of those kinds, was planned before
-// they were published and is stale, even though the generation marks of the last
-// writes are not written yet when it is validated.
+// groupWrites is what the plans accepted so far in one group commit write: all of
+// it, including the putLast writes that are published (and marked) only in the second
+// phase, after every plan of the group was validated.
 type groupWrites struct {
 	paths map[string]bool
 	kinds map[record.Kind]bool
 	// lastCreates counts, per kind, the records the accepted plans create with
-	// putLast writes: published after every plan's capacity check, they are counted
-	// by those checks all the same (unpublishedCreates).
+	// putLast writes, which every later plan's capacity check must count although
+	// they are not published yet (Tx.unpublishedCreates).
 	lastCreates map[record.Kind]int
 }
 
@@ -284,36 +292,22 @@ func (g *groupWrites) add(plan *Tx) {
 	}
 }
 
-// validate reports errStalePlan if plan read or listed what an earlier plan of the
-// group writes.
-func (g *groupWrites) validate(plan *Tx) error {
+// validate reports errStalePlan if anything plan depends on may have changed since it
+// was made: a publication since (the generation marks tell which kinds, fingerprints
+// which records), or a write of a plan accepted earlier in its group (group). A plan
+// made on another generation file than the current one — compacted, replaced, made or
+// removed since — is stale: its tail is gone, so what changed cannot be told.
+func (s *Store) validate(plan *Tx, group *groupWrites) error {
 	for k := range plan.listed {
-		if g.kinds[k] {
+		if group.kinds[k] {
 			return errStalePlan
 		}
 	}
 	for p := range plan.deps {
-		if g.paths[p] {
+		if group.paths[p] {
 			return errStalePlan
 		}
 	}
-	return nil
-}
-
-func sortedKeysOf[V any](m map[string]V) []string {
-	keys := make(map[string]bool, len(m))
-	for k := range m {
-		keys[k] = true
-	}
-	return sortedKeys(keys)
-}
-
-// validatePlan reports errStalePlan if a publication since plan was made touched a
-// record the plan read, or any record of a kind the plan listed. The generation file
-// tells which kinds were published to since (one mark byte per publication). A plan
-// made on another generation file than the current one — compacted, replaced, made or
-// removed since — is stale: its tail is gone, so what changed cannot be told.
-func (s *Store) validatePlan(plan *Tx) error {
 	cur, err := s.generation()
 	if err != nil {
 		return err
@@ -350,14 +344,6 @@ func (s *Store) validatePlan(plan *Tx) error {
 	return nil
 }
 
-var markKind = func() map[byte]record.Kind {
-	m := map[byte]record.Kind{}
-	for k, b := range kindMark {
-		m[b] = k
-	}
-	return m
-}()
-
 // Update is a staged single write: it reads record kind/id, gives fn a copy (nil if
 // absent), and durably writes the record fn returns (nil: nothing) — signed and
 // fsynced outside the lock, and published only if the record is still the one fn saw;
@@ -377,13 +363,4 @@ func (s *Store) Update(ctx context.Context, k record.Kind, id string, fn func(cu
 		}
 		return tx.Put(next)
 	})
-}
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
