@@ -146,7 +146,9 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 		if err := tx.marks.ready(); err != nil {
 			return dirs, err
 		}
-		before, err := tx.s.ListingStamp(w.kind)
+		// Under the lock only this publisher changes the generation file: its state
+		// is the one the handle left it in, and no read of the file is needed.
+		before, err := tx.s.stampWith(w.kind, tx.marks.state)
 		if err != nil {
 			return dirs, err
 		}
@@ -202,7 +204,8 @@ func (tx *Tx) mark(w *write, before Stamp) error {
 		fp = info.Fingerprint()
 		tx.s.remember(p, w.data, fp, w.rec, now)
 	}
-	tx.s.adopt(w.kind, w.id, w.rec, fp, w.rec != nil && tx.s.racyAt(now, fp.CtimeNs), before, oldGen, newGen)
+	after, err := tx.s.stampWith(w.kind, newGen)
+	tx.s.adopt(w.kind, w.id, w.rec, fp, w.rec != nil && tx.s.racyAt(now, fp.CtimeNs), before, after, err == nil, oldGen, newGen)
 	return nil
 }
 
@@ -397,17 +400,17 @@ func (s *Store) clearUnmarked() {
 // adopt updates this process's listings and indexes after it published (rec != nil,
 // from the file with fingerprint fp, racy if fp was taken within the racy window of
 // its ctime) or removed (rec == nil) kind/id under the lock. The generation moved from
-// oldGen to newGen and only k's directory changed, so k's cached list and index are
-// patched and move to k's new stamp, and every other kind's cached stamp takes the new
-// generation. Anything that was not current before is dropped.
-func (s *Store) adopt(k record.Kind, id string, rec record.Record, fp fsx.Fingerprint, racy bool, before Stamp, oldGen, newGen generation) {
-	after, err := s.ListingStamp(k)
+// oldGen to newGen and only k's directory changed (from stamp before to after; known
+// false: after could not be taken), so k's cached list and index are patched and move
+// to after, and every other kind's cached stamp takes the new generation. Anything
+// that was not current before is dropped.
+func (s *Store) adopt(k record.Kind, id string, rec record.Record, fp fsx.Fingerprint, racy bool, before, after Stamp, known bool, oldGen, newGen generation) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.moveGenerationLocked(k, oldGen, newGen)
 	if c := s.listings[k]; c != nil {
 		delete(s.listings, k)
-		if err == nil && c.stamp == before {
+		if known && c.stamp == before {
 			ids := c.ids
 			i, found := slices.BinarySearch(ids, id)
 			switch {
@@ -426,7 +429,7 @@ func (s *Store) adopt(k record.Kind, id string, rec record.Record, fp fsx.Finger
 		// ownMarks counts this publication's mark for the refresh that catches up
 		// (refreshChanged).
 		switch {
-		case err != nil:
+		case !known:
 			delete(s.indexes, k)
 		case s.indexCurrent(k, ix, before) || s.indexCurrent(k, ix, after):
 			ix.apply(id, rec, fp, racy)

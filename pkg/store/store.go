@@ -525,6 +525,12 @@ func (s *Store) ListingStamp(k record.Kind) (Stamp, error) {
 	if err != nil {
 		return Stamp{}, err
 	}
+	return s.stampWith(k, gen)
+}
+
+// stampWith returns k's stamp with the directory as it is now and generation state
+// gen, read by the caller (a publisher under the lock knows it without reading it).
+func (s *Store) stampWith(k record.Kind, gen generation) (Stamp, error) {
 	info, err := s.fs.Lstat(string(k))
 	if fsx.IsNotExist(err) {
 		return Stamp{absent: true, gen: gen}, nil
