@@ -863,6 +863,9 @@ func TestStateRepair(t *testing.T) {
 				m.LastError != "refused by the relay: no such recipient" || m.Attempts != 2 {
 				t.Errorf("msg-unclosed: %+v", m)
 			}
+			if m := msg("msg-confirmation-behind"); m.Status != record.StatusRelayed || m.Attempts != 1 {
+				t.Errorf("msg-confirmation-behind: %s, %d attempts; want relayed, 1 (a confirmation's delivery-status speaks for it)", m.Status, m.Attempts)
+			}
 			if o := out("msg-behind/envelope/1"); o.State != record.StatePending {
 				t.Errorf("msg-behind's pending envelope is %s", o.State)
 			}
@@ -877,6 +880,11 @@ func TestStateRepair(t *testing.T) {
 			o := out("msg-half-held/envelope/1")
 			if m.Held == nil || m.Held.Op != record.ActionHold || o.Held == nil || o.State != record.StatePending {
 				t.Errorf("msg-half-held: message held %v, other envelope held %v (%s): the repair must complete the hold", m.Held, o.Held, o.State)
+			}
+			for _, label := range []string{"msg-held-relayed", "msg-held-removed"} {
+				if m := msg(label); m.Held != nil || m.Status != record.StatusRelayed || m.Operator == nil || m.Operator.Op != record.ActionHold {
+					t.Errorf("%s: %+v: the repair must clear the hold that outlived its last pending envelope, and keep the rest", label, m)
+				}
 			}
 			if o := out("msg-half-cancelled/envelope/1"); o.State != record.StateClosed || o.Operator == nil ||
 				o.Operator.Op != record.ActionCancel || o.LastError != "cancelled by operator" {
