@@ -219,7 +219,7 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 			out.Next = out.Messages[len(out.Messages)-1].MessageID
 			break
 		}
-		cm := client.Message{MessageID: s.MessageID, Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
+		cm := client.Message{MessageID: s.MessageID, Kind: messageKind(s.MessageID), Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
 			RelayURL: s.RelayURL, Attempts: s.Attempts, CreatedAt: msTime(s.CreatedAt), UpdatedAt: msTime(s.UpdatedAt),
 			Deadline: msTime(s.DeliveryDeadline), LastError: s.LastError, Held: actionOf(s.Held), Operator: actionOf(s.Operator)}
 		if degraded || s.Status == record.StatusQueued {
@@ -441,7 +441,7 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 }
 
 func toClient(m *record.Message) client.Message {
-	return client.Message{MessageID: m.MessageID, Status: m.Status, ClosedBy: m.ClosedBy, LastError: m.LastError,
+	return client.Message{MessageID: m.MessageID, Kind: messageKind(m.MessageID), Status: m.Status, ClosedBy: m.ClosedBy, LastError: m.LastError,
 		To: m.PeerOwnerDID, RelayURL: m.RelayURL, Attempts: m.Attempts, CreatedAt: msTime(m.CreatedAt),
 		UpdatedAt: msTime(m.UpdatedAt), Deadline: msTime(m.DeliveryDeadline), Held: actionOf(m.Held),
 		Operator: actionOf(m.Operator)}

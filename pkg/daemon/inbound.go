@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
@@ -83,6 +84,17 @@ type follower struct {
 // inbound envelope envelopeID: derived, so a retry after a crash finds it.
 func confirmationID(envelopeID string) string {
 	return uuid.FromDomain("sealbridge/confirmation-id/v1", envelopeID)
+}
+
+// messageKind says what the message record id is: a confirmation, whose id
+// confirmationID derives (a version-8 UUID), or a message the API accepted, whose id
+// is random (the operation's id, or a fresh one: version 4). The id says it for as long
+// as the record lives, after its envelopes are settled and removed.
+func messageKind(id string) string {
+	if uuid.Derived(id) {
+		return client.KindConfirmation
+	}
+	return client.KindMessage
 }
 
 // kickInbox wakes the inbox follower early (no-op without one).
