@@ -478,7 +478,23 @@ func (e *badRequest) Error() string { return e.msg }
 
 func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
 	status, code, msg := d.classify(w, err)
+	if hint := idempotencyHint(code); hint != "" {
+		writeJSON(w, status, map[string]string{"code": code, "message": msg, "hint": hint})
+		return
+	}
 	writeError(w, status, code, msg)
+}
+
+// idempotencyHint is the advice of an answer to a send whose Idempotency-Key cannot
+// be used now, or "".
+func idempotencyHint(code string) string {
+	switch code {
+	case errcode.IdempotencyInProgress.String():
+		return "the first request with this Idempotency-Key is still being processed: retry the same request with the same key after Retry-After; it answers with that request's message, and never sends a second one"
+	case errcode.IdempotencyKeyReused.String():
+		return "this Idempotency-Key is bound to another request: send a new request with a new key (the key's first request keeps its answer)"
+	}
+	return ""
 }
 
 // sendError is the error answer of a send that failed in the daemon (5xx). Outcome
