@@ -906,3 +906,60 @@ func TestStateRepairRefusesAnotherKey(t *testing.T) {
 		t.Fatal("a repair with another key changed the store")
 	}
 }
+
+// TestStateRepairsAtOnce: two state repairs of one store at once (an operator
+// running fsck twice), many times: each change is decided again on the records its
+// transaction reads, so whichever makes a change first, the other skips it (or finds
+// the store in use); no hold is completed twice or cleared wrongly, and the store ends
+// with nothing to repair.
+func TestStateRepairsAtOnce(t *testing.T) {
+	trials := 6
+	if testing.Short() {
+		trials = 2
+	}
+	opts := fsck.Options{Owner: fsfixtures.OwnerDID(), Signer: fsfixtures.Owner().Signer()}
+	both := 0 // trials in which neither repair found the store in use
+	for trial := range trials {
+		dir := fsfixtures.Build(t, "held-flags")
+		gate := make(chan struct{})
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() {
+				<-gate
+				_, err := fsck.Repair(ctx, dir, opts)
+				errs <- err
+			}()
+		}
+		close(gate)
+		live := 0
+		for range 2 {
+			err := <-errs
+			if err != nil && !errors.Is(err, fsck.ErrLive) {
+				t.Fatalf("trial %d: %v", trial, err)
+			}
+			if err != nil {
+				live++
+			}
+		}
+		if live == 0 {
+			both++
+		}
+		rep := check(t, dir, opts)
+		if rep.Problems() != 0 {
+			t.Fatalf("trial %d: problems after two repairs at once: %+v", trial, rep.Findings)
+		}
+		s, err := store.Open(fsfixtures.Owner().Signer(), store.Options{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, label := range []string{"msg-held-relayed", "msg-held-removed"} {
+			if m, err := store.GetAs[*record.Message](s, fsfixtures.ID(label)); err != nil || m == nil || m.Held != nil || m.Status != record.StatusRelayed {
+				t.Fatalf("trial %d: %s: %+v %v", trial, label, m, err)
+			}
+		}
+		if m, err := store.GetAs[*record.Message](s, fsfixtures.ID("msg-half-held")); err != nil || m == nil || m.Held == nil {
+			t.Fatalf("trial %d: msg-half-held: %+v %v: the hold must be completed", trial, m, err)
+		}
+	}
+	t.Logf("%d trials, both repairs ran to the end in %d", trials, both)
+}
