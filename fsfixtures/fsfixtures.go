@@ -536,8 +536,10 @@ func operatorAction(op string) *record.Action {
 
 // messageStatus writes messages behind their envelopes: a queued message whose
 // envelope of kind message is relayed (msg-behind), a relayed message whose envelope
-// the relay refused (msg-unclosed), and a message closed by cancel without the
-// operator's action recorded (msg-cancel-unrecorded).
+// the relay refused (msg-unclosed), a message closed by cancel without the
+// operator's action recorded (msg-cancel-unrecorded), and a confirmation (a message
+// whose one envelope is a delivery-status, which speaks for it) queued while that
+// envelope is relayed (msg-confirmation-behind).
 func (b *builder) messageStatus() {
 	retain := Far.Add(week)
 	b.send("msg-behind", 2, Far, retain)
@@ -552,13 +554,27 @@ func (b *builder) messageStatus() {
 	cancelled[0].State, cancelled[0].LastError = record.StateClosed, "cancelled by operator: fixture"
 	cm.Status, cm.ClosedBy, cm.LastError = record.StatusClosed, record.ClosedByCancelled, cancelled[0].LastError
 	b.plant(behind[0], unclosed[0], um, cancelled[0], cm)
+	conf, _, _ := message("msg-confirmation-behind", 1, Far, retain)
+	conf[0].EnvelopeKind = record.EnvelopeDeliveryStatus
+	b.tx(func(tx *store.Tx) error {
+		_, m, batch := message("msg-confirmation-behind", 1, Far, retain)
+		if err := tx.PutAll(m, conf[0]); err != nil {
+			return err
+		}
+		return tx.Put(batch)
+	})
+	conf[0].State, conf[0].Attempts = record.StateRelayed, 1
+	b.plant(conf[0])
 }
 
 // heldFlags writes operator holds the store never leaves: a hold on a closed message
 // and on its closed envelope (msg-held-closed), and a hold made on one side only, an
 // interrupted hold: the first envelope of msg-half-held is held, its message and its
-// other pending envelope are not; and an interrupted cancel: msg-half-cancelled is
-// closed by cancel while its second envelope is still pending.
+// other pending envelope are not; an interrupted cancel: msg-half-cancelled is
+// closed by cancel while its second envelope is still pending; and holds that
+// outlived their message's last pending envelope: msg-held-relayed is relayed and
+// held with both its envelopes relayed, msg-held-removed relayed and held with its
+// settled batch already removed by maintenance.
 func (b *builder) heldFlags() {
 	retain := Far.Add(week)
 	b.send("msg-held-closed", 1, Far, retain)
@@ -576,6 +592,18 @@ func (b *builder) heldFlags() {
 	hc[0].State, hc[0].LastError, hc[0].Operator = record.StateClosed, "cancelled by operator", cancel
 	hcm.Status, hcm.ClosedBy, hcm.LastError, hcm.Operator = record.StatusClosed, record.ClosedByCancelled, "cancelled by operator", cancel
 	b.plant(closed[0], cm, half[0], hc[0], hcm)
+	b.send("msg-held-relayed", 2, Far, retain)
+	b.send("msg-held-removed", 1, Far, retain)
+	hr, hrm, _ := message("msg-held-relayed", 2, Far, retain)
+	for _, o := range hr {
+		o.State, o.Attempts = record.StateRelayed, 1
+	}
+	hrm.Status, hrm.Attempts, hrm.Held, hrm.Operator = record.StatusRelayed, 1, hold, hold
+	removed, rm, rb := message("msg-held-removed", 1, Far, retain)
+	rm.Status, rm.Attempts, rm.Held, rm.Operator = record.StatusRelayed, 1, hold, hold
+	b.plant(hr[0], hr[1], hrm, rm)
+	b.remove(record.Path(record.KindBatches, rb.BatchID)) // maintenance: the marker first
+	b.remove(record.Path(record.KindOutbox, removed[0].EnvelopeID))
 }
 
 // unknownFiles plants names that are not part of the layout.

@@ -301,12 +301,18 @@ func TestSendStatusLs(t *testing.T) {
 		t.Fatalf("relay accepted %d envelopes, want 2", got)
 	}
 	code, out, _ = sb(t, append([]string{"status", id}, as...)...)
-	if code != 0 || field(out, "status") != "relayed" || field(out, "to") != bob || field(out, "attempts") != "1" {
+	if code != 0 || field(out, "status") != "relayed" || field(out, "kind") != "message" || field(out, "to") != bob || field(out, "attempts") != "1" {
 		t.Fatalf("status text: %d\n%s", code, out)
 	}
 	code, out, _ = sb(t, append([]string{"ls"}, as...)...)
 	if code != 0 || !strings.HasPrefix(out, "MESSAGE") || !strings.Contains(out, id) || !strings.Contains(out, id2) {
 		t.Fatalf("ls: %d\n%s", code, out)
+	}
+	for i, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if i == 0 && (len(f) < 3 || f[1] != "KIND" || f[2] != "STATUS") || i > 0 && (len(f) < 3 || f[1] != "message" || f[2] != "relayed") {
+			t.Fatalf("ls line %d: %q; want the kind column before the status", i, line)
+		}
 	}
 	code, out, errs = sb(t, append([]string{"ls", "--json", "--status", "relayed", "--limit", "1"}, as...)...)
 	if l := jsonLines(t, out); code != 0 || len(l) != 1 || !strings.Contains(errs, "more: ") {

@@ -323,6 +323,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		}
 	}
 	row("message", m.MessageID)
+	row("kind", m.Kind)
 	row("status", m.Status)
 	row("closed by", m.ClosedBy)
 	row("last error", m.LastError)
@@ -365,7 +366,7 @@ func cmdLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var tw *tabwriter.Writer
 	if !*asJSON {
 		tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "MESSAGE\tSTATUS\tATTEMPTS\tUPDATED\tNEXT ATTEMPT\tTO\tLAST ERROR")
+		fmt.Fprintln(tw, "MESSAGE\tKIND\tSTATUS\tATTEMPTS\tUPDATED\tNEXT ATTEMPT\tTO\tLAST ERROR")
 	}
 	enc := json.NewEncoder(stdout)
 	unreadable, next := 0, *after
@@ -409,7 +410,7 @@ func cmdLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // lsRow is one message's row of the ls table.
 func lsRow(tw io.Writer, m *client.Message) {
 	if m.Error != nil {
-		fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t%s\n", m.MessageID, "UNREADABLE", oneLine(m.Error.Message))
+		fmt.Fprintf(tw, "%s\t\t%s\t\t\t\t\t%s\n", m.MessageID, "UNREADABLE", oneLine(m.Error.Message))
 		return
 	}
 	st := m.Status
@@ -423,7 +424,7 @@ func lsRow(tw io.Writer, m *client.Message) {
 	if m.Status == "queued" || m.Status == "closed" {
 		last = oneLine(m.LastError)
 	}
-	fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.MessageID, st, m.Attempts, formatTime(m.UpdatedAt),
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.MessageID, m.Kind, st, m.Attempts, formatTime(m.UpdatedAt),
 		nextAttempt(m), m.To, last)
 }
 

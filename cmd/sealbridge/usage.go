@@ -70,8 +70,10 @@ Examples:
 	"ls": `usage: sealbridge ls [--status S] [--limit N] [--after ID] [--all] [--json]
                      [--home DIR] [--identity NAME]
 
-Lists sent messages by id: status (with closedBy and "(held)" when an operator holds
-it), attempts, next attempt and last error (for a queued or closed message).
+Lists sent messages by id: kind (message: one you sent; confirmation: the delivery
+confirmation the daemon sent back for a message it received), status (with closedBy
+and "(held)" when an operator holds it), attempts, next attempt and last error (for a
+queued or closed message).
 
   --status S         only messages with this status (queued, relayed, delivered, closed)
   --limit N          at most N messages (default: the daemon's page size); with

@@ -52,6 +52,10 @@ func FromDomain(domain, name string) string {
 	return format(b)
 }
 
+// Derived reports whether s is a valid UUID of the version FromDomain makes (8): an id
+// derived from a domain and a name, never a random one (NewString's are version 4).
+func Derived(s string) bool { return Valid(s) && s[14] == '8' }
+
 func format(b [16]byte) string {
 	var s [36]byte
 	hex.Encode(s[0:8], b[0:4])

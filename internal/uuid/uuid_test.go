@@ -81,3 +81,15 @@ func TestFromDomain(t *testing.T) {
 		t.Fatal("FromDomain does not separate domain and name")
 	}
 }
+
+// Derived tells FromDomain's ids from random and URL-derived ones.
+func TestDerived(t *testing.T) {
+	if !Derived(FromDomain("sealbridge/test/v1", "x")) {
+		t.Fatal("a FromDomain id is not Derived")
+	}
+	for _, s := range []string{NewString(), FromURL("https://example.invalid/"), "", "not-a-uuid-at-all-00000000000000000"} {
+		if Derived(s) {
+			t.Fatalf("%q is Derived", s)
+		}
+	}
+}

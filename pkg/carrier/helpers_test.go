@@ -235,10 +235,30 @@ type harness struct {
 // scripted transport (not started).
 func newHarness(t testing.TB, opts Options, sopts store.Options) *harness {
 	t.Helper()
+	return newHarnessOn(t, opts, sopts, nil)
+}
+
+// newHarnessOn is newHarness with the carrier on transport wrap(the scripted one)
+// (wrap nil: the scripted one itself), and, if sopts.Home is set, the store in that
+// data root (a store directory fsck accepts) instead of a bare directory.
+func newHarnessOn(t testing.TB, opts Options, sopts store.Options, wrap func(*scripted) Transport) *harness {
+	t.Helper()
 	h := &harness{t: t, clock: newFakeClock()}
 	sopts.Now = h.clock.Now
-	h.s = openStore(t, t.TempDir(), sopts)
+	if sopts.Home != "" {
+		s, err := store.Open(owner(t).Signer(), sopts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.s = s
+	} else {
+		h.s = openStore(t, t.TempDir(), sopts)
+	}
 	h.tr = &scripted{clock: h.clock}
+	var tr Transport = h.tr
+	if wrap != nil {
+		tr = wrap(h.tr)
+	}
 	opts.Clock = h.clock
 	if opts.Watch == WatchAuto {
 		opts.Watch = WatchOff
@@ -249,7 +269,7 @@ func newHarness(t testing.TB, opts Options, sopts store.Options) *harness {
 	if opts.HolderID == "" {
 		opts.HolderID = "test-carrier"
 	}
-	h.c = New(h.s, h.tr, opts)
+	h.c = New(h.s, tr, opts)
 	return h
 }
 

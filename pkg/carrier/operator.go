@@ -173,7 +173,7 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 		}
 		return r, nil
 	}
-	if a.Op == record.ActionCancel && !anyPending(members) {
+	if a.Op == record.ActionCancel && !record.AnyPending(members) {
 		// Relayed, or queued behind members a crash left settled (maintenance
 		// brings it forward): nothing is pending, and nothing is recalled.
 		r.Code, r.Message = errcode.MessageClosed.String(), "nothing to cancel: no envelope is pending, and an envelope at the relay is not recalled"
@@ -281,13 +281,4 @@ func isAre(n int) string {
 		return "is"
 	}
 	return "are"
-}
-
-func anyPending(members []*record.Outbox) bool {
-	for _, o := range members {
-		if o.State == record.StatePending {
-			return true
-		}
-	}
-	return false
 }

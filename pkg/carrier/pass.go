@@ -266,7 +266,7 @@ func (c *Carrier) leaseTx(tx *store.Tx, e *store.OutboxSummary, now int64, marke
 		return skipped, nil, nil // its marker does not list it: not dispatchable
 	}
 	if o.DeliveryDeadline <= now {
-		return closed, nil, c.closeTx(tx, o, now, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String())
+		return closed, nil, c.closeTx(tx, o, now, record.ClosedByDeadline, errcode.OutboxDeadlineExpired.String(), markers)
 	}
 	// A member still pending of a cancelled message is what a cancel interrupted
 	// after the message's close leaves: never sent, closed as the cancel would have.
@@ -302,6 +302,7 @@ func (c *Carrier) settleRun(ctx context.Context, tp *targetPlan, taken []leased,
 	deadlineClosed := 0
 	err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 		nexts, deadlineClosed = make([]int64, len(taken)), 0
+		batches := map[string][]*record.Outbox{}
 		for k, l := range taken {
 			o, err := store.TxGet[*record.Outbox](tx, l.e.EnvelopeID)
 			if err != nil {
@@ -320,7 +321,7 @@ func (c *Carrier) settleRun(ctx context.Context, tp *targetPlan, taken []leased,
 				}
 				continue
 			}
-			closedNow, next, err := c.settleTx(tx, tp, o, results[k], now, delays[k])
+			closedNow, next, err := c.settleTx(tx, tp, o, results[k], now, delays[k], batches)
 			if err != nil {
 				return err
 			}
@@ -341,8 +342,8 @@ func (c *Carrier) settleRun(ctx context.Context, tp *targetPlan, taken []leased,
 }
 
 // settleTx records one attempt's outcome on o. It reports whether the deadline closed
-// o and when o is due again (0 if not pending any more).
-func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res Result, now int64, delay time.Duration) (bool, int64, error) {
+// o and when o is due again (0 if not pending any more). batches is messageTx's.
+func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res Result, now int64, delay time.Duration, batches map[string][]*record.Outbox) (bool, int64, error) {
 	if l := o.Lease; res.Outcome != Accepted && l != nil && l.Holder != c.o.HolderID && l.Until > now {
 		return false, 0, nil // another holder took it over after our lease ran out
 	}
@@ -356,19 +357,19 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res R
 		if err := tx.Put(o); err != nil {
 			return false, 0, err
 		}
-		return false, 0, c.messageTx(tx, o, now, record.StatusRelayed, "", "")
+		return false, 0, c.messageTx(tx, o, now, record.StatusRelayed, "", "", batches)
 	case Refused:
-		return false, 0, c.closeTx(tx, o, now, record.ClosedByRefused, clip(record.RefusedPrefix+why))
+		return false, 0, c.closeTx(tx, o, now, record.ClosedByRefused, clip(record.RefusedPrefix+why), batches)
 	}
 	if o.DeliveryDeadline <= now {
-		return true, 0, c.closeTx(tx, o, now, record.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why))
+		return true, 0, c.closeTx(tx, o, now, record.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why), batches)
 	}
 	if res.Outcome == Failed {
 		o.NextAttemptAt, o.LastError, o.UnreachableSince = now+delay.Milliseconds(), clip(why), 0
 		if err := tx.Put(o); err != nil {
 			return false, 0, err
 		}
-		return false, o.NextAttemptAt, c.messageTx(tx, o, now, "", "", "")
+		return false, o.NextAttemptAt, c.messageTx(tx, o, now, "", "", "", batches)
 	}
 	// Unreachable: the target waits. This envelope carries the next probe; the
 	// others that do not know of the wait yet learn it afterwards (markWaiting).
@@ -379,7 +380,7 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res R
 	if err := tx.Put(o); err != nil {
 		return false, 0, err
 	}
-	return false, o.NextAttemptAt, c.messageTx(tx, o, now, "", "", "")
+	return false, o.NextAttemptAt, c.messageTx(tx, o, now, "", "", "", batches)
 }
 
 // waitSince is when tp's wait began: now, unless it was waiting already.
@@ -488,6 +489,7 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 		n := 0
 		err := c.s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 			n = 0
+			batches := map[string][]*record.Outbox{}
 			for _, id := range chunk {
 				o, err := store.TxGet[*record.Outbox](tx, id)
 				if err != nil {
@@ -504,7 +506,7 @@ func (c *Carrier) expireTarget(ctx context.Context, tp *targetPlan) (int, error)
 				if o.LastError != "" {
 					reason += "; last error: " + o.LastError
 				}
-				if err := c.closeTx(tx, o, now, record.ClosedByExpired, clip(reason)); err != nil {
+				if err := c.closeTx(tx, o, now, record.ClosedByExpired, clip(reason), batches); err != nil {
 					return err
 				}
 				n++
@@ -530,43 +532,66 @@ func days(d time.Duration) string {
 	return d.String()
 }
 
-// closeTx closes o (and its message) with a reason; a hold on them ends.
-func (c *Carrier) closeTx(tx *store.Tx, o *record.Outbox, now int64, closedBy, reason string) error {
+// closeTx closes o (and its message, if o speaks for it) with a reason; a hold on
+// them ends. batches is messageTx's.
+func (c *Carrier) closeTx(tx *store.Tx, o *record.Outbox, now int64, closedBy, reason string, batches map[string][]*record.Outbox) error {
 	o.State, o.LastError, o.Lease, o.Held = record.StateClosed, reason, nil, nil
 	if err := tx.Put(o); err != nil {
 		return err
 	}
-	return c.messageTx(tx, o, now, record.StatusClosed, closedBy, reason)
+	return c.messageTx(tx, o, now, record.StatusClosed, closedBy, reason, batches)
 }
 
-// messageTx moves o's message forward (never back): relayed if it was queued, closed
-// if it was queued or relayed; and keeps its attempts count. Only the envelope of
-// kind message speaks for its message.
-func (c *Carrier) messageTx(tx *store.Tx, o *record.Outbox, now int64, status, closedBy, reason string) error {
-	if o.EnvelopeKind != record.EnvelopeMessage {
-		return nil
-	}
+// messageTx moves o's message forward (never back) in the transaction that settles,
+// closes or fails o: relayed if it was queued, closed if it was queued or relayed, and
+// keeps its attempts count — when o speaks for its message (record.Speaks: an envelope
+// of kind message does, and so does a confirmation's delivery-status, the one envelope
+// of its message). Whatever o's kind, a hold never outlives the last pending envelope
+// of its message: once o settled or closed and no envelope of the message is pending,
+// the message's hold goes in the same transaction (closing the message clears it
+// anyway). batches caches the committed members of the batches tx read, for their
+// kinds, which never change.
+func (c *Carrier) messageTx(tx *store.Tx, o *record.Outbox, now int64, status, closedBy, reason string, batches map[string][]*record.Outbox) error {
 	m, err := store.TxGet[*record.Message](tx, o.MessageID)
 	if err != nil || m == nil {
 		return err
 	}
+	speaks := o.EnvelopeKind == record.EnvelopeMessage
+	if !speaks {
+		members, ok := batches[o.BatchID]
+		if !ok {
+			if members, err = tx.Committed(o.BatchID); err != nil {
+				return err
+			}
+			batches[o.BatchID] = members
+		}
+		speaks = members != nil && record.Speaks(o, members)
+	}
 	changed := false
-	switch status {
-	case record.StatusRelayed:
+	switch {
+	case !speaks:
+	case status == record.StatusRelayed:
 		if m.Status == record.StatusQueued {
 			m.Status, changed = record.StatusRelayed, true
 		}
-		if m.Held != nil && record.IsSingle(o.BatchID, o.EnvelopeID, o.Ordinal) {
-			m.Held, changed = nil, true // its one envelope is relayed: nothing left to hold
-		}
-	case record.StatusClosed:
+	case status == record.StatusClosed:
 		if m.Status == record.StatusQueued || m.Status == record.StatusRelayed {
 			tx.EndMessage(m, record.StatusClosed, closedBy, reason, now)
 			changed = true
 		}
 	}
-	if o.Attempts > m.Attempts {
+	if speaks && o.Attempts > m.Attempts {
 		m.Attempts, changed = o.Attempts, true
+	}
+	if m.Held != nil && o.State != record.StatePending {
+		// The members as this transaction leaves them (o's write included).
+		members, err := tx.Committed(o.BatchID)
+		if err != nil {
+			return err
+		}
+		if members != nil && !record.AnyPending(members) {
+			m.Held, changed = nil, true // nothing of it is left to hold
+		}
 	}
 	if !changed {
 		return nil

@@ -34,9 +34,13 @@ type SendRequest struct {
 // message, LastError is the last failed attempt's error and NextAttemptAt when the
 // next attempt is due (zero: now, or none scheduled); for a closed one LastError is
 // why it closed (the relay's answer to a refused one) and ClosedBy by what
-// (deadline, refused, expired, cancelled).
+// (deadline, refused, expired, cancelled). Kind says what the message is:
+// KindMessage, one the user sent, or KindConfirmation, the delivery confirmation the
+// daemon sent back for a message it received (relayed is its last status: nothing
+// confirms a confirmation).
 type Message struct {
 	MessageID     string    `json:"messageId"`
+	Kind          string    `json:"kind,omitempty"`
 	Status        string    `json:"status"`
 	ClosedBy      string    `json:"closedBy,omitempty"`
 	LastError     string    `json:"lastError,omitempty"`
@@ -57,6 +61,12 @@ type Message struct {
 	// only MessageID.
 	Error *Error `json:"error,omitempty"`
 }
+
+// Message kinds (Message.Kind).
+const (
+	KindMessage      = "message"
+	KindConfirmation = "confirmation"
+)
 
 // MessageList is one page of GET /v1/messages; Next, if set, is the `after` of the
 // next page.

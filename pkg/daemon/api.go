@@ -219,7 +219,7 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 			out.Next = out.Messages[len(out.Messages)-1].MessageID
 			break
 		}
-		cm := client.Message{MessageID: s.MessageID, Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
+		cm := client.Message{MessageID: s.MessageID, Kind: messageKind(s.MessageID), Status: s.Status, ClosedBy: s.ClosedBy, To: s.PeerOwnerDID,
 			RelayURL: s.RelayURL, Attempts: s.Attempts, CreatedAt: msTime(s.CreatedAt), UpdatedAt: msTime(s.UpdatedAt),
 			Deadline: msTime(s.DeliveryDeadline), LastError: s.LastError, Held: actionOf(s.Held), Operator: actionOf(s.Operator)}
 		if degraded || s.Status == record.StatusQueued {
@@ -441,7 +441,7 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 }
 
 func toClient(m *record.Message) client.Message {
-	return client.Message{MessageID: m.MessageID, Status: m.Status, ClosedBy: m.ClosedBy, LastError: m.LastError,
+	return client.Message{MessageID: m.MessageID, Kind: messageKind(m.MessageID), Status: m.Status, ClosedBy: m.ClosedBy, LastError: m.LastError,
 		To: m.PeerOwnerDID, RelayURL: m.RelayURL, Attempts: m.Attempts, CreatedAt: msTime(m.CreatedAt),
 		UpdatedAt: msTime(m.UpdatedAt), Deadline: msTime(m.DeliveryDeadline), Held: actionOf(m.Held),
 		Operator: actionOf(m.Operator)}
@@ -478,7 +478,23 @@ func (e *badRequest) Error() string { return e.msg }
 
 func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
 	status, code, msg := d.classify(w, err)
+	if hint := idempotencyHint(code); hint != "" {
+		writeJSON(w, status, map[string]string{"code": code, "message": msg, "hint": hint})
+		return
+	}
 	writeError(w, status, code, msg)
+}
+
+// idempotencyHint is the advice of an answer to a send whose Idempotency-Key cannot
+// be used now, or "".
+func idempotencyHint(code string) string {
+	switch code {
+	case errcode.IdempotencyInProgress.String():
+		return "the first request with this Idempotency-Key is still being processed: retry the same request with the same key after Retry-After; it answers with that request's message, and never sends a second one"
+	case errcode.IdempotencyKeyReused.String():
+		return "this Idempotency-Key is bound to another request: send a new request with a new key (the key's first request keeps its answer)"
+	}
+	return ""
 }
 
 // sendError is the error answer of a send that failed in the daemon (5xx). Outcome

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
@@ -83,6 +84,17 @@ type follower struct {
 // inbound envelope envelopeID: derived, so a retry after a crash finds it.
 func confirmationID(envelopeID string) string {
 	return uuid.FromDomain("sealbridge/confirmation-id/v1", envelopeID)
+}
+
+// messageKind says what the message record id is: a confirmation, whose id
+// confirmationID derives (a version-8 UUID), or a message the API accepted, whose id
+// is random (the operation's id, or a fresh one: version 4). The id says it for as long
+// as the record lives, after its envelopes are settled and removed.
+func messageKind(id string) string {
+	if uuid.Derived(id) {
+		return client.KindConfirmation
+	}
+	return client.KindMessage
 }
 
 // kickInbox wakes the inbox follower early (no-op without one).
@@ -533,27 +545,11 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 		p.state = next
 	}
 	if p.state == record.ReceiptProcessed && !p.status {
-		if p.confEnv == "" {
-			if err := f.confirm(ctx, p); err != nil {
-				d.m.storeError(err)
-				f.stuck(p, "inbox: sending the delivery status", err, "envelope", p.envelopeID)
-				return
-			}
-		}
-		o, err := store.GetAs[*record.Outbox](d.st, p.confEnv)
+		outcome, err := f.confirmation(ctx, p)
 		if err != nil {
-			f.stuck(p, "inbox: reading the delivery status", err, "envelope", p.confEnv)
+			d.m.storeError(err)
+			f.stuck(p, "inbox: sending the delivery status", err, "envelope", p.envelopeID)
 			return
-		}
-		outcome := ""
-		switch {
-		case o == nil:
-			// Removed by maintenance after it finished: it was settled.
-			outcome = outcomeConfirmed
-		case o.State == record.StateRelayed:
-			outcome = outcomeConfirmed
-		case o.State == record.StateClosed:
-			outcome = outcomeConfClose
 		}
 		if outcome == "" {
 			return
@@ -595,6 +591,71 @@ func (f *follower) raise(ctx context.Context, rid, state, outcome string) error 
 		}
 		return r, nil
 	})
+}
+
+// confirmation reports how the delivery-status owed for p's message ended:
+// outcomeConfirmed once it is relayed, outcomeConfClose once it is closed, "" while it
+// is pending or was only now enqueued. The carrier moves the confirmation's message
+// record with its one envelope (record.Speaks), and the record outlives the envelope,
+// which maintenance removes once settled: so the envelope tells while it is there,
+// and the message record after it is gone (also after a restart, which knows no
+// envelope id). Only when neither exists is the confirmation enqueued: it was never
+// accepted (or it ended so long ago that its message's retention ran out, and the
+// sender gets a second, identical confirmation, which changes nothing there).
+func (f *follower) confirmation(ctx context.Context, p *pendingReceipt) (string, error) {
+	st := f.d.st
+	if p.confEnv != "" {
+		o, err := store.GetAs[*record.Outbox](st, p.confEnv)
+		if err != nil {
+			return "", err
+		}
+		if o != nil {
+			return confirmationOutcome(o.State), nil
+		}
+	}
+	cid := confirmationID(p.envelopeID)
+	m, err := store.GetAs[*record.Message](st, cid)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case m == nil && p.confEnv != "":
+		// Seen and gone with its message record: it was settled.
+		return outcomeConfirmed, nil
+	case m == nil:
+		return "", f.confirm(ctx, p)
+	case m.Status != record.StatusQueued:
+		return confirmationOutcome(m.Status), nil
+	}
+	// Queued: its envelope says when it settles.
+	if p.confEnv == "" {
+		sums, err := st.OutboxSummaries(ctx)
+		if err != nil {
+			return "", err
+		}
+		for _, s := range sums {
+			if s.MessageID == cid {
+				p.confEnv = s.EnvelopeID
+				return confirmationOutcome(s.State), nil
+			}
+		}
+	}
+	// A queued message record whose envelope is gone: written before the carrier moved
+	// a confirmation's message (it never did), its envelope settled and removed by
+	// maintenance (a message record exists only once its envelope is durable).
+	return outcomeConfirmed, nil
+}
+
+// confirmationOutcome is the receipt's outcome for a confirmation whose envelope (or
+// message record) is in state: "" while it is pending (or queued).
+func confirmationOutcome(state string) string {
+	switch state {
+	case record.StateRelayed, record.StatusDelivered: // relayed is both an outbox state and a message status
+		return outcomeConfirmed
+	case record.StateClosed:
+		return outcomeConfClose
+	}
+	return ""
 }
 
 // confirm enqueues (once) the signed delivery-status for p's message envelope.

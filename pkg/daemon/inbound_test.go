@@ -114,6 +114,29 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 		})
 		return terminal == n, fmt.Sprintf("%d terminal", terminal)
 	})
+	// Bob's confirmations are listed as what they are, relayed once relayed (not
+	// queued, 0 attempts); alice's messages as messages.
+	bl, err := cb.Messages(ctx, "", 1000, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bl.Messages) != n {
+		t.Fatalf("bob lists %d messages, want his %d confirmations", len(bl.Messages), n)
+	}
+	for _, m := range bl.Messages {
+		if m.Kind != client.KindConfirmation || m.Status != record.StatusRelayed || m.Attempts != 1 || m.To != string(a.DID()) {
+			t.Fatalf("bob's confirmation as listed: %+v; want a relayed confirmation to alice, 1 attempt", m)
+		}
+	}
+	al, err := ca.Messages(ctx, "", 1000, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range al.Messages {
+		if m.Kind != client.KindMessage {
+			t.Fatalf("alice's message as listed: %+v; want kind message", m)
+		}
+	}
 	// Alice's receipts (of the delivery statuses) are terminal too.
 	eventually(t, 60*time.Second, "alice's receipts terminal", func() (bool, string) {
 		terminal := 0

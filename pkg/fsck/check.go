@@ -887,9 +887,16 @@ func (c *checker) relate(results []result) {
 		}
 	}
 
-	// State rules: each committed message against its members (state.go).
+	// State rules: each committed message against its members (state.go); and a
+	// relayed message that nothing commits any more (maintenance removed its settled
+	// envelopes) against none, for a hold it must not keep.
 	for _, b := range intact {
 		c.addStateFindings(b.ref, messages[b.ref.messageID], b.members)
+	}
+	for _, id := range sortedKeys(messages) {
+		if m := messages[id]; !committed[id] && m.Status == record.StatusRelayed && m.Held != nil {
+			c.addStateFindings(stateRef{messageID: id}, m, nil)
+		}
 	}
 
 	// Receipts: the inbox follower writes a "persisted" receipt and the observation

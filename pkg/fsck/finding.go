@@ -84,13 +84,15 @@ const (
 	// binary refuses the data root until it is fixed. The finding's path is absolute;
 	// not repairable: the action is the fix.
 	CodeDataRootUnsafe Code = "data-root-unsafe"
-	// CodeMessageBehind: a queued message with a committed envelope of kind message
-	// that is relayed (the carrier moves the message to relayed in the transaction
-	// that settles the envelope). Repair moves the message forward to relayed.
+	// CodeMessageBehind: a queued message with a committed envelope that speaks for
+	// it (record.Speaks: of kind message, or a confirmation's delivery-status) that is
+	// relayed (the carrier moves the message to relayed in the transaction that
+	// settles the envelope). Repair moves the message forward to relayed.
 	CodeMessageBehind Code = "message-behind"
-	// CodeMessageNotClosed: a queued or relayed message with a committed envelope of
-	// kind message that is closed (closing an envelope closes its message in the same
-	// transaction). Repair closes the message with the envelope's closer and reason.
+	// CodeMessageNotClosed: a queued or relayed message with a committed envelope
+	// that speaks for it and is closed (closing an envelope closes its message in the
+	// same transaction). Repair closes the message with the envelope's closer and
+	// reason.
 	CodeMessageNotClosed Code = "message-not-closed"
 	// CodeHeldNotOpen: an operator's hold left on a record that is no longer open (an
 	// outbox envelope not pending, a message delivered or closed). Repair clears it.
@@ -98,6 +100,12 @@ const (
 	// CodeHoldIncomplete: a queued or relayed message and its pending envelopes
 	// disagree on the hold (an interrupted hold or release). Repair holds both.
 	CodeHoldIncomplete Code = "hold-incomplete"
+	// CodeHeldWithoutPending: a queued or relayed message still held while none of
+	// its envelopes is pending (all settled or closed, or settled and removed): a hold
+	// never outlives the last pending envelope of its message, whose settlement or
+	// close clears it in the same transaction, and nothing would ever release this
+	// one. Repair clears the hold.
+	CodeHeldWithoutPending Code = "held-without-pending"
 	// CodeCancelIncomplete: a pending envelope of a message closed by cancel (an
 	// interrupted cancel). Repair closes the envelope as the cancel would have.
 	CodeCancelIncomplete Code = "cancel-incomplete"

@@ -863,6 +863,9 @@ func TestStateRepair(t *testing.T) {
 				m.LastError != "refused by the relay: no such recipient" || m.Attempts != 2 {
 				t.Errorf("msg-unclosed: %+v", m)
 			}
+			if m := msg("msg-confirmation-behind"); m.Status != record.StatusRelayed || m.Attempts != 1 {
+				t.Errorf("msg-confirmation-behind: %s, %d attempts; want relayed, 1 (a confirmation's delivery-status speaks for it)", m.Status, m.Attempts)
+			}
 			if o := out("msg-behind/envelope/1"); o.State != record.StatePending {
 				t.Errorf("msg-behind's pending envelope is %s", o.State)
 			}
@@ -877,6 +880,11 @@ func TestStateRepair(t *testing.T) {
 			o := out("msg-half-held/envelope/1")
 			if m.Held == nil || m.Held.Op != record.ActionHold || o.Held == nil || o.State != record.StatePending {
 				t.Errorf("msg-half-held: message held %v, other envelope held %v (%s): the repair must complete the hold", m.Held, o.Held, o.State)
+			}
+			for _, label := range []string{"msg-held-relayed", "msg-held-removed"} {
+				if m := msg(label); m.Held != nil || m.Status != record.StatusRelayed || m.Operator == nil || m.Operator.Op != record.ActionHold {
+					t.Errorf("%s: %+v: the repair must clear the hold that outlived its last pending envelope, and keep the rest", label, m)
+				}
 			}
 			if o := out("msg-half-cancelled/envelope/1"); o.State != record.StateClosed || o.Operator == nil ||
 				o.Operator.Op != record.ActionCancel || o.LastError != "cancelled by operator" {
@@ -897,4 +905,61 @@ func TestStateRepairRefusesAnotherKey(t *testing.T) {
 	if fsfixtures.HashTree(t, dir) != hash {
 		t.Fatal("a repair with another key changed the store")
 	}
+}
+
+// TestStateRepairsAtOnce: two state repairs of one store at once (an operator
+// running fsck twice), many times: each change is decided again on the records its
+// transaction reads, so whichever makes a change first, the other skips it (or finds
+// the store in use); no hold is completed twice or cleared wrongly, and the store ends
+// with nothing to repair.
+func TestStateRepairsAtOnce(t *testing.T) {
+	trials := 6
+	if testing.Short() {
+		trials = 2
+	}
+	opts := fsck.Options{Owner: fsfixtures.OwnerDID(), Signer: fsfixtures.Owner().Signer()}
+	both := 0 // trials in which neither repair found the store in use
+	for trial := range trials {
+		dir := fsfixtures.Build(t, "held-flags")
+		gate := make(chan struct{})
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() {
+				<-gate
+				_, err := fsck.Repair(ctx, dir, opts)
+				errs <- err
+			}()
+		}
+		close(gate)
+		live := 0
+		for range 2 {
+			err := <-errs
+			if err != nil && !errors.Is(err, fsck.ErrLive) {
+				t.Fatalf("trial %d: %v", trial, err)
+			}
+			if err != nil {
+				live++
+			}
+		}
+		if live == 0 {
+			both++
+		}
+		rep := check(t, dir, opts)
+		if rep.Problems() != 0 {
+			t.Fatalf("trial %d: problems after two repairs at once: %+v", trial, rep.Findings)
+		}
+		s, err := store.Open(fsfixtures.Owner().Signer(), store.Options{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, label := range []string{"msg-held-relayed", "msg-held-removed"} {
+			if m, err := store.GetAs[*record.Message](s, fsfixtures.ID(label)); err != nil || m == nil || m.Held != nil || m.Status != record.StatusRelayed {
+				t.Fatalf("trial %d: %s: %+v %v", trial, label, m, err)
+			}
+		}
+		if m, err := store.GetAs[*record.Message](s, fsfixtures.ID("msg-half-held")); err != nil || m == nil || m.Held == nil {
+			t.Fatalf("trial %d: msg-half-held: %+v %v: the hold must be completed", trial, m, err)
+		}
+	}
+	t.Logf("%d trials, both repairs ran to the end in %d", trials, both)
 }

@@ -11,9 +11,11 @@ import (
 
 // The state rules: what a message record and its committed outbox members must agree
 // on, as the store's writers keep them. The carrier settles or closes an envelope and
-// moves its message forward in one transaction (only an envelope of kind message
-// speaks for its message), and an operator's hold, release or cancel changes a
-// message and its pending members together. A message behind its members, or a hold
+// moves its message forward in one transaction (only an envelope that speaks for its
+// message moves it, record.Speaks: one of kind message, or a confirmation's
+// delivery-status), clearing the message's hold with its last pending envelope, and
+// an operator's hold, release or cancel changes a message and its pending members
+// together. A message behind its members, or a hold
 // on only one side, is what a crash between the publications of such a transaction
 // leaves (each is published before its directory's fsync, and either may be lost), or
 // a write lost or undone (a restored backup, a replayed file); a hold on a closed
@@ -31,7 +33,8 @@ type stateRule struct {
 	fixed    record.Record
 }
 
-// stateRef names the records a state rule relates: a message and its batch.
+// stateRef names the records a state rule relates: a message and its batch ("" for a
+// message that no intact batch or single commits any more, whose envelopes are gone).
 type stateRef struct {
 	messageID, batchID string
 }
@@ -81,7 +84,8 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 			}
 		}
 	}
-	switch f := record.MessageFollow(m, members, nowMs); f.Status {
+	f := record.MessageFollow(m, members, nowMs)
+	switch f.Status {
 	case record.StatusClosed:
 		op := record.Path(record.KindOutbox, f.Envelope.EnvelopeID)
 		why := "a " + m.Status + " message whose envelope " + op + " is closed: closing an envelope closes its message in the same transaction"
@@ -110,6 +114,19 @@ func stateRules(m *record.Message, messageID string, members []*record.Outbox, n
 		out = append(out, stateRule{code: CodeMessageBehind, severity: Problem, path: msgPath,
 			why:    "a queued message whose envelope " + record.Path(record.KindOutbox, f.Envelope.EnvelopeID) + " is relayed: settling an envelope as relayed moves its message to relayed in the same transaction",
 			action: "move the message forward to relayed, as the carrier would have", fixed: c})
+	}
+	if f.Unhold {
+		// A hold never outlives the last pending envelope of its message: the
+		// transaction that settles or closes that envelope clears it.
+		c := record.Clone(m).(*record.Message)
+		c.Held = nil
+		why := "a " + m.Status + " message still held while none of its envelopes is pending"
+		if len(members) == 0 {
+			why = "a " + m.Status + " message still held whose envelopes are all settled and removed"
+		}
+		out = append(out, stateRule{code: CodeHeldWithoutPending, severity: Problem, path: msgPath,
+			why:    why + ": nothing is left to hold (settling or closing a message's last pending envelope clears its hold in the same transaction)",
+			action: "clear the hold (the message stays " + m.Status + ")", fixed: c})
 	}
 	// A hold or release changes a message and its pending members together; one side
 	// held alone is an interrupted hold or release. Repair completes the hold: it never
@@ -198,12 +215,19 @@ func (r *repairer) repairState(ctx context.Context, f Finding) error {
 		if err != nil {
 			return err
 		}
-		members, err := tx.Committed(ref.batchID)
-		if err != nil {
+		var members []*record.Outbox
+		if ref.batchID != "" {
+			if members, err = tx.Committed(ref.batchID); err != nil {
+				return err
+			}
+			if members == nil {
+				return errStateGone
+			}
+		} else if gone, err := r.noEnvelopes(ctx, ref.messageID); err != nil || !gone {
+			if err == nil {
+				err = errStateGone
+			}
 			return err
-		}
-		if members == nil {
-			return errStateGone
 		}
 		for _, rule := range stateRules(m, ref.messageID, members, nowMs) {
 			if rule.code == f.Code && rule.path == f.Path && rule.fixed != nil {
@@ -216,4 +240,19 @@ func (r *repairer) repairState(ctx context.Context, f Finding) error {
 		}
 		return errStateGone
 	})
+}
+
+// noEnvelopes reports whether the store holds no outbox record of message id (the
+// case of a state rule decided on a message whose envelopes are gone).
+func (r *repairer) noEnvelopes(ctx context.Context, id string) (bool, error) {
+	sums, err := r.st.OutboxSummaries(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, e := range sums {
+		if e.MessageID == id {
+			return false, nil
+		}
+	}
+	return true, nil
 }

@@ -31,9 +31,38 @@ func CloserOf(o *Outbox, nowMs int64) string {
 	return ""
 }
 
+// Speaks reports whether envelope o speaks for its message, whose committed members
+// are members (o among them): the carrier moves a message only by the envelopes that
+// speak for it. An envelope of kind message speaks; an envelope of kind
+// delivery-status speaks only when no member is of kind message — a confirmation (the
+// delivery-status a recipient's daemon enqueues back, DESIGN §4 steps 10–11) is a
+// message whose one envelope is a delivery-status, and it speaks for itself.
+func Speaks(o *Outbox, members []*Outbox) bool {
+	if o.EnvelopeKind == EnvelopeMessage {
+		return true
+	}
+	for _, x := range members {
+		if x.EnvelopeKind == EnvelopeMessage {
+			return false
+		}
+	}
+	return true
+}
+
+// AnyPending reports whether one of members is pending.
+func AnyPending(members []*Outbox) bool {
+	for _, o := range members {
+		if o.State == StatePending {
+			return true
+		}
+	}
+	return false
+}
+
 // Follow is how a message must move to follow its committed members.
 type Follow struct {
-	// Status is StatusRelayed or StatusClosed; "" when the message is in step.
+	// Status is StatusRelayed or StatusClosed; "" when the message's status is in
+	// step.
 	Status string
 	// ClosedBy (closed) is the closer the envelope implies (CloserOf), "" when it
 	// cannot be told; Reason is the envelope's lastError.
@@ -42,24 +71,32 @@ type Follow struct {
 	Attempts int
 	// Envelope is the member that says so.
 	Envelope *Outbox
+	// Unhold: the message is held and none of its members is pending. A hold never
+	// outlives the last pending envelope of its message: the transaction that settles
+	// or closes that envelope clears the message's hold (closing the message clears it
+	// anyway). A message that closes (Status closed) has its hold cleared with the
+	// close.
+	Unhold bool
 }
 
-// MessageFollow returns how message m must move to follow its committed members, as
-// the carrier moves a message in the transaction that settles or closes the member of
-// kind message that speaks for it (only such a member does): a queued or relayed
+// MessageFollow returns how message m must move to follow its committed members
+// (none when its batch is gone), as the carrier moves a message in the transaction
+// that settles or closes a member that speaks for it (Speaks): a queued or relayed
 // message with such a member closed closes with the member's closer and reason; a
-// queued one with such a member relayed becomes relayed. A crash between the
-// publications of that transaction can leave the message behind (both are published
-// before one directory fsync each, and either may be lost); maintenance brings it
-// forward before it removes the members, and fsck reports it. m nil or in step: the
-// zero Follow.
+// queued one with such a member relayed becomes relayed; and a held one with no
+// member pending loses its hold (Unhold). A crash between the publications of that
+// transaction can leave the message behind (both are published before one directory
+// fsync each, and either may be lost); maintenance brings it forward before it
+// removes the members, and fsck reports it. m nil, delivered or closed, or in step:
+// the zero Follow.
 func MessageFollow(m *Message, members []*Outbox, nowMs int64) Follow {
 	if m == nil || (m.Status != StatusQueued && m.Status != StatusRelayed) {
 		return Follow{}
 	}
+	var f Follow
 	var closed, relayed *Outbox
 	for _, o := range members {
-		if o.EnvelopeKind != EnvelopeMessage {
+		if !Speaks(o, members) {
 			continue
 		}
 		switch {
@@ -71,10 +108,11 @@ func MessageFollow(m *Message, members []*Outbox, nowMs int64) Follow {
 	}
 	switch {
 	case closed != nil:
-		return Follow{Status: StatusClosed, ClosedBy: CloserOf(closed, nowMs), Reason: closed.LastError,
+		f = Follow{Status: StatusClosed, ClosedBy: CloserOf(closed, nowMs), Reason: closed.LastError,
 			Attempts: closed.Attempts, Envelope: closed}
 	case relayed != nil && m.Status == StatusQueued:
-		return Follow{Status: StatusRelayed, Attempts: relayed.Attempts, Envelope: relayed}
+		f = Follow{Status: StatusRelayed, Attempts: relayed.Attempts, Envelope: relayed}
 	}
-	return Follow{}
+	f.Unhold = m.Held != nil && !AnyPending(members)
+	return f
 }
