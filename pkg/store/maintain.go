@@ -192,8 +192,14 @@ func (s *Store) maintainBatch(tx *Tx, id string, rep *MaintenanceReport) (bool, 
 			return wrote, err
 		}
 		return true, nil
-	case f.Status == record.StatusRelayed:
-		msg.Status, msg.Attempts, msg.UpdatedAt = record.StatusRelayed, max(msg.Attempts, f.Attempts), max(now, 1)
+	case f.Status == record.StatusRelayed || f.Unhold:
+		if f.Status == record.StatusRelayed {
+			msg.Status, msg.Attempts = record.StatusRelayed, max(msg.Attempts, f.Attempts)
+		}
+		if f.Unhold {
+			msg.Held = nil // a hold never outlives the message's last pending envelope
+		}
+		msg.UpdatedAt = max(now, 1)
 		if err := tx.Put(msg); err != nil {
 			return wrote, err
 		}

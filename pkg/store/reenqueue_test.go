@@ -3,7 +3,9 @@ package store_test
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
@@ -59,5 +61,86 @@ func TestReenqueueOfAFinishedMessageChangesNothing(t *testing.T) {
 		if p, err := s.Pending(context.Background(), req.MessageID); err != nil || len(p) != 0 {
 			t.Fatalf("%d envelopes: %d dispatchable envelopes after the re-enqueue (%v)", n, len(p), err)
 		}
+	}
+}
+
+// A record a prepared plan writes twice is published once, in its final version: an
+// intermediate version is only a state a crash between two renames could keep. On
+// the old code both versions were renamed in turn.
+func TestPlanPublishesARecordWrittenTwiceOnce(t *testing.T) {
+	var faulty *fsx.Faulty
+	s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS { faulty = fsx.NewFaulty(inner); return faulty }})
+	req, _ := enqueue(t, s, 1)
+	faulty.Reset()
+	err := s.PreparedTransaction(context.Background(), func(tx *store.Tx) error {
+		m, err := store.TxGet[*record.Message](tx, req.MessageID)
+		if err != nil {
+			return err
+		}
+		m.Attempts = 1
+		if err := tx.Put(m); err != nil {
+			return err
+		}
+		m.Attempts = 2
+		return tx.Put(m)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renames := 0
+	for _, op := range faulty.Log() {
+		if op.Kind == fsx.OpRename && op.Path2 == record.Path(record.KindMessages, req.MessageID) {
+			renames++
+		}
+	}
+	if renames != 1 {
+		t.Fatalf("the message record was renamed %d times, want once", renames)
+	}
+	if m, _ := store.GetAs[*record.Message](s, req.MessageID); m == nil || m.Attempts != 2 {
+		t.Fatalf("message after the plan: %+v, want its final version", m)
+	}
+}
+
+// Maintenance ends a hold that outlived its message's last pending envelope: the
+// message-kind envelope of a held two-envelope message was relayed, and maintenance
+// closes the other by its deadline. On the old code the message stayed held.
+func TestMaintenanceEndsAHoldWithTheLastPendingEnvelope(t *testing.T) {
+	clock := newTestClock(time.Now())
+	s := openStore(t, store.Options{Now: clock.Now})
+	req := sendRequest(t, 2) // a message envelope and a delivery-status
+	req.DeliveryDeadline = clock.Now().Add(time.Minute)
+	if _, err := s.Enqueue(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	hold := &record.Action{Op: record.ActionHold, By: "uid:1000", At: clock.Now().UnixMilli()}
+	err := s.PreparedTransaction(context.Background(), func(tx *store.Tx) error {
+		first, err := store.TxGet[*record.Outbox](tx, req.Envelopes[0].EnvelopeID)
+		if err != nil {
+			return err
+		}
+		first.State, first.Attempts = record.StateRelayed, 1
+		second, err := store.TxGet[*record.Outbox](tx, req.Envelopes[1].EnvelopeID)
+		if err != nil {
+			return err
+		}
+		second.Held = hold
+		m, err := store.TxGet[*record.Message](tx, req.MessageID)
+		if err != nil {
+			return err
+		}
+		m.Status, m.Held, m.Attempts = record.StatusRelayed, hold, 1
+		return tx.PutAll(first, second, m)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Minute)
+	maintain(t, s)
+	m, err := s.Message(req.MessageID)
+	if err != nil || m == nil {
+		t.Fatalf("message: %+v %v", m, err)
+	}
+	if m.Held != nil {
+		t.Fatalf("message still held after its last pending envelope closed: %+v", m)
 	}
 }

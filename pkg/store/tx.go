@@ -234,8 +234,7 @@ func (tx *Tx) putAll(last bool, recs []record.Record) error {
 		}
 		w := &write{kind: r.Kind(), id: r.RecordID(), rec: record.Clone(r), last: last}
 		if tx.prepared {
-			tx.writes = append(tx.writes, w)
-			tx.reads[w.path()] = w.rec
+			tx.planWrite(w)
 			continue
 		}
 		ws = append(ws, w)
@@ -252,6 +251,20 @@ func (tx *Tx) putAll(last bool, recs []record.Record) error {
 		err = serr
 	}
 	return err
+}
+
+// planWrite adds w to the plan. A record the plan already writes is written once, in
+// its final version, at the place of the last write (and last if either was): the
+// plan's writes are published together, so an intermediate version is nothing but a
+// state a crash between the two renames could keep.
+func (tx *Tx) planWrite(w *write) {
+	p := w.path()
+	if i := slices.IndexFunc(tx.writes, func(x *write) bool { return x.path() == p }); i >= 0 {
+		w.last = w.last || tx.writes[i].last
+		tx.writes = slices.Delete(tx.writes, i, i+1)
+	}
+	tx.writes = append(tx.writes, w)
+	tx.reads[p] = w.rec
 }
 
 // checkWrite validates r and enforces the write invariants against the stored
@@ -316,8 +329,7 @@ func (tx *Tx) deleteAll(k record.Kind, ids []string) error {
 	}
 	if tx.prepared {
 		for _, w := range ws {
-			tx.writes = append(tx.writes, w)
-			tx.reads[w.path()] = nil
+			tx.planWrite(w)
 		}
 		return nil
 	}
