@@ -108,14 +108,16 @@ func TestConfirmationFinishedAfterMaintenanceAndRestart(t *testing.T) {
 	}
 	cid := confirmationID(env.ID())
 
-	// 1. The message is stored, acknowledged, its confirmation enqueued and not sent.
+	// 1. The message is stored, acknowledged, its confirmation enqueued and tried once,
+	// in vain.
 	d, cancel, done := start(fixedTransport(carrier.Failed))
-	eventually(t, 60*time.Second, "the confirmation enqueued", func() (bool, string) {
+	eventually(t, 60*time.Second, "the confirmation enqueued and tried", func() (bool, string) {
 		r := receiptOf(t, d.Store(), env.ID())
 		if r == nil {
 			return false, "no receipt"
 		}
-		return r.State == record.ReceiptProcessed && len(outboxOf(t, d.Store(), cid)) == 1, r.State
+		sums := outboxOf(t, d.Store(), cid)
+		return r.State == record.ReceiptProcessed && len(sums) == 1 && sums[0].Attempts >= 1, r.State + " " + fmt.Sprint(sums)
 	})
 	stopDaemon(t, cancel, done)
 
