@@ -74,12 +74,29 @@ func (s *Store) preparedTx(ctx context.Context, fn func(tx *Tx) error, check cap
 		if round == maxPlanRounds-1 && !s.optimisticOnly {
 			return s.lockedRound(ctx, fn, check)
 		}
-		plan, err := s.plan(ctx, fn)
+		plan, beside, err := s.plan(ctx, fn)
 		if err != nil {
 			return err
 		}
 		if len(plan.writes) == 0 {
-			return nil
+			// An answer: it may rest on what the leader beside the plan was still
+			// making durable. It is given once that hold is done, and again from a
+			// new plan if a publication of the hold failed.
+			if beside == nil {
+				return nil
+			}
+			if answerWaits != nil {
+				answerWaits()
+			}
+			select {
+			case <-beside.done:
+			case <-ctx.Done():
+				return errcode.New(errcode.OutboxStoreBusy, s.dir, ctx.Err())
+			}
+			if !beside.failed {
+				return nil
+			}
+			continue
 		}
 		if err := s.stage(ctx, plan.writes); err != nil {
 			return err
@@ -97,6 +114,10 @@ func (s *Store) preparedTx(ctx context.Context, fn func(tx *Tx) error, check cap
 	return errcode.New(errcode.OutboxStoreBusy, s.dir, errors.New("the plan was invalidated by concurrent writers in every round"))
 }
 
+// answerWaits, if set (by tests, before the Store is used), runs when an answer waits
+// for the hold it was planned beside.
+var answerWaits func()
+
 // sleepJittered waits a random duration in [d/2, d], or until ctx is done.
 func sleepJittered(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d/2 + rand.N(d/2+1))
@@ -112,15 +133,15 @@ func sleepJittered(ctx context.Context, d time.Duration) error {
 // lockedRound plans fn, stages its writes and publishes them in one lock hold, which
 // no other writer can invalidate.
 func (s *Store) lockedRound(ctx context.Context, fn func(tx *Tx) error, check capacityCheck) error {
-	unlock, lock, err := s.lockStore(ctx)
+	unlock, h, err := s.lockStore(ctx, exclusive)
 	if err != nil {
 		return err
 	}
-	plan, err := s.planLocked(ctx, lock, fn)
+	plan, err := s.planLocked(ctx, h.lock, fn)
 	if err == nil && len(plan.writes) > 0 {
 		if err = s.stage(ctx, plan.writes); err == nil {
 			p := &publication{plan: plan, check: check}
-			s.publishGroup(lock, []*publication{p})
+			s.publishGroup(h.lock, []*publication{p})
 			err = p.err
 			discard(plan.writes)
 		}
@@ -131,20 +152,22 @@ func (s *Store) lockedRound(ctx context.Context, fn func(tx *Tx) error, check ca
 	return err
 }
 
-// plan runs fn under the lock in prepared mode and returns the plan.
-func (s *Store) plan(ctx context.Context, fn func(tx *Tx) error) (*Tx, error) {
-	unlock, lock, err := s.lockStore(ctx)
+// plan runs fn under the lock in prepared mode and returns the plan, and the hold of
+// the group-commit leader it was planned beside (nil: none), which may not have made
+// what the plan read durable yet.
+func (s *Store) plan(ctx context.Context, fn func(tx *Tx) error) (*Tx, *groupHold, error) {
+	unlock, h, err := s.lockStore(ctx, planning)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	tx, err := s.planLocked(ctx, lock, fn)
+	tx, err := s.planLocked(ctx, h.lock, fn)
 	if uerr := unlock(); err == nil {
 		err = uerr
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return tx, nil
+	return tx, h.beside, nil
 }
 
 // planLocked runs fn in prepared mode under the lock the caller holds: it notes the
@@ -186,7 +209,7 @@ func (s *Store) commit(ctx context.Context, p *publication) error {
 
 // leadGroup takes the lock once and publishes every queued publication as one group.
 func (s *Store) leadGroup(ctx context.Context) {
-	unlock, lock, lockErr := s.lockStore(context.WithoutCancel(ctx))
+	unlock, h, lockErr := s.lockStore(context.WithoutCancel(ctx), leading)
 	s.pubMu.Lock()
 	group := s.pubQueue
 	s.pubQueue = nil
@@ -196,7 +219,7 @@ func (s *Store) leadGroup(ctx context.Context) {
 			p.err = lockErr
 		}
 	} else {
-		s.publishGroup(lock, group)
+		h.group.failed = s.publishGroup(h.lock, group)
 		if err := unlock(); err != nil {
 			for _, p := range group {
 				if p.err == nil {
@@ -220,8 +243,10 @@ func (s *Store) leadGroup(ctx context.Context) {
 // publishGroup validates and publishes the plans of group under the lock the caller
 // holds, in two phases: every accepted plan's ordinary writes, then one fsync per
 // directory touched; then the putLast writes of the plans whose first phase
-// succeeded, and one fsync per directory again. Each plan's outcome is its err.
-func (s *Store) publishGroup(lock *lockfile.Lock, group []*publication) {
+// succeeded, and one fsync per directory again. Each plan's outcome is its err. It
+// reports whether a rename, unlink or directory fsync failed: what the hold made
+// visible may then not be durable.
+func (s *Store) publishGroup(lock *lockfile.Lock, group []*publication) (failed bool) {
 	var accepted groupWrites
 	publisher := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]record.Record{}, group: &accepted,
 		marks: marks{s: s}}
@@ -251,12 +276,14 @@ func (s *Store) publishGroup(lock *lockfile.Lock, group []*publication) {
 			}
 			dirs, err := publisher.publish(ws)
 			p.err = err
+			failed = failed || err != nil
 			for d := range dirs {
 				touched[d] = append(touched[d], p)
 			}
 		}
 		for _, d := range sortedKeysOf(touched) {
 			if err := s.fs.SyncDir(d); err != nil {
+				failed = true
 				for _, p := range touched[d] {
 					if p.err == nil {
 						p.err = writeError(d, err)
@@ -265,6 +292,7 @@ func (s *Store) publishGroup(lock *lockfile.Lock, group []*publication) {
 			}
 		}
 	}
+	return failed
 }
 
 // groupWrites is what the plans accepted so far in one group commit write: all of

@@ -35,7 +35,7 @@ func (s *Store) CommitAsOneGroup(ctx context.Context, fns ...func(tx *Tx) error)
 	errs := make([]error, len(fns))
 	var group []*publication
 	for i, fn := range fns {
-		plan, err := s.plan(ctx, fn)
+		plan, _, err := s.plan(ctx, fn)
 		if err == nil {
 			err = s.stage(ctx, plan.writes)
 		}
@@ -43,11 +43,11 @@ func (s *Store) CommitAsOneGroup(ctx context.Context, fns ...func(tx *Tx) error)
 			group = append(group, &publication{plan: plan, done: make(chan struct{}), lead: make(chan struct{})})
 		}
 	}
-	unlock, lock, err := s.lockStore(ctx)
+	unlock, h, err := s.lockStore(ctx, exclusive)
 	if err != nil {
 		panic(err)
 	}
-	s.publishGroup(lock, group)
+	s.publishGroup(h.lock, group)
 	if err := unlock(); err != nil {
 		panic(err)
 	}

@@ -33,7 +33,7 @@ func TestGroupCommitOneHold(t *testing.T) {
 		req := SendRequest{MessageID: uuid.NewString(), PeerOwnerDID: peer, RelayURL: "http://127.0.0.1:9/",
 			DeliveryDeadline: time.Now().Add(time.Hour),
 			Envelopes:        []OutgoingEnvelope{{EnvelopeID: uuid.NewString(), Kind: record.EnvelopeMessage, Envelope: env}}}
-		plan, err := s.plan(ctx, func(tx *Tx) error { _, err := s.planEnqueue(tx, req); return err })
+		plan, _, err := s.plan(ctx, func(tx *Tx) error { _, err := s.planEnqueue(tx, req); return err })
 		if err != nil {
 			t.Fatal(err)
 		}

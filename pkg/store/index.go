@@ -225,7 +225,7 @@ func (s *Store) prepareIndex(ctx context.Context, k record.Kind) (*index, error)
 			return s.answer(k, ix), nil
 		}
 	}
-	unlock, _, err := s.lockStore(ctx)
+	unlock, _, err := s.lockStore(ctx, exclusive)
 	if err != nil {
 		return nil, err
 	}

@@ -147,7 +147,7 @@ type Store struct {
 
 	optimisticOnly bool
 
-	txSem chan struct{} // one lock holder per process at a time
+	lk storeLock // this process's holders of the store lock (lock.go)
 
 	storeDirMade atomic.Bool  // ensureStoreDir made the directory chain durable
 	kindDirs     fsx.DirsMade // the kind directories made durable through s.fs
@@ -191,8 +191,7 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 		return nil, errcode.New(errcode.OutboxStoreInvalid, "owner", err)
 	}
 	s := &Store{owner: owner, ownerKey: key, signer: signer, limits: opts.Limits.withDefaults(),
-		now: opts.Now, retain: opts.Retention, listings: map[record.Kind]*listing{}, indexes: map[record.Kind]*index{},
-		txSem: make(chan struct{}, 1)}
+		now: opts.Now, retain: opts.Retention, listings: map[record.Kind]*listing{}, indexes: map[record.Kind]*index{},}
 	if s.now == nil {
 		s.now = time.Now
 	}

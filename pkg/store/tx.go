@@ -6,7 +6,6 @@ import (
 	"path"
 	"slices"
 	"syscall"
-	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/lockfile"
@@ -64,52 +63,17 @@ func (w *write) path() string { return record.Path(w.kind, w.id) }
 // Transaction fsyncs while holding the lock; hot paths that run concurrently should
 // use PreparedTransaction, which never does.
 func (s *Store) Transaction(ctx context.Context, fn func(tx *Tx) error) error {
-	unlock, lock, err := s.lockStore(ctx)
+	unlock, h, err := s.lockStore(ctx, exclusive)
 	if err != nil {
 		return err
 	}
-	tx := &Tx{s: s, ctx: ctx, lock: lock, reads: map[string]record.Record{}, marks: marks{s: s}}
+	tx := &Tx{s: s, ctx: ctx, lock: h.lock, reads: map[string]record.Record{}, marks: marks{s: s}}
 	err = fn(tx)
 	tx.end()
 	if uerr := unlock(); uerr != nil && err == nil {
 		err = uerr
 	}
 	return err
-}
-
-// lockStore serializes with this process's other lock holders, creates the store
-// directory if needed, and takes the store lock.
-func (s *Store) lockStore(ctx context.Context) (unlock func() error, lock *lockfile.Lock, err error) {
-	start := time.Now()
-	select {
-	case s.txSem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, nil, errcode.New(errcode.OutboxStoreBusy, s.dir, ctx.Err())
-	}
-	release := func() { <-s.txSem }
-	if err := s.ensureStoreDir(); err != nil {
-		release()
-		return nil, nil, err
-	}
-	lock, err = lockfile.Acquire(ctx, s.fs, s.lockOpts)
-	if err != nil {
-		release()
-		return nil, nil, lockError(s.dir, err)
-	}
-	s.lockHolds.Add(1)
-	held := time.Now()
-	s.lockWait.Add(int64(held.Sub(start)))
-	return func() error {
-		err := lock.Unlock()
-		release()
-		if s.lockHeld != nil {
-			s.lockHeld(time.Since(held))
-		}
-		if err != nil {
-			return lockError(s.dir, err)
-		}
-		return nil
-	}, lock, nil
 }
 
 // unpublishedCreates returns how many records of kind k the plans accepted so far in
