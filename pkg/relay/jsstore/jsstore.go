@@ -62,10 +62,25 @@
 // answer any page, and acknowledging is by envelope id. A consumer's
 // ack-pending, redelivery and ack-wait would have to be undone to give that,
 // and one R3 consumer per recipient is one more Raft group per recipient in the
-// cluster. The stream is created without direct get (allow_direct false), so
-// every read goes to the leader and sees every acknowledged Put (a direct get
-// may be answered by a follower that is behind). Status and Expire scan
-// headers only, through an ordered (ephemeral) consumer.
+// cluster. Status and Expire scan headers only, through an ephemeral consumer
+// they delete.
+//
+// # Reads go to the stream leaders
+//
+// Every read whose answer decides something — the record of an id, the
+// allow-list, the inbox pages — goes to the leader of its stream (JetStream's
+// STREAM.MSG.GET, which only the stream's leader answers, once it has
+// processed the writes committed before its election), never to a direct get,
+// which any replica answers: a lagging one with "no record" for a record it has
+// not applied yet (the envelope would be published again), or "not registered"
+// for a recipient just registered (a 403 the carrier takes as final), a hung
+// one with nothing until the request times out (a 503). The stream and both
+// buckets are therefore kept with allow_direct false; nats.go makes buckets
+// with direct gets, so Open turns them off on a bucket it creates and on one an
+// older relay made (nats.go reads through the leader when the stream
+// configuration it last read says allow_direct false). A leader cut off from
+// its quorum may still answer reads until it steps down; JetStream has no
+// leases.
 //
 // # Notifications and the allow-list
 //
@@ -316,37 +331,15 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("jsstore: stream %s takes messages of at most %d bytes, too few for an envelope of %d and its headers; hint: nats stream edit %s --max-msg-size %d",
 			opts.Stream, m, envelope.MaxSize, opts.Stream, envelope.MaxSize+maxHeaderBytes)
 	}
-	kcfg := jetstream.KeyValueConfig{
+	if s.kv, err = openBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket:         opts.Bucket,
 		Description:    "sealbridge relay de-duplication records",
 		History:        1,
 		Storage:        jetstream.FileStorage,
 		Replicas:       opts.Replicas,
 		LimitMarkerTTL: time.Minute,
-	}
-	if s.kv, err = js.KeyValue(ctx, opts.Bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
-		s.kv, err = js.CreateKeyValue(ctx, kcfg)
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			s.kv, err = js.KeyValue(ctx, opts.Bucket)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("jsstore: open bucket %s: %w", opts.Bucket, err)
-	}
-	st, err := s.kv.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("jsstore: open bucket %s: %w", opts.Bucket, err)
-	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok {
-		return nil, fmt.Errorf("jsstore: bucket %s: unexpected status type %T", opts.Bucket, st)
-	}
-	kinfo := bs.StreamInfo()
-	if err := checkDurable("bucket "+opts.Bucket, kinfo.Config.Replicas, opts.SyncAlways); err != nil {
+	}, opts.SyncAlways); err != nil {
 		return nil, err
-	}
-	if !kinfo.Config.AllowMsgTTL || kinfo.Config.Storage != jetstream.FileStorage {
-		return nil, fmt.Errorf("jsstore: bucket %s must have file storage and per-key TTLs (limit_marker_ttl); hint: recreate it or let the relay create it", opts.Bucket)
 	}
 	if s.reg, err = openBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: opts.RecipientsBucket, Description: "sealbridge relay allow-list",
@@ -357,8 +350,10 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// openBucket opens (creating on first use) a plain bucket and checks it as
-// Open checks the others.
+// openBucket opens the bucket of cfg (creating it on first use), turns off
+// direct gets on its stream, and checks it as Open checks the stream. nats.go
+// creates every bucket with direct gets, and buckets of older relays have them;
+// a bucket whose reads could be answered by a lagging replica is not used.
 func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, syncAlways bool) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -370,22 +365,52 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 	if err != nil {
 		return nil, fmt.Errorf("jsstore: open bucket %s: %w", cfg.Bucket, err)
 	}
-	st, err := kv.Status(ctx)
+	info, err := bucketInfo(ctx, kv)
 	if err != nil {
-		return nil, fmt.Errorf("jsstore: open bucket %s: %w", cfg.Bucket, err)
+		return nil, err
 	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok {
-		return nil, fmt.Errorf("jsstore: bucket %s: unexpected status type %T", cfg.Bucket, st)
+	if info.Config.AllowDirect {
+		// Every relay process that finds it on does this; they agree.
+		c := info.Config
+		c.AllowDirect = false
+		if _, err := js.UpdateStream(ctx, c); err != nil {
+			return nil, fmt.Errorf("jsstore: bucket %s allows direct gets, which a lagging replica answers, and turning them off failed: %w; hint: nats stream edit %s --no-allow-direct",
+				cfg.Bucket, err, info.Config.Name)
+		}
+		// bucketInfo re-reads the configuration into the handle: nats.go reads
+		// through the leader's MSG.GET once it holds allow_direct false.
+		if info, err = bucketInfo(ctx, kv); err != nil {
+			return nil, err
+		}
+		if info.Config.AllowDirect {
+			return nil, fmt.Errorf("jsstore: bucket %s: direct gets were turned on again meanwhile (a relay older than this one?); hint: stop it, then nats stream edit %s --no-allow-direct",
+				cfg.Bucket, info.Config.Name)
+		}
 	}
-	info := bs.StreamInfo()
 	if err := checkDurable("bucket "+cfg.Bucket, info.Config.Replicas, syncAlways); err != nil {
 		return nil, err
 	}
 	if info.Config.Storage != jetstream.FileStorage {
 		return nil, fmt.Errorf("jsstore: bucket %s must have file storage; hint: recreate it or let the relay create it", cfg.Bucket)
 	}
+	if cfg.LimitMarkerTTL > 0 && !info.Config.AllowMsgTTL {
+		return nil, fmt.Errorf("jsstore: bucket %s must have per-key TTLs (limit_marker_ttl); hint: recreate it or let the relay create it", cfg.Bucket)
+	}
 	return kv, nil
+}
+
+// bucketInfo reads the configuration and state of kv's stream, which also
+// becomes the configuration the handle's reads follow.
+func bucketInfo(ctx context.Context, kv jetstream.KeyValue) (*jetstream.StreamInfo, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: open bucket %s: %w", kv.Bucket(), err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return nil, fmt.Errorf("jsstore: bucket %s: unexpected status type %T", kv.Bucket(), st)
+	}
+	return bs.StreamInfo(), nil
 }
 
 // Register adds recipient to the allow-list; on return without error it is
