@@ -218,16 +218,14 @@ func TestReadsGoToTheLeaders(t *testing.T) {
 			t.Fatalf("nats.go made bucket %s without direct gets; this test no longer starts from an old bucket", cfg.Bucket)
 		}
 	}
-	// Every JetStream get request of the store, seen on a connection of its own.
-	watch := natstest.Connect(t, c.URLs(1))
-	var mu sync.Mutex
-	gets := map[string]int{}
+	// Every JetStream get request of the store, seen on a connection of its own
+	// to the store's node (a subscription there is in place once Flush returns;
+	// the other nodes learn of it later), delivered into a channel by the
+	// connection's reader (so every request before its Flush is in it).
+	watch := natstest.Connect(t, c.URLs(0))
+	seen := make(chan *nats.Msg, 4096)
 	for _, subj := range []string{"$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.>"} {
-		if _, err := watch.Subscribe(subj, func(m *nats.Msg) {
-			mu.Lock()
-			gets[m.Subject]++
-			mu.Unlock()
-		}); err != nil {
+		if _, err := watch.ChanSubscribe(subj, seen); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -267,8 +265,10 @@ func TestReadsGoToTheLeaders(t *testing.T) {
 	if err := watch.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	gets := map[string]int{}
+	for len(seen) > 0 {
+		gets[(<-seen).Subject]++
+	}
 	for subj, n := range gets {
 		if strings.HasPrefix(subj, "$JS.API.DIRECT.GET.") {
 			t.Errorf("%d direct gets on %s", n, subj)
