@@ -59,8 +59,9 @@
 //     attempt that failed or timed out after the server stored it, or another
 //     process in the middle of the same Put), it is adopted: its headers, not
 //     the caller's arguments, become the record.
-//  3. The record is created (kv.Create). Only then does Put return: the
-//     envelope is durable and fetchable before it is acknowledged.
+//  3. The record is created (kv.Create), bounded by Options.Timeout even if the
+//     caller has gone. Only then does Put return: the envelope is durable and
+//     fetchable before it is acknowledged.
 //
 // A failure or crash between 2 and 3 leaves a message without a record: never
 // acknowledged, but durable and valid, and fetchable — as the file relay
@@ -104,6 +105,17 @@
 // and one R3 consumer per recipient is one more Raft group per recipient in the
 // cluster. Status and Expire scan headers only, through an ephemeral consumer
 // they delete.
+//
+// # Timeouts
+//
+// Every JetStream request made under a context without a deadline (the
+// relay's requests are) is bounded by Options.Timeout (default 5 s); the record
+// write after a publish is bounded by Timeout on its own, detached from the
+// caller's context. So a JetStream request nobody answers (quorum lost, a hung
+// leader) fails within Timeout, an accept stops at its first failure, and the
+// relay answers 503 RELAY_STORAGE_UNAVAILABLE; a quorum lost between an
+// accept's publish and its record costs it one Timeout (the record write) and
+// leaves the message without its record, which the rule above makes safe.
 //
 // # Notifications and the allow-list
 //
@@ -169,6 +181,10 @@ const (
 	DefaultNotify    = "sealbridge.notify"
 	DefaultReplicas  = 3
 	DefaultRetention = 24 * time.Hour
+	// DefaultTimeout bounds each JetStream request (Options.Timeout): the
+	// JetStream client's own default, and well above a healthy cluster's
+	// answer, which comes in milliseconds.
+	DefaultTimeout = 5 * time.Second
 	// MinReplicas is the replication that makes an acknowledged message
 	// survive the loss of one node without sync_interval: always.
 	MinReplicas = 3
@@ -187,8 +203,6 @@ const (
 	// maxRecordTTL bounds the TTL given to a de-duplication record; a record
 	// whose deadline lies further out gets none (it is kept).
 	maxRecordTTL = 100 * 365 * 24 * time.Hour
-	// recordTimeout bounds the record's creation after its message is durable.
-	recordTimeout = 30 * time.Second
 	// recordReaders is how many records a Fetch reads at once.
 	recordReaders = 8
 )
@@ -240,6 +254,11 @@ type Options struct {
 	// record is kept (default DefaultRetention; the file relay keeps its
 	// receipt records as long).
 	Retention time.Duration
+	// Timeout bounds every JetStream request of the Store made under a
+	// context without a deadline, and on its own the record write that follows
+	// a Put's publish, which goes on if the caller goes away (default
+	// DefaultTimeout).
+	Timeout time.Duration
 	// Hooks, for tests, run at fixed points of a Put (nil: none).
 	Hooks *Hooks
 }
@@ -268,6 +287,7 @@ type Store struct {
 	subject   string
 	notify    string
 	retention time.Duration
+	timeout   time.Duration
 	hooks     Hooks
 }
 
@@ -328,11 +348,15 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	if opts.Retention <= 0 {
 		opts.Retention = DefaultRetention
 	}
-	js, err := jetstream.New(nc)
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(opts.Timeout))
 	if err != nil {
 		return nil, fmt.Errorf("jsstore: %w", err)
 	}
-	s := &Store{nc: nc, js: js, subject: opts.Subject, notify: opts.Notify, retention: opts.Retention}
+	s := &Store{nc: nc, js: js, subject: opts.Subject, notify: opts.Notify, retention: opts.Retention,
+		timeout: opts.Timeout}
 	if opts.Hooks != nil {
 		s.hooks = *opts.Hooks
 	}
@@ -607,7 +631,7 @@ func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, dig
 	}
 	// The message is durable: its record must follow whatever the caller does
 	// (a fetch would write it otherwise), so it is bounded on its own.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
 	cur, err := s.commit(rctx, envelopeID, rec)
 	if err != nil {
