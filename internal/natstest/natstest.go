@@ -132,6 +132,51 @@ func (c *Nodes) Start(i int) {
 	})
 }
 
+// WaitReady waits until the running nodes have elected a JetStream meta
+// leader and every one of them names it (MetaLeader), polling with a deadline
+// (readyTimeout): until then a request to create a stream or bucket may wait
+// for its whole timeout. Requests may still fail for a moment afterwards (the
+// leader may not know a restarted node's resources yet, streams elect their
+// own leaders), so callers retry them.
+func (c *Nodes) WaitReady() {
+	c.t.Helper()
+	deadline := time.Now().Add(readyTimeout)
+	tick := time.NewTicker(10 * time.Millisecond) // polling the servers' state, not waiting for an event of ours
+	defer tick.Stop()
+	for {
+		if _, ok := c.MetaLeader(); ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("natstest: no JetStream meta leader known to every running node within %v", readyTimeout)
+		}
+		<-tick.C
+	}
+}
+
+// MetaLeader returns the running node that leads the JetStream meta group and
+// true, if it says so and every running node names it as the leader.
+func (c *Nodes) MetaLeader() (int, bool) {
+	leader, name := -1, ""
+	for i, s := range c.servers {
+		if s == nil {
+			continue
+		}
+		info, err := s.Jsz(nil)
+		if err != nil || info.Meta == nil || info.Meta.Leader == "" || (name != "" && info.Meta.Leader != name) {
+			return -1, false
+		}
+		name = info.Meta.Leader
+		if s.JetStreamIsLeader() {
+			if s.Name() != name {
+				return -1, false
+			}
+			leader = i
+		}
+	}
+	return leader, leader >= 0
+}
+
 // Stop shuts node i down and waits until it has.
 func (c *Nodes) Stop(i int) {
 	c.servers[i].Shutdown()

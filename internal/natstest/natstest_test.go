@@ -1,6 +1,7 @@
 package natstest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -33,7 +34,8 @@ func TestNodeSyncsEveryWrite(t *testing.T) {
 }
 
 // A stopped node started again is the same node on the same port, back in the
-// cluster: an R3 stream, which needs all three nodes, can be created.
+// cluster: once WaitReady returns, every node names the one meta leader, and
+// an R3 stream, which needs all three nodes, can be created.
 func TestClusterStopStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three-node cluster: a few seconds")
@@ -41,6 +43,16 @@ func TestClusterStopStart(t *testing.T) {
 	c := Cluster(t, 3)
 	c.Stop(2)
 	c.Start(2)
+	c.WaitReady()
+	leader, ok := c.MetaLeader()
+	if !ok {
+		t.Fatal("no meta leader known to every node after WaitReady")
+	}
+	for i, s := range c.servers {
+		if info, err := s.Jsz(nil); err != nil || info.Meta == nil || info.Meta.Leader != fmt.Sprintf("n%d", leader) {
+			t.Errorf("node %d: meta %+v, %v; want leader n%d", i, info.Meta, err, leader)
+		}
+	}
 	nc := Connect(t, c.URL(2))
 	if got := nc.ConnectedServerName(); got != "n2" {
 		t.Fatalf("URL(2) reached %q, want n2", got)
@@ -51,9 +63,9 @@ func TestClusterStopStart(t *testing.T) {
 	}
 	ctx := t.Context()
 	deadline := time.Now().Add(60 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond) // polling an election with a deadline
+	tick := time.NewTicker(20 * time.Millisecond) // polling the placement with a deadline
 	defer tick.Stop()
-	for { // the cluster elects its meta leader after the restart
+	for { // the meta leader may not have the restarted node's resources yet
 		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}, Replicas: 3})
 		if err == nil {
 			break

@@ -7,10 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/natstest"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -142,5 +145,154 @@ func TestJetStreamNotDurableRefused(t *testing.T) {
 	if !errors.Is(err, jsstore.ErrNotDurable) || !strings.Contains(err.Error(), "sync_interval: always") ||
 		!strings.Contains(err.Error(), "replicas") {
 		t.Fatalf("New on an unreplicated, unsynced stream: %v", err)
+	}
+}
+
+// The issue's chaos run on an in-process three-node cluster (R3): the cluster
+// loses quorum (two nodes stopped) between an accept's publish and its record.
+// The accept answers 503 RELAY_STORAGE_UNAVAILABLE within the store's timeout
+// (not 30 s); quorum comes back; the recipient fetches the envelope and
+// acknowledges it; the carrier's retry of the same envelope is answered with
+// the receipt of the first attempt (its receivedAt); and the recipient never
+// sees the envelope again. Fails on the old code, where the retry found no
+// record, published the envelope again and the recipient fetched it twice.
+func TestQuorumLossMidAcceptServedOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three-node cluster, stopped and restarted: several seconds")
+	}
+	c := natstest.Cluster(t, 3)
+	c.WaitReady()
+	var target atomic.Pointer[string] // the envelope whose accept loses quorum
+	var once sync.Once
+	lost := make(chan time.Time, 1)
+	hooks := &jsstore.Hooks{AfterPublish: func(id string) {
+		if p := target.Load(); p != nil && *p == id {
+			once.Do(func() {
+				c.Stop(1)
+				c.Stop(2)
+				lost <- time.Now()
+			})
+		}
+	}}
+	const timeout = time.Second
+	e := &env{t: t, home: t.TempDir(), clock: newFakeClock(time.UnixMilli(1_767_225_600_000)), relID: ident(t, 9),
+		backend: jetStreamBackend}
+	o := relay.Options{Identity: e.relID, Home: e.home, Now: e.clock.Now, Logger: quiet,
+		JetStream:        natstest.Connect(t, c.URLs(0)),
+		JetStreamOptions: jsstore.Options{Timeout: timeout, Hooks: hooks}}
+	until(t, "the relay opens on the cluster", func() bool {
+		r, err := relay.New(o)
+		if err == nil {
+			e.relay = r
+		}
+		return err == nil
+	})
+	e.srv = httptest.NewServer(e.relay.Handler())
+	t.Cleanup(func() { e.srv.Close(); e.relay.Close() })
+	e.client = &relayproto.Client{BaseURL: e.srv.URL, Now: e.clock.Now}
+	bob := ident(t, 2)
+	ctx := context.Background()
+	_, warm := e.message(bob.DID()) // the stream and buckets have leaders
+	until(t, "a first accept", func() bool { s, _, _ := e.post(warm); return s == 200 })
+
+	en, data := e.message(bob.DID())
+	target.Store(new(en.ID()))
+	acceptedAt := e.clock.Now()
+	var status int
+	var body []byte
+	var lostAt time.Time
+	until(t, "the accept gets past its publish", func() bool {
+		status, body, _ = e.post(data)
+		select {
+		case lostAt = <-lost:
+			return true
+		default:
+			return false // failed before its publish (a slow cluster): the carrier retries
+		}
+	})
+	answered := time.Since(lostAt)
+	wantCode(t, status, body, 503, relayproto.CodeRelayStorageUnavailable)
+	t.Logf("503 %v after quorum was lost mid-accept (store timeout %v)", answered.Round(time.Millisecond), timeout)
+	if answered > 10*timeout {
+		t.Fatalf("the accept answered %v after quorum was lost; its record write must be bounded by the store's timeout %v", answered, timeout)
+	}
+	// Quorum comes back without node 0: a record write node 0 took as a leader
+	// of the records (a stepping-down node hands its leadership over) and
+	// could not commit would be committed once the others are back; nodes 1
+	// and 2 alone elect a leader that has not got it, so it never is, as when
+	// the leader is the node killed. The message, committed on two nodes, is
+	// on one of them.
+	c.Stop(0)
+	c.Start(1)
+	c.Start(2)
+	// What the issue saw: the message is stored, its record is not.
+	var st *jsstore.Store
+	until(t, "a store opens on the cluster again", func() bool {
+		var err error
+		st, err = jsstore.Open(ctx, natstest.Connect(t, c.URLs(1)), jsstore.Options{Timeout: timeout})
+		return err == nil
+	})
+	var recorded bool
+	until(t, "the record is read", func() bool {
+		_, ok, err := st.Lookup(ctx, en.ID())
+		recorded = ok
+		return err == nil
+	})
+	if recorded {
+		t.Fatal("the accept's record was written after all; the test did not fail it")
+	}
+
+	// The recipient fetches from the start until the envelope shows, and acks it.
+	fetched := 0 // how many times a page served the envelope
+	fetch := func() bool {
+		page, err := e.client.Fetch(ctx, bob, "", 0)
+		if err != nil {
+			return false
+		}
+		for _, pe := range page.Envelopes {
+			if pe.EnvelopeID == en.ID() {
+				fetched++
+			}
+		}
+		return true
+	}
+	until(t, "the recipient fetches the envelope", func() bool { return fetch() && fetched > 0 })
+	until(t, "the recipient acknowledges it", func() bool {
+		_, err := e.client.Ack(ctx, bob, []string{en.ID()})
+		return err == nil // 0 removed when a failed attempt was applied after all
+	})
+
+	// The carrier's retry, later: the receipt of the first attempt.
+	e.clock.Add(time.Minute)
+	var receipt []byte
+	until(t, "the carrier's retry is answered", func() bool {
+		status, receipt, _ = e.post(data)
+		return status == 200
+	})
+	until(t, "a fetch after the retry", fetch)
+	if fetched != 1 {
+		t.Fatalf("the recipient fetched the envelope %d times, want once", fetched)
+	}
+	rc, err := envelope.ParseRelayReceipt(receipt)
+	if err != nil || !rc.Matches(en.ID(), en.Digest()) || !rc.ReceivedAt.Equal(acceptedAt) {
+		t.Fatalf("receipt of the retry: %+v, %v; want receivedAt %v, the first attempt's", rc, err, acceptedAt)
+	}
+	if d := e.relay.Stats().Duplicates; d != 1 {
+		t.Fatalf("%d duplicates, want the retry's", d)
+	}
+}
+
+// until polls cond until it holds, failing the test after a minute; for a
+// cluster electing its leaders (not a wait for an event of the test's own).
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within a minute", what)
+		}
+		<-tick.C
 	}
 }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -29,6 +31,7 @@ func TestClusterTwoRelaysNodeRestart(t *testing.T) {
 		t.Skip("three-node cluster: a few seconds")
 	}
 	c := natstest.Cluster(t, 3)
+	c.WaitReady()
 	stores := []*jsstore.Store{
 		openRetry(t, natstest.Connect(t, c.URLs(0)), jsstore.Options{}),
 		openRetry(t, natstest.Connect(t, c.URLs(1)), jsstore.Options{}),
@@ -177,18 +180,136 @@ func fetchAllRetry(t *testing.T, stores []*jsstore.Store, to identity.DID) []str
 // openRetry opens a Store, retrying while the cluster elects its leaders.
 func openRetry(t *testing.T, nc *nats.Conn, opts jsstore.Options) *jsstore.Store {
 	t.Helper()
+	var st *jsstore.Store
+	retry(t, func(ctx context.Context) (err error) {
+		st, err = jsstore.Open(ctx, nc, opts)
+		return err
+	})
+	return st
+}
+
+// On an R3 cluster, buckets made as nats.go makes them (with direct gets, as an
+// older relay left them) are changed at Open to allow_direct false, and every
+// read of the store — records, the allow-list, inbox pages — is a
+// STREAM.MSG.GET, which only a stream's leader answers, never a direct get,
+// which any replica answers (a lagging one with "no record"). Fails on the old
+// code, whose buckets kept direct gets.
+func TestReadsGoToTheLeaders(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three-node cluster: a few seconds")
+	}
+	c := natstest.Cluster(t, 3)
+	c.WaitReady()
+	nc := natstest.Connect(t, c.URLs(0))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The buckets as an older relay created them.
+	for _, cfg := range []jetstream.KeyValueConfig{
+		{Bucket: jsstore.DefaultBucket, History: 1, Storage: jetstream.FileStorage, Replicas: 3, LimitMarkerTTL: time.Minute},
+		{Bucket: jsstore.DefaultRecipientsBucket, History: 1, Storage: jetstream.FileStorage, Replicas: 3},
+	} {
+		retry(t, func(ctx context.Context) error {
+			_, err := js.CreateKeyValue(ctx, cfg)
+			return err
+		})
+		if !streamConfig(t, js, "KV_"+cfg.Bucket).AllowDirect {
+			t.Fatalf("nats.go made bucket %s without direct gets; this test no longer starts from an old bucket", cfg.Bucket)
+		}
+	}
+	// Every JetStream get request of the store, seen on a connection of its own
+	// to the store's node (a subscription there is in place once Flush returns;
+	// the other nodes learn of it later), delivered into a channel by the
+	// connection's reader (so every request before its Flush is in it).
+	watch := natstest.Connect(t, c.URLs(0))
+	seen := make(chan *nats.Msg, 4096)
+	for _, subj := range []string{"$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.>"} {
+		if _, err := watch.ChanSubscribe(subj, seen); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	st := openRetry(t, nc, jsstore.Options{})
+	for _, b := range []string{jsstore.DefaultBucket, jsstore.DefaultRecipientsBucket} {
+		if streamConfig(t, js, "KV_"+b).AllowDirect {
+			t.Fatalf("bucket %s still allows direct gets after Open", b)
+		}
+	}
+	w := newWire("leader reads")
+	var h jsstore.Held
+	retry(t, func(ctx context.Context) (err error) {
+		h, _, err = st.Put(ctx, bob, w.id, w.digest, w.data, t0, t0.Add(time.Hour))
+		return err
+	})
+	if got, ok, err := st.Lookup(context.Background(), w.id); err != nil || !ok || got != h {
+		t.Fatalf("Lookup = %+v, %t, %v; want %+v", got, ok, err, h)
+	}
+	if h2, dup, err := st.Put(context.Background(), bob, w.id, w.digest, w.data, t0, t0.Add(time.Hour)); err != nil || !dup || h2 != h {
+		t.Fatalf("Put again = %+v, %t, %v", h2, dup, err)
+	}
+	retry(t, func(ctx context.Context) error { return st.Register(ctx, bob) })
+	if ok, err := st.Registered(context.Background(), bob); err != nil || !ok {
+		t.Fatalf("Registered = %t, %v", ok, err)
+	}
+	if got := fetchAllRetry(t, []*jsstore.Store{st, st}, bob); !slices.Equal(got, []string{w.id}) {
+		t.Fatalf("inbox = %v", got)
+	}
+	// The watcher has seen every request sent before this round trip of its own.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	gets := map[string]int{}
+	for len(seen) > 0 {
+		gets[(<-seen).Subject]++
+	}
+	for subj, n := range gets {
+		if strings.HasPrefix(subj, "$JS.API.DIRECT.GET.") {
+			t.Errorf("%d direct gets on %s", n, subj)
+		}
+	}
+	for _, want := range []string{"KV_" + jsstore.DefaultBucket, "KV_" + jsstore.DefaultRecipientsBucket, jsstore.DefaultStream} {
+		if gets["$JS.API.STREAM.MSG.GET."+want] == 0 {
+			t.Errorf("no leader get on %s (seen: %v)", want, gets)
+		}
+	}
+}
+
+// streamConfig reads the configuration of stream name.
+func streamConfig(t *testing.T, js jetstream.JetStream, name string) jetstream.StreamConfig {
+	t.Helper()
+	var info *jetstream.StreamInfo
+	retry(t, func(ctx context.Context) error {
+		s, err := js.Stream(ctx, name)
+		if err == nil {
+			info, err = s.Info(ctx)
+		}
+		return err
+	})
+	return info.Config
+}
+
+// retry runs fn until it succeeds, while the cluster elects its leaders.
+func retry(t *testing.T, fn func(ctx context.Context) error) {
+	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	tick := time.NewTicker(50 * time.Millisecond) // polling a cluster that is electing; not waiting for an event of ours
 	defer tick.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, err := jsstore.Open(ctx, nc, opts)
+		err := fn(ctx)
 		cancel()
 		if err == nil {
-			return st
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("open on the cluster: %v", err)
+			t.Fatalf("on the cluster: %v", err)
 		}
 		<-tick.C
 	}

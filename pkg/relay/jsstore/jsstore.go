@@ -17,13 +17,37 @@
 //
 // One key-value bucket (default SEALBRIDGE_RECEIPTS) holds the de-duplication
 // record of every accepted envelope, keyed by envelopeId: digest, recipient,
-// receivedAt, deadline and the stream sequence. It is the commit point of an
-// accept and the relay's receipt is a function of it. It is created with
-// compare-and-set (kv.Create), so two relay processes racing on one id agree on
-// one record, and it carries a per-key TTL of deadline + retention (at least
-// retention), so it lasts as long as the file relay's receipt records do —
-// JetStream's own Nats-Msg-Id de-duplication only covers a window of two
-// minutes, and a carrier retries for days.
+// receivedAt, deadline and the stream sequence of the one message it names. It
+// is the commit point of an accept and the relay's receipt is a function of it.
+// It is created with compare-and-set (kv.Create), so two relay processes racing
+// on one id agree on one record, it is never changed afterwards, and it carries
+// a per-key TTL of deadline + retention (at least retention), so it lasts as
+// long as the file relay's receipt records do — JetStream's own Nats-Msg-Id
+// de-duplication only covers a window of two minutes, and a carrier retries for
+// days.
+//
+// # The rule: a message is served only as its record names it
+//
+// Fetch serves a message only if the record of its id exists and names that
+// message's stream sequence; a message without a record (an accept that
+// published it and then failed or crashed before its record) gets its record
+// from Fetch first, made from its headers with the same compare-and-set, and a
+// message its record does not name is never served (and is removed). Ack makes
+// sure the record exists the same way before it deletes the message. Put
+// answers any id that has a record as held (duplicate, or ErrConflict) and
+// never publishes for it. A record names one sequence forever, and a deleted
+// message's sequence never comes back, so an envelope a recipient acknowledged
+// is never served again while its record lasts (deadline + retention), and
+// after that the relay does not serve it either (its deadline is past), whatever
+// failed or interleaved: a publish whose record write failed, a retried accept
+// at another process, a fetch and an ack between another accept's lookup and
+// its publish (that publish then stores a message no record names: never
+// served, removed by that Put, or by a Fetch, or at its deadline), or the
+// expiry pass. Every decision to serve or to publish rests on a record found
+// or on a compare-and-set, never on a record not found, so a read that is
+// behind cannot break it. Records are not raised to a terminal state on ack:
+// existence decides, and a record that never changes reads the same from any
+// replica once it is there.
 //
 // # Order of a Put, and what a crash leaves
 //
@@ -31,41 +55,67 @@
 //     digest → ErrConflict. Nothing is written.
 //  2. The message is published with "expected last sequence 0" for its subject
 //     (recipient and id), a compare-and-set on the stream: at most one message
-//     per recipient and id ever waits. If one is already there (an earlier
-//     attempt that crashed or timed out after the server stored it, or another
+//     per recipient and id waits at a time. If one is already there (an earlier
+//     attempt that failed or timed out after the server stored it, or another
 //     process in the middle of the same Put), it is adopted: its headers, not
 //     the caller's arguments, become the record.
-//  3. The record is created (kv.Create). Only then does Put return: the
-//     envelope is durable and fetchable before it is acknowledged.
+//  3. The record is created (kv.Create), bounded by Options.Timeout even if the
+//     caller has gone. Only then does Put return: the envelope is durable and
+//     fetchable before it is acknowledged.
 //
-// A crash between 2 and 3 leaves a message without a record: never
+// A failure or crash between 2 and 3 leaves a message without a record: never
 // acknowledged, but durable and valid, and fetchable — as the file relay
-// completes an envelope file without a receipt record at start. The carrier's
-// retry (or any other Put of that envelope) adopts the message and writes the
-// record, so the envelope is answered with one receipt and held once. The
-// opposite order (record first) could leave a record without a message after a
-// crash, which de-duplication would then answer as held: acknowledged but not
-// fetchable. The one case that holds a message nobody will acknowledge is an
-// id sent to two recipients with two digests: the record names one, the loser
-// deletes its own message, and if the loser crashes first its message waits
-// until its deadline (Expire).
+// completes an envelope file without a receipt record at start. Whichever comes
+// first, the carrier's retry (which adopts the message) or a Fetch or an Ack of
+// the recipient, writes its record, so the envelope is answered with one
+// receipt and served as one message. The opposite order (record first) could
+// leave a record without a message after a crash, which de-duplication would
+// then answer as held: acknowledged but not fetchable. An id sent to two
+// recipients with two digests gets one record; the loser's message is never
+// served and is deleted by its Put (or, if that fails, by a Fetch or Expire).
+//
+// # Reads go to the stream leaders
+//
+// Every read whose answer decides something — the record of an id, the
+// allow-list, the inbox pages — goes to the leader of its stream (JetStream's
+// STREAM.MSG.GET, which only the stream's leader answers, once it has
+// processed the writes committed before its election), never to a direct get,
+// which any replica answers: a lagging one with "no record" for a record it has
+// not applied yet, or "not registered" for a recipient just registered (a 403
+// the carrier takes as final), a hung one with nothing until the request times
+// out (a 503). The stream and both buckets are therefore kept with
+// allow_direct false; nats.go makes buckets with direct gets, so Open turns
+// them off on a bucket it creates and on one an older relay made (nats.go reads
+// through the leader when the stream configuration it last read says
+// allow_direct false). De-duplication does not depend on it (the rule above),
+// but its requests no longer fail with a replica. A leader cut off from its
+// quorum may still answer reads until it steps down; JetStream has no leases.
 //
 // # Reads: per-subject gets, not a consumer per recipient
 //
 // Fetch reads the recipient's messages after the cursor with per-subject gets
-// (the stream's MSG.GET with next_by_subj, answered by the stream leader), Ack
-// finds a message by its subject (recipient and id) and deletes it. A durable
-// pull consumer per recipient was the alternative; it is not used because the
+// (the stream's MSG.GET with next_by_subj), then their records, Ack finds a
+// message by its subject (recipient and id) and deletes it. A durable pull
+// consumer per recipient was the alternative; it is not used because the
 // relay's inbox protocol is a cursor the recipient holds, not delivery state
 // the server holds: a recipient that fetches again from an older cursor (after
 // a crash before its ack) must see the same envelopes, any relay process must
 // answer any page, and acknowledging is by envelope id. A consumer's
 // ack-pending, redelivery and ack-wait would have to be undone to give that,
 // and one R3 consumer per recipient is one more Raft group per recipient in the
-// cluster. The stream is created without direct get (allow_direct false), so
-// every read goes to the leader and sees every acknowledged Put (a direct get
-// may be answered by a follower that is behind). Status and Expire scan
-// headers only, through an ordered (ephemeral) consumer.
+// cluster. Status and Expire scan headers only, through an ephemeral consumer
+// they delete.
+//
+// # Timeouts
+//
+// Every JetStream request made under a context without a deadline (the
+// relay's requests are) is bounded by Options.Timeout (default 5 s); the record
+// write after a publish is bounded by Timeout on its own, detached from the
+// caller's context. So a JetStream request nobody answers (quorum lost, a hung
+// leader) fails within Timeout, an accept stops at its first failure, and the
+// relay answers 503 RELAY_STORAGE_UNAVAILABLE; a quorum lost between an
+// accept's publish and its record costs it one Timeout (the record write) and
+// leaves the message without its record, which the rule above makes safe.
 //
 // # Notifications and the allow-list
 //
@@ -109,6 +159,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -130,6 +181,10 @@ const (
 	DefaultNotify    = "sealbridge.notify"
 	DefaultReplicas  = 3
 	DefaultRetention = 24 * time.Hour
+	// DefaultTimeout bounds each JetStream request (Options.Timeout): the
+	// JetStream client's own default, and well above a healthy cluster's
+	// answer, which comes in milliseconds.
+	DefaultTimeout = 5 * time.Second
 	// MinReplicas is the replication that makes an acknowledged message
 	// survive the loss of one node without sync_interval: always.
 	MinReplicas = 3
@@ -148,8 +203,8 @@ const (
 	// maxRecordTTL bounds the TTL given to a de-duplication record; a record
 	// whose deadline lies further out gets none (it is kept).
 	maxRecordTTL = 100 * 365 * 24 * time.Hour
-	// recordTimeout bounds the record's creation after its message is durable.
-	recordTimeout = 30 * time.Second
+	// recordReaders is how many records a Fetch reads at once.
+	recordReaders = 8
 )
 
 // Message headers.
@@ -199,6 +254,25 @@ type Options struct {
 	// record is kept (default DefaultRetention; the file relay keeps its
 	// receipt records as long).
 	Retention time.Duration
+	// Timeout bounds every JetStream request of the Store made under a
+	// context without a deadline, and on its own the record write that follows
+	// a Put's publish, which goes on if the caller goes away (default
+	// DefaultTimeout).
+	Timeout time.Duration
+	// Hooks, for tests, run at fixed points of a Put (nil: none).
+	Hooks *Hooks
+}
+
+// Hooks are called at fixed points of a Put, so that a test can fail the
+// cluster or run another operation exactly there. They run on the Put's
+// goroutine; nil fields are skipped.
+type Hooks struct {
+	// BeforePublish runs after the record lookup found none, before the
+	// message is published.
+	BeforePublish func(envelopeID string)
+	// AfterPublish runs once the message is durable (published or adopted),
+	// before its record is created.
+	AfterPublish func(envelopeID string)
 }
 
 // Store is a JetStream-backed set of relay inboxes. It is safe for concurrent
@@ -213,6 +287,8 @@ type Store struct {
 	subject   string
 	notify    string
 	retention time.Duration
+	timeout   time.Duration
+	hooks     Hooks
 }
 
 // Held is an envelope the store holds (or held: its record outlives the
@@ -272,11 +348,18 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	if opts.Retention <= 0 {
 		opts.Retention = DefaultRetention
 	}
-	js, err := jetstream.New(nc)
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(opts.Timeout))
 	if err != nil {
 		return nil, fmt.Errorf("jsstore: %w", err)
 	}
-	s := &Store{nc: nc, js: js, subject: opts.Subject, notify: opts.Notify, retention: opts.Retention}
+	s := &Store{nc: nc, js: js, subject: opts.Subject, notify: opts.Notify, retention: opts.Retention,
+		timeout: opts.Timeout}
+	if opts.Hooks != nil {
+		s.hooks = *opts.Hooks
+	}
 	scfg := jetstream.StreamConfig{
 		Name:        opts.Stream,
 		Description: "sealbridge relay inbox envelopes",
@@ -316,37 +399,15 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("jsstore: stream %s takes messages of at most %d bytes, too few for an envelope of %d and its headers; hint: nats stream edit %s --max-msg-size %d",
 			opts.Stream, m, envelope.MaxSize, opts.Stream, envelope.MaxSize+maxHeaderBytes)
 	}
-	kcfg := jetstream.KeyValueConfig{
+	if s.kv, err = openBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket:         opts.Bucket,
 		Description:    "sealbridge relay de-duplication records",
 		History:        1,
 		Storage:        jetstream.FileStorage,
 		Replicas:       opts.Replicas,
 		LimitMarkerTTL: time.Minute,
-	}
-	if s.kv, err = js.KeyValue(ctx, opts.Bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
-		s.kv, err = js.CreateKeyValue(ctx, kcfg)
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			s.kv, err = js.KeyValue(ctx, opts.Bucket)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("jsstore: open bucket %s: %w", opts.Bucket, err)
-	}
-	st, err := s.kv.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("jsstore: open bucket %s: %w", opts.Bucket, err)
-	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok {
-		return nil, fmt.Errorf("jsstore: bucket %s: unexpected status type %T", opts.Bucket, st)
-	}
-	kinfo := bs.StreamInfo()
-	if err := checkDurable("bucket "+opts.Bucket, kinfo.Config.Replicas, opts.SyncAlways); err != nil {
+	}, opts.SyncAlways); err != nil {
 		return nil, err
-	}
-	if !kinfo.Config.AllowMsgTTL || kinfo.Config.Storage != jetstream.FileStorage {
-		return nil, fmt.Errorf("jsstore: bucket %s must have file storage and per-key TTLs (limit_marker_ttl); hint: recreate it or let the relay create it", opts.Bucket)
 	}
 	if s.reg, err = openBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: opts.RecipientsBucket, Description: "sealbridge relay allow-list",
@@ -357,8 +418,10 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// openBucket opens (creating on first use) a plain bucket and checks it as
-// Open checks the others.
+// openBucket opens the bucket of cfg (creating it on first use), turns off
+// direct gets on its stream, and checks it as Open checks the stream. nats.go
+// creates every bucket with direct gets, and buckets of older relays have them;
+// a bucket whose reads could be answered by a lagging replica is not used.
 func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, syncAlways bool) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -370,22 +433,52 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 	if err != nil {
 		return nil, fmt.Errorf("jsstore: open bucket %s: %w", cfg.Bucket, err)
 	}
-	st, err := kv.Status(ctx)
+	info, err := bucketInfo(ctx, kv)
 	if err != nil {
-		return nil, fmt.Errorf("jsstore: open bucket %s: %w", cfg.Bucket, err)
+		return nil, err
 	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok {
-		return nil, fmt.Errorf("jsstore: bucket %s: unexpected status type %T", cfg.Bucket, st)
+	if info.Config.AllowDirect {
+		// Every relay process that finds it on does this; they agree.
+		c := info.Config
+		c.AllowDirect = false
+		if _, err := js.UpdateStream(ctx, c); err != nil {
+			return nil, fmt.Errorf("jsstore: bucket %s allows direct gets, which a lagging replica answers, and turning them off failed: %w; hint: nats stream edit %s --no-allow-direct",
+				cfg.Bucket, err, info.Config.Name)
+		}
+		// bucketInfo re-reads the configuration into the handle: nats.go reads
+		// through the leader's MSG.GET once it holds allow_direct false.
+		if info, err = bucketInfo(ctx, kv); err != nil {
+			return nil, err
+		}
+		if info.Config.AllowDirect {
+			return nil, fmt.Errorf("jsstore: bucket %s: direct gets were turned on again meanwhile (a relay older than this one?); hint: stop it, then nats stream edit %s --no-allow-direct",
+				cfg.Bucket, info.Config.Name)
+		}
 	}
-	info := bs.StreamInfo()
 	if err := checkDurable("bucket "+cfg.Bucket, info.Config.Replicas, syncAlways); err != nil {
 		return nil, err
 	}
 	if info.Config.Storage != jetstream.FileStorage {
 		return nil, fmt.Errorf("jsstore: bucket %s must have file storage; hint: recreate it or let the relay create it", cfg.Bucket)
 	}
+	if cfg.LimitMarkerTTL > 0 && !info.Config.AllowMsgTTL {
+		return nil, fmt.Errorf("jsstore: bucket %s must have per-key TTLs (limit_marker_ttl); hint: recreate it or let the relay create it", cfg.Bucket)
+	}
 	return kv, nil
+}
+
+// bucketInfo reads the configuration and state of kv's stream, which also
+// becomes the configuration the handle's reads follow.
+func bucketInfo(ctx context.Context, kv jetstream.KeyValue) (*jetstream.StreamInfo, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: open bucket %s: %w", kv.Bucket(), err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return nil, fmt.Errorf("jsstore: bucket %s: unexpected status type %T", kv.Bucket(), st)
+	}
+	return bs.StreamInfo(), nil
 }
 
 // Register adds recipient to the allow-list; on return without error it is
@@ -498,6 +591,9 @@ func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, dig
 	rkey := RecipientKey(recipient)
 	subj := s.envelopeSubject(rkey, envelopeID)
 	rec := &record{Digest: digest, Recipient: rkey, ReceivedAt: receivedAt.UnixMilli(), Deadline: deadline.UnixMilli()}
+	if s.hooks.BeforePublish != nil {
+		s.hooks.BeforePublish(envelopeID)
+	}
 	msg := nats.NewMsg(subj)
 	msg.Data = wire
 	msg.Header.Set(hdrID, envelopeID)
@@ -511,6 +607,16 @@ func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, dig
 	case isWrongLastSeq(err):
 		// A message for this recipient and id is there already: adopt it.
 		m, gerr := s.stream.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			// Removed since: acknowledged (whose ack wrote the record), or a
+			// loser's removed by the Put that won. The record decides.
+			if cur, err := s.getRecord(ctx, envelopeID); err != nil || cur != nil {
+				if err != nil {
+					return Held{}, false, err
+				}
+				return s.existing(envelopeID, digest, cur)
+			}
+		}
 		if gerr != nil {
 			return Held{}, false, fmt.Errorf("jsstore: read the waiting message of %s: %w", envelopeID, gerr)
 		}
@@ -520,37 +626,25 @@ func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, dig
 	default:
 		return Held{}, false, fmt.Errorf("jsstore: publish %s: %w", envelopeID, err)
 	}
-	value, err := json.Marshal(rec)
-	if err != nil {
-		return Held{}, false, fmt.Errorf("jsstore: encode record of %s: %w", envelopeID, err)
-	}
-	// The record outlives the deadline by the retention; a deadline so far out that
-	// the server's TTL arithmetic could overflow (and expire it at once) keeps it.
-	var ttlOpt []jetstream.KVCreateOpt
-	if ttl := time.UnixMilli(rec.Deadline).Add(s.retention).Sub(time.UnixMilli(rec.ReceivedAt)); ttl > 0 && ttl <= maxRecordTTL {
-		ttlOpt = append(ttlOpt, jetstream.KeyTTL(max(ttl, s.retention).Truncate(time.Second)+time.Second))
+	if s.hooks.AfterPublish != nil {
+		s.hooks.AfterPublish(envelopeID)
 	}
 	// The message is durable: its record must follow whatever the caller does
-	// (a client gone mid-Put would leave a fetchable message without its record,
-	// which an ack then a retry would serve twice). Bounded on its own.
-	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-	defer ccancel()
-	ctx = cctx
-	if _, err := s.kv.Create(ctx, envelopeID, value, ttlOpt...); err != nil {
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return Held{}, false, fmt.Errorf("jsstore: record %s: %w", envelopeID, err)
-		}
-		// Another Put of this id committed first: its record decides.
-		cur, gerr := s.getRecord(ctx, envelopeID)
-		if gerr != nil || cur == nil {
-			return Held{}, false, fmt.Errorf("jsstore: record %s: created concurrently, then unreadable: %v", envelopeID, gerr)
-		}
-		if cur.Seq != rec.Seq {
-			// Our message can never be acknowledged (another recipient, or
-			// another digest): remove it. A failure leaves it to Expire.
-			_ = s.stream.DeleteMsg(ctx, rec.Seq)
-		}
-		return s.existing(envelopeID, digest, cur)
+	// (a fetch would write it otherwise), so it is bounded on its own.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	cur, err := s.commit(rctx, envelopeID, rec)
+	if err != nil {
+		return Held{}, false, err
+	}
+	if cur.Seq != rec.Seq {
+		// Another Put of this id committed first, naming another message: ours
+		// is never served (the package doc's rule); remove it. A failure leaves
+		// it to Fetch or Expire.
+		_, _ = s.deleteMsg(rctx, rec.Seq)
+	}
+	if cur != rec {
+		return s.existing(envelopeID, digest, cur) // a Fetch, an Ack or another Put wrote it
 	}
 	if rec.Digest != digest {
 		// We completed an earlier, other envelope of this id.
@@ -560,6 +654,34 @@ func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, dig
 	// only delays them).
 	_ = s.nc.Publish(s.notify+"."+rkey, nil)
 	return rec.held(envelopeID), false, nil
+}
+
+// commit creates the record of id, rec, unless one exists, and returns the
+// record that holds: rec itself (the same pointer) if this call created it,
+// else the existing one. Every writer of records goes through it (Put, and
+// Fetch and Ack for a message whose Put did not get as far), and the
+// compare-and-set makes them agree on one record per id.
+func (s *Store) commit(ctx context.Context, id string, rec *record) (*record, error) {
+	value, err := json.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: encode record of %s: %w", id, err)
+	}
+	// The record outlives the deadline by the retention; a deadline so far out that
+	// the server's TTL arithmetic could overflow (and expire it at once) keeps it.
+	var ttlOpt []jetstream.KVCreateOpt
+	if ttl := time.UnixMilli(rec.Deadline).Add(s.retention).Sub(time.UnixMilli(rec.ReceivedAt)); ttl > 0 && ttl <= maxRecordTTL {
+		ttlOpt = append(ttlOpt, jetstream.KeyTTL(max(ttl, s.retention).Truncate(time.Second)+time.Second))
+	}
+	if _, err := s.kv.Create(ctx, id, value, ttlOpt...); err == nil {
+		return rec, nil
+	} else if !errors.Is(err, jetstream.ErrKeyExists) {
+		return nil, fmt.Errorf("jsstore: record %s: %w", id, err)
+	}
+	cur, err := s.getRecord(ctx, id)
+	if err != nil || cur == nil {
+		return nil, fmt.Errorf("jsstore: record %s: created concurrently, then unreadable: %v", id, err)
+	}
+	return cur, nil
 }
 
 func (s *Store) existing(id, digest string, rec *record) (Held, bool, error) {
@@ -644,7 +766,10 @@ func ParseCursor(cursor string) (uint64, error) {
 
 // Fetch returns recipient's envelopes after cursor after ("": from the start)
 // in acceptance order, at most limit (1..256, default 64) and 4 MiB of them (at
-// least one when one waits).
+// least one when one waits). It serves a message only as its record names it
+// (the package doc's rule): it writes the record of a message that has none,
+// and skips and removes a message its record does not name, so a page may hold
+// fewer envelopes than waited after the cursor, and none with More set.
 func (s *Store) Fetch(ctx context.Context, recipient identity.DID, after string, limit int) (*Page, error) {
 	seq, err := ParseCursor(after)
 	if err != nil {
@@ -657,34 +782,89 @@ func (s *Store) Fetch(ctx context.Context, recipient identity.DID, after string,
 	rkey := RecipientKey(recipient)
 	filter := s.inboxFilter(rkey)
 	page := &Page{Envelopes: []Envelope{}, Cursor: strconv.FormatUint(seq, 10)}
+	var msgs []*jetstream.RawStreamMsg
+	var recs []*record
 	bytes := 0
 	for seq < math.MaxUint64 {
 		m, err := s.stream.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return page, nil
+			break
 		}
 		if err != nil {
 			return nil, fmt.Errorf("jsstore: read inbox: %w", err)
 		}
-		if len(page.Envelopes) == limit || (len(page.Envelopes) > 0 && bytes+len(m.Data) > maxPageBytes) {
+		if len(msgs) == limit || (len(msgs) > 0 && bytes+len(m.Data) > maxPageBytes) {
 			page.More = true
-			return page, nil
+			break
 		}
 		rec, err := recordOf(m.Header, m.Sequence, rkey)
 		if err != nil {
 			return nil, err
 		}
+		if checkID(m.Header.Get(hdrID)) != nil {
+			return nil, fmt.Errorf("jsstore: message %d has no valid envelope id", m.Sequence)
+		}
 		seq = m.Sequence
-		page.Envelopes = append(page.Envelopes, Envelope{Held: rec.held(m.Header.Get(hdrID)), Wire: m.Data})
+		msgs, recs = append(msgs, m), append(recs, rec)
 		page.Cursor = strconv.FormatUint(seq, 10)
 		bytes += len(m.Data)
+	}
+	held, err := s.heldRecords(ctx, msgs, recs)
+	if err != nil {
+		return nil, err
+	}
+	for i, m := range msgs {
+		if held[i].Seq != m.Sequence {
+			// Never served (another message of this id, or another recipient's,
+			// holds its record): remove it; a failure leaves it to Expire.
+			_, _ = s.deleteMsg(ctx, m.Sequence)
+			continue
+		}
+		page.Envelopes = append(page.Envelopes, Envelope{Held: held[i].held(m.Header.Get(hdrID)), Wire: m.Data})
 	}
 	return page, nil
 }
 
+// heldRecords returns the record that holds for each of msgs, reading them
+// recordReaders at a time and writing (commit) those that do not exist from
+// the messages' own records, recs.
+func (s *Store) heldRecords(ctx context.Context, msgs []*jetstream.RawStreamMsg, recs []*record) ([]*record, error) {
+	out := make([]*record, len(msgs))
+	errs := make([]error, len(msgs))
+	sem := make(chan struct{}, recordReaders)
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[i], errs[i] = s.heldRecord(ctx, m.Header.Get(hdrID), recs[i])
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// heldRecord returns the record of id, writing rec (the record its message
+// makes) if there is none.
+func (s *Store) heldRecord(ctx context.Context, id string, rec *record) (*record, error) {
+	cur, err := s.getRecord(ctx, id)
+	if err != nil || cur != nil {
+		return cur, err
+	}
+	return s.commit(ctx, id, rec)
+}
+
 // Ack removes the listed envelopes from recipient's inbox (ids not waiting
 // there are ignored; nobody can ack another recipient's envelopes) and returns
-// how many it removed. Their de-duplication records stay until their TTL.
+// how many it removed. It makes sure each one's de-duplication record exists
+// before it deletes the message (writing it from the message if its Put did
+// not), so the envelope posted again is a duplicate; the records stay until
+// their TTL.
 func (s *Store) Ack(ctx context.Context, recipient identity.DID, ids []string) (int, error) {
 	rkey := RecipientKey(recipient)
 	n := 0
@@ -699,21 +879,51 @@ func (s *Store) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 		if err != nil {
 			return n, fmt.Errorf("jsstore: ack: %w", err)
 		}
-		switch err := s.stream.DeleteMsg(ctx, m.Sequence); {
-		case err == nil:
-			n++
-		case isNotFound(err): // acked meanwhile by another request
-		default:
+		rec, err := recordOf(m.Header, m.Sequence, rkey)
+		if err != nil {
 			return n, fmt.Errorf("jsstore: ack: %w", err)
+		}
+		if _, err := s.heldRecord(ctx, id, rec); err != nil {
+			return n, fmt.Errorf("jsstore: ack: %w", err)
+		}
+		switch deleted, err := s.deleteMsg(ctx, m.Sequence); {
+		case err != nil:
+			return n, fmt.Errorf("jsstore: ack: %w", err)
+		case deleted:
+			n++
 		}
 	}
 	return n, nil
 }
 
+// errCodeSequenceNotFound is JetStream's answer to the deletion of a message
+// that is not there (one of its answers: see deleteMsg).
+const errCodeSequenceNotFound jetstream.ErrorCode = 10043
+
+// deleteMsg deletes message seq and reports whether this call removed it:
+// false without error when it was gone already (removed by another request
+// meanwhile). JetStream answers a deletion of a message that is not there in
+// several ways (sequence not found; deletion failed: no message found, or
+// end of file), so a failure is checked against the stream itself.
+func (s *Store) deleteMsg(ctx context.Context, seq uint64) (bool, error) {
+	err := s.stream.DeleteMsg(ctx, seq)
+	if err == nil {
+		return true, nil
+	}
+	if isNotFound(err) {
+		return false, nil
+	}
+	if _, gerr := s.stream.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	return false, err
+}
+
 func isNotFound(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.Is(err, jetstream.ErrMsgNotFound) ||
-		(errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || apiErr.Code == 404))
+		(errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound ||
+			apiErr.ErrorCode == errCodeSequenceNotFound || apiErr.Code == 404))
 }
 
 // Status is the state of one inbox.
@@ -766,10 +976,13 @@ func (s *Store) Expire(ctx context.Context, now time.Time) (int, error) {
 		if err != nil || dl >= now.UnixMilli() {
 			return nil // not ours, or not due
 		}
-		if err := s.stream.DeleteMsg(ctx, seq); err != nil && !isNotFound(err) {
+		deleted, err := s.deleteMsg(ctx, seq)
+		if err != nil {
 			return fmt.Errorf("jsstore: expire: %w", err)
 		}
-		n++
+		if deleted {
+			n++
+		}
 		return nil
 	})
 	return n, err

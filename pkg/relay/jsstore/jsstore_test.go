@@ -184,29 +184,34 @@ func TestPutDuplicateConflictFetchAck(t *testing.T) {
 	}
 }
 
+// publishWithoutRecord publishes w for to as a Put does, and nothing else: what
+// a Put leaves when it fails or crashes between its publish and its record.
+func publishWithoutRecord(t *testing.T, nc *nats.Conn, to identity.DID, w wire, at time.Time) uint64 {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(jsstore.DefaultSubject + "." + jsstore.RecipientKey(to) + "." + w.id)
+	m.Data = w.data
+	m.Header.Set("Sealbridge-Envelope-Id", w.id)
+	m.Header.Set("Sealbridge-Digest", w.digest)
+	m.Header.Set("Sealbridge-Received-At", strconv.FormatInt(at.UnixMilli(), 10))
+	m.Header.Set("Sealbridge-Deadline", strconv.FormatInt(at.Add(time.Hour).UnixMilli(), 10))
+	ack, err := js.PublishMsg(context.Background(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
 // A crash between the stream message and the record leaves a message without
 // a record: the retry adopts it (its receivedAt, its sequence) and holds it
 // once; a retry with another digest completes the first and is a conflict.
 func TestPutAdoptsMessageOfCrashedPut(t *testing.T) {
 	st, nc := openSingle(t)
 	ctx := context.Background()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	crashed := func(w wire, at time.Time) uint64 {
-		m := nats.NewMsg(jsstore.DefaultSubject + "." + jsstore.RecipientKey(alice) + "." + w.id)
-		m.Data = w.data
-		m.Header.Set("Sealbridge-Envelope-Id", w.id)
-		m.Header.Set("Sealbridge-Digest", w.digest)
-		m.Header.Set("Sealbridge-Received-At", strconv.FormatInt(at.UnixMilli(), 10))
-		m.Header.Set("Sealbridge-Deadline", strconv.FormatInt(at.Add(time.Hour).UnixMilli(), 10))
-		ack, err := js.PublishMsg(ctx, m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ack.Sequence
-	}
+	crashed := func(w wire, at time.Time) uint64 { return publishWithoutRecord(t, nc, alice, w, at) }
 	w := newWire("crashed")
 	seq := crashed(w, t0)
 	h, dup := put(t, st, alice, w, t0.Add(time.Minute))
@@ -219,7 +224,7 @@ func TestPutAdoptsMessageOfCrashedPut(t *testing.T) {
 
 	v := newWire("crashed, then another digest")
 	crashed(v, t0)
-	h, dup, err = st.Put(ctx, alice, v.id, v.other().digest, v.other().data, t0, t0.Add(time.Hour))
+	h, dup, err := st.Put(ctx, alice, v.id, v.other().digest, v.other().data, t0, t0.Add(time.Hour))
 	if !errors.Is(err, jsstore.ErrConflict) || !dup || h.Digest != v.digest {
 		t.Fatalf("other digest after a crash = %+v, %t, %v", h, dup, err)
 	}
