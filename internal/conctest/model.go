@@ -28,11 +28,14 @@ import (
 //     envelope set, once per confirmation envelope.
 //
 // What the background actors do is a spontaneous transition, allowed between any two
-// calls: the carrier relays a queued message (clearing the hold of a single), its
-// relay refuses it (closed, "refused"; only where the relay may refuse), or its
-// deadline passes (closed, "deadline"; only once the wall clock has reached it).
-// Nothing else happens by itself: in particular no message is delivered, cancelled or
-// expired without a call that says so.
+// calls: the carrier relays a queued message, its relay refuses it (closed, "refused";
+// only where the relay may refuse), or its deadline passes (closed, "deadline"; only
+// once the wall clock has reached it); and a relayed message's hold may end (the
+// settlement of a single ends it; a message of several envelopes keeps it while one is
+// pending, and later stores end it with the last one). Nothing else happens by itself:
+// in particular no message is delivered, cancelled or expired, or held, without a call
+// that says so, and a queued message (whose envelope of kind message is pending) keeps
+// its hold.
 //
 // A call that failed with an error that does not say whether it took effect (a busy
 // store) may or may not have made its change: both states follow it.
@@ -211,6 +214,11 @@ func stepKey(s keyState, in Input, out Output) []keyState {
 // before a call that returned at wall (Unix ms).
 func spontaneous(s msgState, wall int64) []msgState {
 	out := []msgState{s}
+	if s.status == statusRelayed && s.held {
+		unheld := s
+		unheld.held = false
+		out = append(out, unheld)
+	}
 	if s.status != statusQueued {
 		return out
 	}
@@ -218,6 +226,10 @@ func spontaneous(s msgState, wall int64) []msgState {
 	relayed.status = statusRelayed
 	if s.envelopes == 1 {
 		relayed.held = false // the settlement of a single ends its hold
+	} else if s.held {
+		unheld := relayed
+		unheld.held = false
+		out = append(out, unheld)
 	}
 	out = append(out, relayed)
 	if s.refusable {

@@ -162,9 +162,15 @@ func TestModel(t *testing.T) {
 			hop{1, 4, 5, read(), found(0, queued, "", true)}, hop{1, 6, 7, read(), found(0, relayed, "", false)})},
 		{"held without a hold", false, hist(
 			hop{0, 0, 1, enq(0, 1), found(0, queued, "", false)}, hop{1, 4, 5, read(), found(0, queued, "", true)})},
-		{"a relayed multi-envelope message stays held", false, hist(
+		{"a relayed multi-envelope message's hold may end with its last pending envelope", true, hist(
 			hop{0, 0, 1, enq(2, 3), found(2, queued, "", false)}, hop{1, 2, 3, act(record.ActionHold), acted("", 3)},
-			hop{1, 4, 5, read(), found(2, relayed, "", false)})},
+			hop{1, 4, 5, read(), found(2, relayed, "", true)}, hop{1, 6, 7, read(), found(2, relayed, "", false)})},
+		{"a queued message loses its hold", false, hist(
+			hop{0, 0, 1, enq(2, 3), found(2, queued, "", false)}, hop{1, 2, 3, act(record.ActionHold), acted("", 3)},
+			hop{1, 4, 5, read(), found(2, queued, "", false)})},
+		{"a relayed message held again by no one", false, hist(
+			hop{0, 0, 1, enq(2, 3), found(2, queued, "", false)}, hop{1, 2, 3, act(record.ActionHold), acted("", 3)},
+			hop{1, 4, 5, read(), found(2, relayed, "", false)}, hop{1, 6, 7, read(), found(2, relayed, "", true)})},
 		{"cancel closes it, a second cancel finds it cancelled", true, hist(
 			hop{0, 0, 1, enq(0, 1), found(0, queued, "", false)}, hop{1, 2, 3, act(record.ActionCancel), acted("", 1)},
 			hop{1, 4, 5, act(record.ActionCancel), acted("", 0)}, hop{1, 6, 7, act(record.ActionHold), acted("MESSAGE_CLOSED", 0)},
