@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	filippo.io/edwards25519 v1.2.0
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/gofrs/flock v0.13.2
 	github.com/mr-tron/base58 v1.3.0
 	github.com/nats-io/nats-server/v2 v2.15.2

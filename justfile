@@ -11,7 +11,7 @@ test:
 
 # the race detector over every package with concurrency
 race:
-    go test -race ./pkg/... ./internal/fsx ./internal/lockfile ./internal/lru
+    go test -race ./pkg/... ./internal/fsx ./internal/lockfile ./internal/lru ./internal/conctest
 
 # static checks
 vet:
@@ -35,6 +35,11 @@ bench mode="full":
 # of writers and 1,000 of the operator's actions
 crash kills="5000" actionkills="1000":
     go test -count=1 -v -timeout 60m -run 'Crash|Fault|SIGKILL|Short|Fsync|EXDEV' ./internal/crashtest -crash.kills={{kills}} -crash.actionkills={{actionkills}}
+
+# the concurrency explorer, long: runs of 3 s, seeds from SEED on (0: from the clock), for
+# the given time; a failing run prints the command that replays its seed (docs/TESTING.md)
+explore time="10m" seed="0":
+    go test -count=1 -v -timeout 24h -run '^TestExplore$' ./internal/conctest -explore.for={{time}} -explore.seed={{seed}}
 
 # mutation testing (gremlins, pinned, fetched by `go run`), one package at a time; fails
 # when a package's efficacy is not above 85% (docs/TESTING.md). Tens of minutes in all;

@@ -22,6 +22,9 @@ var allowed = map[string][]string{
 	"internal/fsx":       {"internal/uuid", "golang.org/x/sys"},
 	"internal/lockfile":  {"internal/fsx", "github.com/gofrs/flock", "golang.org/x/sys"},
 	"internal/crashtest": {"internal/fsx"},
+	// conctest: the concurrency explorer's history, model and checker (test-only); the
+	// explorer itself, which drives the store and the carrier, is in its tests.
+	"internal/conctest": {"pkg/record", "pkg/errcode", "github.com/anishathalye/porcupine", "golang.org/x/sys"},
 	// identity: its key files are written and read through internal/fsx, never by
 	// system calls of its own.
 	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58"},
@@ -82,7 +85,8 @@ func checkEdge(pkg, imp string) string {
 			return ""
 		case strings.HasPrefix(target, "cmd/"):
 			return "commands never import each other"
-		case target == "fsfixtures" || target == "internal/crashtest" || target == "internal/archtest" || target == "internal/natstest":
+		case target == "fsfixtures" || target == "internal/crashtest" || target == "internal/conctest" || target == "internal/archtest" ||
+			target == "internal/natstest":
 			return "test-only packages"
 		}
 		return ""
@@ -107,6 +111,9 @@ func TestCheckEdgeRefusesUpwardImports(t *testing.T) {
 		{"pkg/client", module + "/pkg/store"},
 		{"cmd/sealbridge", module + "/cmd/sealbridged"},
 		{"cmd/sealbridge", module + "/fsfixtures"},
+		{"cmd/sealbridge", module + "/internal/conctest"},
+		{"pkg/store", module + "/internal/conctest"},
+		{"internal/conctest", module + "/pkg/store"},
 		{"pkg/store", "github.com/some/thing"},
 		{"pkg/unknown", module + "/pkg/errcode"},
 		{"pkg/relayproto", module + "/pkg/relay"},
