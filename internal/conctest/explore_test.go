@@ -21,13 +21,6 @@ var (
 	workersFlag  = flag.Int("explore.workers", 6, "workers of each process of TestExplore")
 	outFlag      = flag.String("explore.out", "", "directory where a run of TestExplore leaves its history, and a failing one an HTML view of each violation")
 	showFlag     = flag.Int("explore.show", 3, "how many violations of each kind (key, message) and 4× as many failed invariants a failing run of TestExplore reports")
-	// resendFlag: on 9dda50e, store.Enqueue of an already accepted message whose batch
-	// maintenance has removed once it settled writes its envelopes again, pending, and
-	// the carrier sends them again (fixed by 927b6b5; docs/TESTING.md "Concurrency
-	// explorer"). Without the flag a run enqueues a message only after a read found it
-	// not accepted, holding the maintenance lock, which still races concurrent first
-	// enqueues but leaves the settled ones alone; with it, unconditionally.
-	resendFlag = flag.Bool("explore.resend", false, "enqueue accepted messages again too (finds the re-send bug 927b6b5 fixed; docs/TESTING.md)")
 )
 
 // checkTimeout bounds the linearizability check of one partition.
@@ -71,9 +64,6 @@ func replay(seed uint64) string {
 	if *workersFlag != 6 {
 		cmd += fmt.Sprintf(" -explore.workers=%d", *workersFlag)
 	}
-	if *resendFlag {
-		cmd += " -explore.resend"
-	}
 	return cmd
 }
 
@@ -88,8 +78,7 @@ func explore(t *testing.T, seed uint64) {
 	dir := t.TempDir()
 	config := func(proc int) runConfig {
 		return runConfig{Home: filepath.Join(dir, "home"), History: filepath.Join(dir, fmt.Sprintf("history-%d.jsonl", proc)),
-			Proc: proc, Procs: *procsFlag, Seed: seed, Workers: *workersFlag, Duration: *durationFlag, Resend: *resendFlag,
-			MaintenanceLock: filepath.Join(dir, "maintenance.lock")}
+			Proc: proc, Procs: *procsFlag, Seed: seed, Workers: *workersFlag, Duration: *durationFlag}
 	}
 	var problems []string
 	fail := func(err error) {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/conctest"
@@ -15,7 +14,6 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
-	"golang.org/x/sys/unix"
 )
 
 // The operations a worker issues, each through the store's (or the carrier's) public
@@ -74,17 +72,10 @@ func messageOut(m *msgSpec, r *record.Message) conctest.Output {
 	return conctest.Output{Found: true, Variant: m.variantOf(r.EnvelopeDigest), Status: r.Status, ClosedBy: r.ClosedBy, Held: r.Held != nil}
 }
 
-// enqueue enqueues variant v of m. Unless the run re-sends (-explore.resend), it does
-// so holding the run's maintenance lock shared (maintenance holds it exclusive) and
-// only if a read of the message, first, found it not accepted: see resendFlag.
+// enqueue enqueues variant v of m, whether or not m is accepted already (an enqueue
+// of an accepted message, also of one whose envelopes maintenance removed, writes
+// nothing).
 func (w *worker) enqueue(m *msgSpec, v int) {
-	if !w.n.cfg.Resend {
-		unlock := w.lockMaintenance(unix.LOCK_SH)
-		defer unlock()
-		if out := w.readMessage(m, false); out.Code != "" || out.Found {
-			return
-		}
-	}
 	x := m.variants[v]
 	in := conctest.Input{Kind: conctest.OpEnqueue, Msg: m.id, Variant: v, Envelopes: len(x.req.Envelopes),
 		Deadline: m.deadline, Refusable: x.refusable}
@@ -335,12 +326,9 @@ func (w *worker) inbound(m *msgSpec, v, k int) {
 }
 
 // maintain runs a maintenance pass; any error of a step but a busy store is a
-// problem. Unless the run re-sends, it holds the maintenance lock exclusive.
+// problem.
 func (w *worker) maintain() {
 	n := w.n
-	if !n.cfg.Resend {
-		defer w.lockMaintenance(unix.LOCK_EX)()
-	}
 	n.rec.Do(w.id, conctest.Input{Kind: conctest.OpMaintain}, func() conctest.Output {
 		rep, err := n.st.Maintain(ctx)
 		for _, e := range rep.Errors {
@@ -352,33 +340,6 @@ func (w *worker) maintain() {
 		out.Variant = -1
 		return out
 	})
-}
-
-// lockMaintenance takes the run's maintenance lock (how: unix.LOCK_SH or LOCK_EX), a
-// flock on a file beside the store that every process's workers share, and returns
-// its release. While the re-send bug is open (resendFlag), it keeps every maintenance
-// pass out of the span between an enqueue's read of its message and the enqueue's
-// end, so that no enqueue of a message that was not accepted at its read can find its
-// batch already finished by maintenance.
-func (w *worker) lockMaintenance(how int) func() {
-	if w.lock == nil {
-		f, err := os.OpenFile(w.n.cfg.MaintenanceLock, os.O_RDWR|os.O_CREATE, 0o600)
-		if err != nil {
-			panic(err)
-		}
-		w.lock = f
-	}
-	fd := int(w.lock.Fd())
-	for {
-		err := unix.Flock(fd, how)
-		if err == nil {
-			break
-		}
-		if err != unix.EINTR {
-			panic(err)
-		}
-	}
-	return func() { _ = unix.Flock(fd, unix.LOCK_UN) }
 }
 
 // busy reports whether err is a busy store (no failure: the call may be repeated).

@@ -45,10 +45,7 @@ type runConfig struct {
 	Seed     uint64        // the run's seed
 	Workers  int           // workers of this process
 	Duration time.Duration // how long the workers issue operations
-	Resend   bool          // -explore.resend
-	// MaintenanceLock is the file every process's workers flock to keep maintenance
-	// out of enqueues (worker.lockMaintenance).
-	MaintenanceLock string
+
 }
 
 // The fixed keys of a run: the store's owner, the recipient of its messages (who signs

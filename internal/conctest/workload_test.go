@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"time"
 
@@ -246,18 +245,12 @@ func (g *gate) wait() (int, bool) {
 
 // worker is one goroutine issuing operations.
 type worker struct {
-	n    *node
-	id   int
-	rng  *rand.Rand
-	lock *os.File // its descriptor of the maintenance lock (lockMaintenance)
+	n   *node
+	id  int
+	rng *rand.Rand
 }
 
 func (w *worker) loop(g *gate) {
-	defer func() {
-		if w.lock != nil {
-			w.lock.Close()
-		}
-	}()
 	for {
 		round, ok := g.wait()
 		if !ok {

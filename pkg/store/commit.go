@@ -79,22 +79,23 @@ func (s *Store) preparedTx(ctx context.Context, fn func(tx *Tx) error, check cap
 			return err
 		}
 		if len(plan.writes) == 0 {
-			// An answer: it may rest on what the leader beside the plan was still
-			// making durable. It is given once that hold is done, and again from a
-			// new plan if a publication of the hold failed.
+			// An answer. Made beside a leader, it may rest on a publication that
+			// leader has begun and not finished (renamed some records, not yet
+			// others, not yet made durable): it is validated by the next group, after
+			// that hold, like a plan with writes, and given only if nothing it read
+			// changed since it was made and no rename or fsync of that hold failed.
 			if beside == nil {
 				return nil
 			}
 			if answerWaits != nil {
 				answerWaits()
 			}
-			select {
-			case <-beside.done:
-			case <-ctx.Done():
-				return errcode.New(errcode.OutboxStoreBusy, s.dir, ctx.Err())
-			}
-			if !beside.failed {
+			err := s.commit(ctx, &publication{plan: plan})
+			if err == nil && !beside.failed {
 				return nil
+			}
+			if err != nil && !errors.Is(err, errStalePlan) {
+				return err
 			}
 			continue
 		}
@@ -114,8 +115,8 @@ func (s *Store) preparedTx(ctx context.Context, fn func(tx *Tx) error, check cap
 	return errcode.New(errcode.OutboxStoreBusy, s.dir, errors.New("the plan was invalidated by concurrent writers in every round"))
 }
 
-// answerWaits, if set (by tests, before the Store is used), runs when an answer waits
-// for the hold it was planned beside.
+// answerWaits, if set (by tests, before the Store is used), runs when an answer
+// planned beside a leader goes to be validated by the next group.
 var answerWaits func()
 
 // sleepJittered waits a random duration in [d/2, d], or until ctx is done.
@@ -261,7 +262,7 @@ func (s *Store) publishGroup(lock *lockfile.Lock, group []*publication) (failed 
 				if p.err = s.validate(p.plan, &accepted); p.err != nil {
 					continue
 				}
-				if p.check != nil {
+				if p.check != nil && len(p.plan.writes) > 0 {
 					if p.err = p.check(publisher); p.err != nil {
 						continue
 					}

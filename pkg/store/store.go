@@ -191,7 +191,7 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 		return nil, errcode.New(errcode.OutboxStoreInvalid, "owner", err)
 	}
 	s := &Store{owner: owner, ownerKey: key, signer: signer, limits: opts.Limits.withDefaults(),
-		now: opts.Now, retain: opts.Retention, listings: map[record.Kind]*listing{}, indexes: map[record.Kind]*index{},}
+		now: opts.Now, retain: opts.Retention, listings: map[record.Kind]*listing{}, indexes: map[record.Kind]*index{}}
 	if s.now == nil {
 		s.now = time.Now
 	}
