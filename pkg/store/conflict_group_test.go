@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 
@@ -196,5 +197,35 @@ func TestConcurrentEnqueuesKeepTheMessagesLimit(t *testing.T) {
 		if accepted != 1 {
 			t.Fatalf("trial %d: %d enqueues accepted with room for one message", trial, accepted)
 		}
+	}
+}
+
+// A caller whose context ends while it waits for another process's hold of the store
+// lock gets OUTBOX_STORE_BUSY with the context's error as the cause (DESIGN §15). On
+// the old code it got OUTBOX_STORE_UNWRITABLE.
+func TestCancelledLockWaitIsBusy(t *testing.T) {
+	home := t.TempDir()
+	holder, waiter := openStore(t, store.Options{Home: home}), openStore(t, store.Options{Home: home, LockWait: time.Minute})
+	held, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- holder.Transaction(context.Background(), func(*store.Tx) error {
+			close(held)
+			<-release
+			return nil
+		})
+	}()
+	<-held
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { waited <- waiter.Transaction(ctx, func(*store.Tx) error { return nil }) }()
+	cancel()
+	err := <-waited
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(err, errcode.OutboxStoreBusy) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("a lock wait cut short by its context: %v, want OUTBOX_STORE_BUSY caused by context.Canceled", err)
 	}
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -26,7 +27,8 @@ func unwritable(path string, cause error) error {
 // lockError maps a lockfile error to its code.
 func lockError(root string, err error) error {
 	switch {
-	case errors.Is(err, lockfile.ErrBusy):
+	case errors.Is(err, lockfile.ErrBusy), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// Held for the lock's bound, or the caller's context ended while it waited.
 		return errcode.New(errcode.OutboxStoreBusy, root, err)
 	case errors.Is(err, lockfile.ErrInvalid):
 		return errcode.New(errcode.OutboxStoreInvalid, root+"/.lock", err)
