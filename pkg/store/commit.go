@@ -252,6 +252,15 @@ func (s *Store) publishGroup(lock *lockfile.Lock, group []*publication) (failed 
 	publisher := &Tx{s: s, ctx: context.Background(), lock: lock, reads: map[string]record.Record{}, group: &accepted,
 		marks: marks{s: s}}
 	defer publisher.end()
+	// The handle on the generation file, opened before the first plan is validated:
+	// under the lock, its state is the file's, and the validations read the marks
+	// through it. (A compaction it needs comes at the first publication.)
+	if err := publisher.marks.open(); err != nil {
+		for _, p := range group {
+			p.err = err
+		}
+		return false
+	}
 	for phase := 0; phase < 2; phase++ {
 		touched := map[string][]*publication{}
 		for _, p := range group {
@@ -259,7 +268,7 @@ func (s *Store) publishGroup(lock *lockfile.Lock, group []*publication) (failed 
 				continue
 			}
 			if phase == 0 {
-				if p.err = s.validate(p.plan, &accepted); p.err != nil {
+				if p.err = s.validate(p.plan, &accepted, &publisher.marks); p.err != nil {
 					continue
 				}
 				if p.check != nil && len(p.plan.writes) > 0 {
@@ -325,8 +334,10 @@ func (g *groupWrites) add(plan *Tx) {
 // was made: a publication since (the generation marks tell which kinds, fingerprints
 // which records), or a write of a plan accepted earlier in its group (group). A plan
 // made on another generation file than the current one — compacted, replaced, made or
-// removed since — is stale: its tail is gone, so what changed cannot be told.
-func (s *Store) validate(plan *Tx, group *groupWrites) error {
+// removed since — is stale: its tail is gone, so what changed cannot be told. marks is
+// the publisher's handle on the generation file, open: the file's state is its
+// state.
+func (s *Store) validate(plan *Tx, group *groupWrites, marks *marks) error {
 	for k := range plan.listed {
 		if group.kinds[k] {
 			return errStalePlan
@@ -337,25 +348,31 @@ func (s *Store) validate(plan *Tx, group *groupWrites) error {
 			return errStalePlan
 		}
 	}
-	cur, err := s.generation()
-	if err != nil {
-		return err
+	if marks.removed {
+		return errStalePlan // removed in this hold (markFailed): what changed is unknown
 	}
+	cur := marks.state
 	if cur == plan.gen0 {
-		return nil
+		return nil // also absent then and now
+	}
+	if marks.f == nil {
+		return errStalePlan
 	}
 	if !cur.sameFile(plan.gen0) || cur.size < plan.gen0.size {
 		return errStalePlan
 	}
-	changed := s.changedKinds(plan.gen0, cur)
-	for k := range changed {
-		if plan.listed[k] {
+	counts, known := countMarks(marks.f, plan.gen0, cur)
+	if !known {
+		return errStalePlan
+	}
+	for k, n := range counts {
+		if n > 0 && plan.listed[k] {
 			return errStalePlan
 		}
 	}
 	for p, fp := range plan.deps {
 		kind, _, _ := strings.Cut(p, "/")
-		if !changed[record.Kind(kind)] {
+		if counts[record.Kind(kind)] == 0 {
 			continue
 		}
 		var now fsx.Fingerprint

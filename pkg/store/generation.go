@@ -164,6 +164,15 @@ func (s *Store) markCounts(from, to generation) (map[record.Kind]int, bool) {
 	if !now.sameFile(to) || now.size < to.size {
 		return nil, false
 	}
+	return countMarks(f, from, to)
+}
+
+// countMarks counts the marks of each kind in f, the generation file of states from
+// and to (of one file, to not shorter), between their sizes.
+func countMarks(f fsx.File, from, to generation) (map[record.Kind]int, bool) {
+	if to.size-from.size > generationBound {
+		return nil, false
+	}
 	buf := make([]byte, to.size-from.size)
 	if n, err := f.ReadAt(buf, from.size); err != nil || n != len(buf) {
 		return nil, false

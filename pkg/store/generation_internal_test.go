@@ -50,7 +50,15 @@ func TestGenerationEpochTellsReusedInode(t *testing.T) {
 	if got := s.changedKinds(g1, g2); len(got) != len(record.Kinds) {
 		t.Errorf("changedKinds across epochs = %v, want every kind", got)
 	}
-	if err := s.validate(&Tx{s: s, gen0: g1}, &groupWrites{}); err != errStalePlan {
+	held := func() *marks {
+		m := &marks{s: s}
+		if err := m.open(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.close)
+		return m
+	}
+	if err := s.validate(&Tx{s: s, gen0: g1}, &groupWrites{}, held()); err != errStalePlan {
 		t.Errorf("a plan made in the old epoch validated with %v, want it stale", err)
 	}
 	// Within one epoch the marks tell: an outbox publication since g2.
@@ -64,7 +72,7 @@ func TestGenerationEpochTellsReusedInode(t *testing.T) {
 	if got := s.changedKinds(g2, g3); len(got) != 1 || !got[record.KindOutbox] {
 		t.Errorf("changedKinds within the epoch = %v, want outbox only", got)
 	}
-	if err := s.validate(&Tx{s: s, gen0: g2, listed: map[record.Kind]bool{record.KindMessages: true}}, &groupWrites{}); err != nil {
+	if err := s.validate(&Tx{s: s, gen0: g2, listed: map[record.Kind]bool{record.KindMessages: true}}, &groupWrites{}, held()); err != nil {
 		t.Errorf("a plan listing only messages was invalidated by an outbox mark: %v", err)
 	}
 }

@@ -55,7 +55,7 @@ func (s *Store) BeginOperation(ctx context.Context, key string, request []byte) 
 			var err error
 			out, err = s.planBegin(tx, keyHash, reqDigest)
 			return err
-		}, func(pub *Tx) error { return s.checkOperationCapacity() })
+		}, func(pub *Tx) error { return s.checkOperationCapacity(pub) })
 		switch {
 		case err == nil:
 			return out, nil
@@ -114,8 +114,14 @@ func (s *Store) leaseMs() int64 { return s.opLease.Milliseconds() }
 // checkOperationCapacity runs under the lock. It never scans: a stale operations
 // index answers errIndexStale (IDEMPOTENCY_STORE_BUSY) and BeginOperation prepares it
 // again outside the lock.
-func (s *Store) checkOperationCapacity() error {
-	st, err := s.ListingStamp(record.KindOperations)
+func (s *Store) checkOperationCapacity(pub *Tx) error {
+	var st Stamp
+	var err error
+	if gen := pub.heldGeneration(); gen != nil {
+		st, err = s.stampWith(record.KindOperations, *gen)
+	} else {
+		st, err = s.ListingStamp(record.KindOperations)
+	}
 	if err != nil {
 		return err
 	}

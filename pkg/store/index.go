@@ -216,8 +216,15 @@ const maxIndexRounds = 8
 // is fine, but the one returned is the one found current). It must not be called
 // inside a transaction (it may take the lock); under the lock use prepareIndexHeld.
 func (s *Store) prepareIndex(ctx context.Context, k record.Kind) (*index, error) {
+	return s.prepareIndexFrom(ctx, k, nil)
+}
+
+// prepareIndexFrom is prepareIndex whose first round takes k's stamp with generation
+// state gen, read by the caller before the call (nil: read it).
+func (s *Store) prepareIndexFrom(ctx context.Context, k record.Kind, gen *generation) (*index, error) {
 	for round := 0; round < maxIndexRounds; round++ {
-		ix, done, err := s.indexRound(ctx, k)
+		ix, done, err := s.indexRound(ctx, k, gen)
+		gen = nil
 		if err != nil {
 			return nil, err
 		}
@@ -229,7 +236,7 @@ func (s *Store) prepareIndex(ctx context.Context, k record.Kind) (*index, error)
 	if err != nil {
 		return nil, err
 	}
-	ix, err := s.prepareIndexHeld(ctx, k)
+	ix, err := s.prepareIndexHeld(ctx, k, nil)
 	if uerr := unlock(); err == nil {
 		err = uerr
 	}
@@ -256,11 +263,12 @@ func (s *Store) answer(k record.Kind, ix *index) *index {
 
 // prepareIndexHeld is prepareIndex for a caller holding the store lock: the stamp can
 // then move only by staged temps (which indexCurrent sees through) or by a change
-// that bypasses the store, so a second round finds the index current.
-func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) (*index, error) {
+// that bypasses the store, so a second round finds the index current. gen, if not
+// nil, is the generation state: a publisher under the lock knows it (Tx.heldGeneration).
+func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind, gen *generation) (*index, error) {
 	var last *index
 	for round := 0; round < maxIndexRounds; round++ {
-		ix, done, err := s.indexRound(ctx, k)
+		ix, done, err := s.indexRound(ctx, k, gen)
 		if done || err != nil {
 			return ix, err
 		}
@@ -278,8 +286,13 @@ func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind) (*index, er
 // publication's record read again (refreshChanged), so it holds every publication a
 // read before the call could have seen. A kind with a publication whose mark failed
 // (unmarkedKinds) is reconciled with a full scan every time.
-func (s *Store) indexRound(ctx context.Context, k record.Kind) (ix *index, current bool, err error) {
-	st, err := s.ListingStamp(k)
+func (s *Store) indexRound(ctx context.Context, k record.Kind, gen *generation) (ix *index, current bool, err error) {
+	var st Stamp
+	if gen != nil {
+		st, err = s.stampWith(k, *gen)
+	} else {
+		st, err = s.ListingStamp(k)
+	}
 	if err != nil {
 		return nil, false, err
 	}
@@ -373,10 +386,14 @@ func (s *Store) indexCurrent(k record.Kind, ix *index, st Stamp) bool {
 // Prepare makes the outbox and messages indexes current, in bounded slices that honour
 // ctx, so later operations (and capacity checks under the lock) need no scan.
 func (s *Store) Prepare(ctx context.Context) error {
-	if _, err := s.prepareIndex(ctx, record.KindMessages); err != nil {
+	gen, err := s.generation() // one read of the generation file for both stamps
+	if err != nil {
 		return err
 	}
-	_, err := s.prepareIndex(ctx, record.KindOutbox)
+	if _, err := s.prepareIndexFrom(ctx, record.KindMessages, &gen); err != nil {
+		return err
+	}
+	_, err = s.prepareIndexFrom(ctx, record.KindOutbox, &gen)
 	return err
 }
 

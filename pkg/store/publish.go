@@ -135,12 +135,16 @@ func discard(ws []*write) {
 }
 
 // publish renames each staged write into place (or removes the record), in order,
-// under the lock held by tx, and marks each (mark). It returns the directories to
+// under the lock held by tx, and marks each (mark). The first publish of tx checks
+// that .lock still names the inode it holds (lockfile.Lock.Check). It returns the directories to
 // fsync. A failure stops at that write and keeps what was published before it.
 func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 	dirs = map[string]bool{}
-	if err := tx.lock.Check(); err != nil {
-		return dirs, lockError(tx.s.dir, err)
+	if !tx.lockChecked { // once per transaction or group commit: the hold is one
+		if err := tx.lock.Check(); err != nil {
+			return dirs, lockError(tx.s.dir, err)
+		}
+		tx.lockChecked = true
 	}
 	for _, w := range ws {
 		if err := tx.marks.ready(); err != nil {
@@ -258,10 +262,11 @@ var markKind = func() map[byte]record.Kind {
 // first publication, kept for the rest of its hold, with the state it left the file
 // in. It is used by one goroutine, under the lock.
 type marks struct {
-	s      *Store
-	f      fsx.File // nil while the file is absent
-	opened bool
-	state  generation
+	s       *Store
+	f       fsx.File // nil while the file is absent
+	opened  bool
+	removed bool // this hold removed the file (markFailed)
+	state   generation
 }
 
 // close closes the handle.
@@ -278,12 +283,8 @@ func (m *marks) close() {
 // still unmarked (markFailed), compacts it. A failure here comes before the rename,
 // so nothing is published without its mark.
 func (m *marks) ready() error {
-	if m.f == nil && !m.opened {
-		f, g, err := m.s.openGeneration(syscall.O_RDWR | syscall.O_APPEND)
-		if err != nil {
-			return err
-		}
-		m.f, m.state, m.opened = f, g, true
+	if err := m.open(); err != nil {
+		return err
 	}
 	unmarked := m.s.hasUnmarked()
 	if m.f != nil && m.state.epoch != [16]byte{} && m.state.size < generationBound && !unmarked {
@@ -294,6 +295,19 @@ func (m *marks) ready() error {
 	}
 	if unmarked {
 		m.s.clearUnmarked()
+	}
+	return nil
+}
+
+// open opens the file once per hold (an absent file stays absent: f nil, the zero
+// state), without compacting it.
+func (m *marks) open() error {
+	if m.f == nil && !m.opened {
+		f, g, err := m.s.openGeneration(syscall.O_RDWR | syscall.O_APPEND)
+		if err != nil {
+			return err
+		}
+		m.f, m.state, m.opened = f, g, true
 	}
 	return nil
 }
@@ -347,7 +361,7 @@ func (m *marks) compact() error {
 // of the removed file matches. The next publication makes a new file of a fresh epoch.
 func (m *marks) remove() error {
 	m.close()
-	m.opened = false
+	m.opened, m.removed = false, true
 	if err := m.s.fs.Remove(generationName); err != nil && !fsx.IsNotExist(err) {
 		return writeError(generationName, err)
 	}

@@ -198,11 +198,12 @@ func (s *Store) planEnqueue(tx *Tx, req SendRequest) (*record.Message, error) {
 // and reconciled only if another process published to their kind since. The message
 // records that earlier plans of the same group commit publish last are counted too.
 func (s *Store) checkCapacity(pub *Tx, req SendRequest) error {
-	outbox, err := s.prepareIndexHeld(pub.ctx, record.KindOutbox)
+	gen := pub.heldGeneration()
+	outbox, err := s.prepareIndexHeld(pub.ctx, record.KindOutbox, gen)
 	if err != nil {
 		return err
 	}
-	msgs, err := s.prepareIndexHeld(pub.ctx, record.KindMessages)
+	msgs, err := s.prepareIndexHeld(pub.ctx, record.KindMessages, gen)
 	if err != nil {
 		return err
 	}

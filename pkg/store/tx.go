@@ -37,8 +37,9 @@ type Tx struct {
 
 	// Publishing: what the plans accepted so far in this group commit write (nil
 	// outside a group), and the handle on the generation file.
-	group *groupWrites
-	marks marks
+	group       *groupWrites
+	marks       marks
+	lockChecked bool // lock.Check passed in this hold
 }
 
 // write is one planned or performed publication: a record to write, or (rec nil) one
@@ -74,6 +75,17 @@ func (s *Store) Transaction(ctx context.Context, fn func(tx *Tx) error) error {
 		err = uerr
 	}
 	return err
+}
+
+// heldGeneration returns the generation state a publisher under the lock has its
+// handle on (the file as it is: only the publisher changes it), or nil before its
+// handle is open.
+func (tx *Tx) heldGeneration() *generation {
+	if tx.marks.f == nil {
+		return nil
+	}
+	g := tx.marks.state
+	return &g
 }
 
 // unpublishedCreates returns how many records of kind k the plans accepted so far in
