@@ -200,10 +200,20 @@ func TestFdReadable(t *testing.T) {
 // The root removed and made again at its path by someone else: a call that fails with
 // ENOENT in the removed directory is retried once, afresh, and works; a call that
 // fails with ENOENT in a directory that is still there is not retried, and the cache
-// is kept. (ReadDir(".") is not among them: opening "." of the removed root succeeds,
-// and the listing's ENOENT comes after the retry point.)
+// is kept. Opening "." of the removed root would succeed (a removed directory stays
+// open), so open(".") checks first that the root it holds still has a link: on the old
+// code ReadDir(".") and ProbeGranularity failed on every call until some other call
+// dropped the dead descriptor.
 func TestRootRemovedAndRecreated(t *testing.T) {
 	for name, call := range map[string]func(fsys FS) error{
+		"list the root": func(fsys FS) error {
+			ents, err := fsys.ReadDir(".")
+			if err == nil && len(ents) != 2 {
+				return errors.New("the listing is not of the new root")
+			}
+			return err
+		},
+		"probe the root's granularity": func(fsys FS) error { _, err := ProbeGranularity(fsys, "."); return err },
 		"create": func(fsys FS) error {
 			f, err := fsys.OpenFile("b", syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, 0o600)
 			if err == nil {

@@ -233,6 +233,12 @@ func (o *OS) open(op, name string, flag int, perm uint32) (int, error) {
 	if name == "." {
 		fd := -1
 		err := o.withDir(op, ".", func(dfd int) (err error) {
+			// "." of a removed directory opens, and what is done with it fails later:
+			// a root with no link left is ENOENT here, which withDir retries afresh.
+			var st unix.Stat_t
+			if err := unix.Fstat(dfd, &st); err == nil && st.Nlink == 0 {
+				return unix.ENOENT
+			}
 			fd, err = unix.Openat(dfd, ".", flag|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
 			return err
 		})

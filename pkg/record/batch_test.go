@@ -1,6 +1,8 @@
 package record_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/sealbridge/sealbridge/pkg/errcode"
@@ -166,8 +168,8 @@ func TestCloserOf(t *testing.T) {
 	}
 }
 
-// MessageFollow: a queued or relayed message follows its members of kind message: a
-// closed one closes it (with the member's closer, reason and attempts), a relayed one
+// MessageFollow: a queued or relayed message follows the members that speak for it
+// (its members of kind message; a confirmation's delivery-status): a closed one closes it (with the member's closer, reason and attempts), a relayed one
 // makes a queued message relayed; a closed member wins over a relayed one.
 func TestMessageFollow(t *testing.T) {
 	const now = tCreated // before every deadline: the closer comes from lastError
@@ -217,7 +219,11 @@ func TestMessageFollow(t *testing.T) {
 		{"relayed, one relayed", msg(record.StatusRelayed), []*record.Outbox{relayed}, record.Follow{}},
 		{"delivered, one refused", msg(record.StatusDelivered), []*record.Outbox{refused}, record.Follow{}},
 		{"closed, one relayed", msg(record.StatusClosed), []*record.Outbox{relayed}, record.Follow{}},
-		{"queued, only delivery-status members closed", msg(record.StatusQueued), []*record.Outbox{closedOther, relayedOther}, record.Follow{}},
+		// Without a member of kind message (a confirmation), the delivery-status
+		// members speak (record.Speaks); beside one, they do not.
+		{"queued, only delivery-status members, one closed", msg(record.StatusQueued), []*record.Outbox{closedOther, relayedOther}, closedBy(closedOther, record.ClosedByRefused)},
+		{"queued, only a delivery-status member relayed", msg(record.StatusQueued), []*record.Outbox{relayedOther}, relayedBy(relayedOther)},
+		{"queued, a delivery-status member closed beside a pending message", msg(record.StatusQueued), []*record.Outbox{closedOther, pending}, record.Follow{}},
 		{"queued, a delivery-status member closed first", msg(record.StatusQueued), []*record.Outbox{closedOther, relayed}, relayedBy(relayed)},
 	} {
 		got := record.MessageFollow(c.m, c.members, now)
@@ -229,5 +235,42 @@ func TestMessageFollow(t *testing.T) {
 	late := member(record.StateClosed, record.EnvelopeMessage, "relay down", 1)
 	if got := record.MessageFollow(msg(record.StatusQueued), []*record.Outbox{late}, late.DeliveryDeadline); got.ClosedBy != record.ClosedByDeadline {
 		t.Errorf("closed at its deadline: closedBy %q, want %q", got.ClosedBy, record.ClosedByDeadline)
+	}
+}
+
+// Times are positive integers below 2^53 (docs/FORMAT.md §5): 2^53-1 is a time, 2^53
+// is not. On the old code 2^53 itself was accepted.
+func TestTimesBelow2To53(t *testing.T) {
+	for _, c := range []struct {
+		v  int64
+		ok bool
+	}{{1, true}, {1<<53 - 1, true}, {1 << 53, false}, {0, false}} {
+		m := validMessage(t)
+		m.DeliveryDeadline, m.RetainUntil = c.v, c.v
+		m.CreatedAt, m.UpdatedAt = 1, 1
+		if err := m.Validate(); (err == nil) != c.ok {
+			t.Errorf("a message with deadline %d: Validate %v, want ok=%v", c.v, err, c.ok)
+		}
+	}
+}
+
+// A binding never changes (docs/FORMAT.md §5): no field of it, its times included. On
+// the old code only operationId and requestDigest were held.
+func TestBindingNeverChanges(t *testing.T) {
+	prev := &record.Binding{KeyHash: record.IdempotencyID("k"), OperationID: "00000000-0000-4000-8000-000000000001",
+		RequestDigest: strings.Repeat("a", 64), CreatedAt: 1, RetainUntil: 2}
+	if err := record.CheckReplacement(prev, prev); err != nil {
+		t.Fatalf("the same binding again: %v", err)
+	}
+	for name, change := range map[string]func(b *record.Binding){
+		"createdAt":   func(b *record.Binding) { b.CreatedAt++ },
+		"retainUntil": func(b *record.Binding) { b.RetainUntil++ },
+		"operationId": func(b *record.Binding) { b.OperationID = "00000000-0000-4000-8000-000000000002" },
+	} {
+		next := *prev
+		change(&next)
+		if err := record.CheckReplacement(prev, &next); !errors.Is(err, errcode.DeliveryRecordConflict) {
+			t.Errorf("a binding with another %s: %v, want DELIVERY_RECORD_CONFLICT", name, err)
+		}
 	}
 }

@@ -13,7 +13,7 @@ func member(kind, state string) *record.Outbox {
 // MessageFollow: only the envelopes that speak for a message move it — its envelopes
 // of kind message, or, for a confirmation (no envelope of kind message), its
 // delivery-status; and a held message with nothing pending loses its hold.
-func TestMessageFollow(t *testing.T) {
+func TestMessageFollowSpeaksAndUnholds(t *testing.T) {
 	const (
 		msg = record.EnvelopeMessage
 		ds  = record.EnvelopeDeliveryStatus

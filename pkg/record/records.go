@@ -375,8 +375,8 @@ func checkRelayURL(v string) error {
 }
 
 func checkTime(field string, v int64) error {
-	if v <= 0 || v > 1<<53 {
-		return invalid("%s is not a positive millisecond time", field)
+	if v <= 0 || v >= 1<<53 {
+		return invalid("%s is not a positive millisecond time below 2^53", field)
 	}
 	return nil
 }
@@ -621,7 +621,7 @@ func CheckReplacement(prev, next Record) error {
 			}
 		}
 	case *Binding:
-		if p, ok := prev.(*Binding); ok && (p.OperationID != n.OperationID || p.RequestDigest != n.RequestDigest) {
+		if p, ok := prev.(*Binding); ok && *p != *n {
 			return conflict(n, "an idempotency binding never changes")
 		}
 	}
