@@ -68,3 +68,12 @@ func QueuedPublications(s *Store) int {
 	defer s.pubMu.Unlock()
 	return len(s.pubQueue)
 }
+
+// NoInFlightWaits makes index readers that meet a publication of this process in
+// flight refresh around it at once instead of waiting for it (indexRound), until the
+// test ends: for tests that read an index from inside the publication itself.
+func NoInFlightWaits(t interface{ Cleanup(func()) }) {
+	waits := maxInFlightWaits
+	maxInFlightWaits = 0
+	t.Cleanup(func() { maxInFlightWaits = waits })
+}

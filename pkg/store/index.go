@@ -282,34 +282,54 @@ func (s *Store) prepareIndexHeld(ctx context.Context, k record.Kind, gen *genera
 // current as of the call: its stamp was taken when the round began).
 //
 // While a publication of this process is in flight (renamed or unlinked, not yet
-// adopted), no stamp can show the index current: the index is refreshed with that
-// publication's record read again (refreshChanged), so it holds every publication a
-// read before the call could have seen. A kind with a publication whose mark failed
-// (unmarkedKinds) is reconciled with a full scan every time.
+// adopted), no stamp can show the index current. The round waits for it to be adopted
+// (a rename, a mark and an lstat: microseconds) and takes the stamp again, up to
+// maxInFlightWaits times; a reader that still meets one then refreshes the index with
+// that publication's record read again (refreshChanged), so it holds every
+// publication a read before the call could have seen. A kind with a publication whose
+// mark failed (unmarkedKinds) is reconciled with a full scan every time.
 func (s *Store) indexRound(ctx context.Context, k record.Kind, gen *generation) (ix *index, current bool, err error) {
-	var st Stamp
-	if gen != nil {
-		st, err = s.stampWith(k, *gen)
-	} else {
-		st, err = s.ListingStamp(k)
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	s.mu.Lock()
-	from := indexSnapshot{index: s.indexes[k], fullScan: s.unmarkedKinds[k], inFlight: s.inFlight[k]}
-	if from.inFlight == "" && !from.fullScan && s.indexCurrent(k, from.index, st) {
+	for waits := 0; ; waits++ {
+		var st Stamp
+		if gen != nil {
+			st, err = s.stampWith(k, *gen)
+		} else {
+			st, err = s.ListingStamp(k)
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		s.mu.Lock()
+		from := indexSnapshot{index: s.indexes[k], fullScan: s.unmarkedKinds[k], inFlight: s.inFlight[k]}
+		if from.inFlight != "" && !from.fullScan && waits < maxInFlightWaits {
+			adopted := s.published
+			s.mu.Unlock()
+			select {
+			case <-adopted:
+			case <-ctx.Done():
+				return nil, false, ctx.Err()
+			}
+			gen = nil // the state read before the wait is old now
+			continue
+		}
+		if from.inFlight == "" && !from.fullScan && s.indexCurrent(k, from.index, st) {
+			s.mu.Unlock()
+			return from.index, true, nil
+		}
+		// Publications patch the index in place: what the refresh needs of it is read
+		// here, under s.mu (if it changes meanwhile, its version says so).
+		if from.index != nil {
+			from.stamp, from.version, from.ownMarks = from.index.stamp, from.index.version, from.index.ownMarks
+		}
 		s.mu.Unlock()
-		return from.index, true, nil
+		return s.refreshIndex(ctx, k, st, from)
 	}
-	// Publications patch the index in place: what the refresh needs of it is read
-	// here, under s.mu (if it changes meanwhile, its version says so).
-	if from.index != nil {
-		from.stamp, from.version, from.ownMarks = from.index.stamp, from.index.version, from.index.ownMarks
-	}
-	s.mu.Unlock()
-	return s.refreshIndex(ctx, k, st, from)
 }
+
+// maxInFlightWaits bounds how often an index round waits for a publication of this
+// process in flight before it refreshes around it (a publisher that keeps publishing
+// could otherwise keep a reader waiting).
+var maxInFlightWaits = 8
 
 // reconcile builds k's index for ids, reusing old's entries whose file is unchanged.
 // An entry whose fingerprint was racy when taken is not reused on the fingerprint

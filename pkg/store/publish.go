@@ -380,6 +380,9 @@ func (s *Store) beginPublication(k record.Kind, id string) {
 	if s.inFlight == nil {
 		s.inFlight = map[record.Kind]string{}
 	}
+	if s.published == nil {
+		s.published = make(chan struct{})
+	}
 	s.inFlight[k] = id
 	s.mu.Unlock()
 }
@@ -387,6 +390,10 @@ func (s *Store) beginPublication(k record.Kind, id string) {
 func (s *Store) endPublication(k record.Kind) {
 	s.mu.Lock()
 	delete(s.inFlight, k)
+	if s.published != nil {
+		close(s.published) // wakes the index readers waiting for it (indexRound)
+	}
+	s.published = make(chan struct{})
 	s.mu.Unlock()
 }
 

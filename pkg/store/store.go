@@ -173,6 +173,8 @@ type Store struct {
 	// whose generation mark failed and could not be made up for (markFailed).
 	inFlight      map[record.Kind]string
 	unmarkedKinds map[record.Kind]bool
+	published     chan struct{} // closed (and replaced) when a publication in flight ends
+
 }
 
 // Open returns the store of the identity whose key signer holds. It has no side
