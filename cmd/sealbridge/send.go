@@ -16,6 +16,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
@@ -23,9 +24,6 @@ import (
 
 // stdin is where send reads a body without --file (tests replace it).
 var stdin io.Reader = os.Stdin
-
-// maxBodyRead bounds the body send reads; the daemon enforces its own limit.
-const maxBodyRead = 16 << 20
 
 // daemonConn is a client of the identity's daemon.
 type daemonConn struct {
@@ -280,12 +278,14 @@ func readBody(file string) ([]byte, error) {
 	} else if isTerminal(r) {
 		return nil, usageErrorf("send: no body: give --file F or pipe the body on standard input")
 	}
-	data, err := io.ReadAll(io.LimitReader(r, maxBodyRead+1))
+	// The one limit (the daemon's too), checked before anything is sent.
+	data, err := io.ReadAll(io.LimitReader(r, envelope.MaxBodySize+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	if len(data) > maxBodyRead {
-		return nil, fmt.Errorf("%s: the body is larger than %d bytes", name, maxBodyRead)
+	if len(data) > envelope.MaxBodySize {
+		return nil, withHint(fmt.Errorf("send: the body (%s) is over the limit of %d bytes", name, envelope.MaxBodySize),
+			"a message body is at most %d bytes (%d KiB): send a smaller body, or split it into several messages", envelope.MaxBodySize, envelope.MaxBodySize>>10)
 	}
 	return data, nil
 }

@@ -44,6 +44,10 @@ const (
 	codeUnsupported = "UNSUPPORTED_MEDIA_TYPE"
 )
 
+// codeBodyTooLarge (413): a send's message body is over envelope.MaxBodySize, or its
+// request is too large to hold a body within it.
+const codeBodyTooLarge = "BODY_TOO_LARGE"
+
 func (d *Daemon) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/messages", d.route("send", d.serveSend))
@@ -262,7 +266,14 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req client.SendRequest
-	if !readBody(w, r, maxRequestBytes, &req, "{to, relayUrl, body, deadline}") {
+	if !readBodyOr(w, r, maxRequestBytes, &req, "{to, relayUrl, body, deadline}", func(w http.ResponseWriter) {
+		writeBodyTooLarge(w, fmt.Sprintf("the request is over %d bytes, more than a send with a message body of at most %d bytes takes",
+			maxRequestBytes, envelope.MaxBodySize))
+	}) {
+		return
+	}
+	if len(req.Body) > envelope.MaxBodySize {
+		writeBodyTooLarge(w, fmt.Sprintf("the message body is %d bytes, over the limit of %d bytes", len(req.Body), envelope.MaxBodySize))
 		return
 	}
 	canonical, _ := json.Marshal(req)
@@ -363,10 +374,26 @@ func (d *Daemon) acceptedOperation(key string, canonical []byte) (string, *recor
 	return b.OperationID, m, err
 }
 
+// writeBodyTooLarge answers a send whose message body is over the limit (the one
+// limit: envelope.MaxBodySize): 413 BODY_TOO_LARGE with the limit and a hint.
+func writeBodyTooLarge(w http.ResponseWriter, msg string) {
+	writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"code": codeBodyTooLarge, "message": msg,
+		"limit": envelope.MaxBodySize,
+		"hint": fmt.Sprintf("a message body is at most %d bytes (%d KiB): send a smaller body, or split it into several messages",
+			envelope.MaxBodySize, envelope.MaxBodySize>>10)})
+}
+
 // readBody reads r's body, at most limit bytes of application/json, into v with the
 // strict decoder; on failure it answers the request (415, 413 or 400, saying the
 // expected shape) and returns false.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, v any, shape string) bool {
+	return readBodyOr(w, r, limit, v, shape, func(w http.ResponseWriter) {
+		writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body over %d bytes", limit))
+	})
+}
+
+// readBodyOr is readBody answering a body over limit with tooLarge.
+func readBodyOr(w http.ResponseWriter, r *http.Request, limit int64, v any, shape string, tooLarge func(http.ResponseWriter)) bool {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		writeError(w, http.StatusUnsupportedMediaType, codeUnsupported, "send application/json")
 		return false
@@ -375,7 +402,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, v any, shape 
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body over %d bytes", limit))
+			tooLarge(w)
 			return false
 		}
 		writeError(w, http.StatusBadRequest, codeBadRequest, "reading the request: "+err.Error())
@@ -430,9 +457,6 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 	}
 	if !record.ValidRelayURL(req.RelayURL) {
 		return codeBadRequest, "relayUrl must be an http(s) URL"
-	}
-	if len(req.Body) > envelope.MaxBodySize {
-		return codeTooLarge, fmt.Sprintf("body over %d bytes", envelope.MaxBodySize)
 	}
 	if !deadline.After(now) {
 		return errcode.OutboxDeadlineExpired.String(), "deadline is not in the future"
