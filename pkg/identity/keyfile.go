@@ -147,7 +147,7 @@ func keyFileFix(path string, err error, info fsx.Info) string {
 		return "chmod 600 " + q
 	}
 	// ErrKeyFileSize, ErrKeyFileFormat: not a key file this package wrote.
-	return q + " is not a key file sealbridge wrote (one PKCS#8 Ed25519 PRIVATE KEY PEM block, mode 0600): restore it from a backup"
+	return "restore the key file from a backup: a key file is one PKCS#8 Ed25519 PRIVATE KEY PEM block, mode 0600"
 }
 
 // keyFileErrPrefix starts the text of every ErrKeyFile… sentinel.
