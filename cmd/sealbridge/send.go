@@ -61,6 +61,8 @@ func (d *daemonConn) explain(err error) error {
 			return withHint(err, "wait for queued messages to be relayed or closed (sealbridge ls --status queued)")
 		case ce.Status == http.StatusNotFound:
 			return withHint(err, "list sent messages with: sealbridge ls %s", d.w.flags())
+		case ce.Hint != "":
+			return withHint(err, "%s", ce.Hint) // the daemon's (a full disk's, …)
 		}
 	}
 	return err
@@ -186,7 +188,8 @@ func (e *incompleteSend) explain(w *who, req client.SendRequest, file string) er
 }
 
 // send sends req with key, retrying what leaves the outcome open — the connection
-// lost before an answer, a 5xx, 409 IDEMPOTENCY_IN_PROGRESS — with the same key
+// lost before an answer, a 5xx with an unknown outcome or a Retry-After, 409
+// IDEMPOTENCY_IN_PROGRESS — with the same key
 // and request. A final answer (the message, or a refusal) is returned as is; a
 // daemon not running at the first attempt too (nothing was sent). Otherwise the
 // result is an *incompleteSend.
@@ -203,7 +206,9 @@ func (p retryPolicy) send(ctx context.Context, c *client.Client, req client.Send
 		var ce *client.Error
 		retryAfter := time.Duration(0)
 		switch {
-		case errors.As(err, &ce) && ce.Status >= 500:
+		// A 5xx is retried when a retry may answer otherwise: the outcome is unknown, or
+		// the daemon says when to retry (busy). A full disk is answered at once.
+		case errors.As(err, &ce) && ce.Status >= 500 && (ce.Outcome == "unknown" || ce.RetryAfter > 0):
 			if ce.Outcome == "unknown" {
 				out.unknown = true
 				out.id = ce.MessageID

@@ -502,6 +502,11 @@ func (e *badRequest) Error() string { return e.msg }
 
 func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
 	status, code, msg := d.classify(w, err)
+	if writeFailure(err) {
+		_, hint := describeWriteFailure(d.st.Dir(), err)
+		writeJSON(w, status, map[string]string{"code": code, "message": msg, "hint": hint})
+		return
+	}
 	if hint := idempotencyHint(code); hint != "" {
 		writeJSON(w, status, map[string]string{"code": code, "message": msg, "hint": hint})
 		return
@@ -557,6 +562,14 @@ func (d *Daemon) writeSendError(w http.ResponseWriter, err error, msgID string, 
 	default:
 		e.Hint = "the message was not accepted; send with an Idempotency-Key to make retries safe"
 	}
+	if writeFailure(err) {
+		_, hint := describeWriteFailure(d.st.Dir(), err)
+		if visible {
+			e.Hint += "; and " + hint
+		} else {
+			e.Hint = hint + " (the message was not accepted)"
+		}
+	}
 	writeJSON(w, status, e)
 }
 
@@ -583,9 +596,16 @@ func (d *Daemon) classify(w http.ResponseWriter, err error) (int, string, string
 		return http.StatusInternalServerError, codeInternal, "internal error (see the daemon log)"
 	}
 	status := statusOf(c)
-	if unreadable(err) {
+	switch {
+	case unreadable(err):
 		d.apiProblem(err) // logged as a condition
-	} else if status >= 500 {
+	case writeFailure(err):
+		// One condition for every writer, logged at most once a minute; the answer
+		// says it in plain words, without Retry-After: a retry in a second fails too.
+		d.m.storeError(err)
+		msg, _ := d.writeFailed(err)
+		return status, c.String(), msg
+	case status >= 500:
 		d.m.storeError(err)
 		d.log.Warn("api: store error", "code", c.String(), "err", err)
 	}

@@ -382,6 +382,10 @@ func (f *follower) poll(ctx context.Context, wait time.Duration) (got int, stuck
 				}
 				stuck = true
 				f.d.m.storeError(err)
+				if writeFailure(err) {
+					f.d.writeFailed(err) // one condition for every writer
+					continue
+				}
 				f.d.cond.warn("inbox envelope "+ie.EnvelopeID, errClass(err), "inbox: processing an envelope",
 					"envelope", ie.EnvelopeID, "err", err)
 				continue // not acknowledged: fetched again next time
@@ -589,6 +593,10 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 // stuck logs, as a condition of p's receipt, that advancing it failed: reconcile
 // retries it at every poll.
 func (f *follower) stuck(p *pendingReceipt, msg string, err error, attrs ...any) {
+	if writeFailure(err) {
+		f.d.writeFailed(err)
+		return
+	}
 	f.d.cond.warn("inbox receipt "+p.envelopeID, errClass(err), msg, append(attrs, "err", err)...)
 }
 
