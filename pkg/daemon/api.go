@@ -340,7 +340,7 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		// Not a stored answer: let a retry take the operation over at once.
 		if rerr := d.st.ReleaseOperation(context.WithoutCancel(r.Context()), opID); rerr != nil {
-			d.log.Warn("api: releasing an operation", "operation", opID, "err", rerr)
+			d.storeWarn("api: releasing an operation", rerr, "operation", opID)
 		}
 		d.writeSendError(w, err, opID, true)
 		return
@@ -350,9 +350,9 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		// The message is accepted; a retry re-executes and finds it. End the lease so
 		// that the retry need not wait for it.
 		d.m.storeError(err)
-		d.log.Warn("api: completing an operation", "operation", opID, "err", err)
+		d.storeWarn("api: completing an operation", err, "operation", opID)
 		if rerr := d.st.ReleaseOperation(context.WithoutCancel(r.Context()), opID); rerr != nil {
-			d.log.Warn("api: releasing an operation", "operation", opID, "err", rerr)
+			d.storeWarn("api: releasing an operation", rerr, "operation", opID)
 		}
 	}
 	writeJSONBytes(w, status, body)

@@ -164,3 +164,56 @@ func TestDiskFullConcurrentSendsLogOnce(t *testing.T) {
 		t.Fatalf("/readyz %d", code)
 	}
 }
+
+// A disk that fills up at any point of a keyed send (after its k-th file-system
+// call, for every k a send makes): whatever step meets it — taking the key,
+// enqueueing, releasing or completing the operation — the failure is the one
+// condition: one warning in all, on a clock that stands still.
+func TestDiskFillingDuringKeyedSendsLogsOnce(t *testing.T) {
+	var ops, failAt atomic.Int64
+	d, logs, _ := healthDaemon(t, Options{Store: store.Options{WrapFS: func(inner fsx.FS) fsx.FS {
+		f := fsx.NewFaulty(inner)
+		f.Inject = func(op fsx.Op) error {
+			if n := ops.Add(1); failAt.Load() > 0 && n >= failAt.Load() && (op.Kind == fsx.OpCreate || op.Kind == fsx.OpWrite) {
+				return syscall.ENOSPC
+			}
+			return nil
+		}
+		return f
+	}}})
+	close(d.leasesOK) // startup (not run here) would have expired leftover leases
+	h := d.handler()
+	post := func(key string) (int, string) {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(sendBody(t, "hi")))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		h.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+	// How many calls a keyed send makes on a disk with room.
+	ops.Store(0)
+	if code, raw := post("room"); code != http.StatusCreated {
+		t.Fatalf("a send with room: %d %s", code, raw)
+	}
+	calls := ops.Load()
+	failed := 0
+	for k := int64(1); k <= calls; k++ {
+		ops.Store(0)
+		failAt.Store(k)
+		code, raw := post(fmt.Sprint("k", k))
+		failAt.Store(0)
+		if code != http.StatusCreated {
+			failed++
+			if code != http.StatusServiceUnavailable || !strings.Contains(raw, "is full (ENOSPC") {
+				t.Errorf("disk full at call %d: %d %s", k, code, raw)
+			}
+		}
+	}
+	if failed == 0 {
+		t.Fatal("no send met the full disk")
+	}
+	if warns := logs.lines("level=WARN"); len(warns) != 1 {
+		t.Fatalf("%d warnings for %d sends that met a full disk, want 1:\n%s", len(warns), failed, strings.Join(warns, "\n"))
+	}
+}

@@ -120,3 +120,13 @@ func (d *Daemon) probeWrites(ctx context.Context) {
 		}
 	}
 }
+
+// storeWarn logs a store failure met beside a request's answer: a failed write as
+// the one "store writes" condition (writeFailed), anything else as a warning.
+func (d *Daemon) storeWarn(msg string, err error, attrs ...any) {
+	if writeFailure(err) {
+		d.writeFailed(err)
+		return
+	}
+	d.log.Warn(msg, append(attrs, "err", err)...)
+}
