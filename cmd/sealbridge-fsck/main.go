@@ -219,10 +219,15 @@ func parseArgs(args []string, stderr io.Writer) (config, error) {
 // isDID reports whether an --identity value is meant as a DID rather than a name.
 func isDID(s string) bool { return strings.HasPrefix(s, "did:") }
 
-// identityError: a named identity's key file could not be read to learn its DID.
-type identityError struct{ msg string }
+// identityError: a named identity's key file could not be read to learn its DID
+// (err, whose hint, a key-file rule's fix, is kept).
+type identityError struct {
+	msg string
+	err error
+}
 
 func (e *identityError) Error() string { return e.msg }
+func (e *identityError) Unwrap() error { return e.err }
 
 // resolveOwner learns the DID of an identity given by name (from its key file under
 // the data root; fsck needs only the public half) and names the store directory
@@ -233,9 +238,9 @@ func resolveOwner(cfg *config) error {
 		id, err := identity.LoadKeyFile(p)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
-			return &identityError{fmt.Sprintf("no identity %s at %s", cfg.identityArg, p)}
+			return &identityError{fmt.Sprintf("no identity %s at %s", cfg.identityArg, p), nil}
 		case err != nil:
-			return &identityError{fmt.Sprintf("identity %s: %s", cfg.identityArg, strings.TrimPrefix(err.Error(), "identity: "))}
+			return &identityError{fmt.Sprintf("identity %s: %s", cfg.identityArg, strings.TrimPrefix(err.Error(), "identity: ")), err}
 		}
 		cfg.identity = id.DID()
 		if cfg.repair {
@@ -415,7 +420,7 @@ func writeError(w io.Writer, cfg config, err error, repairs []fsck.ActionResult,
 	case errors.Is(err, fsck.ErrNotStoreLayout), errors.Is(err, fsck.ErrNotStore):
 		fmt.Fprintf(w, "sealbridge-fsck: hint: nothing was changed%s; STORE-DIR is <data root>/delivery/<64 hex digits>, or name the store: sealbridge-fsck%s --home DIR --identity NAME|DID\n",
 			changedNote(done), repair)
-	case errors.As(err, new(*identityError)):
+	case errors.As(err, new(*identityError)) && errcode.HintOf(err) == "":
 		fmt.Fprintf(w, "sealbridge-fsck: hint: give the owner's did:key with --identity, or create the identity with: sealbridge init --home %s --identity %s\n",
 			shellQuote(cfg.root), shellQuote(cfg.identityArg))
 	}

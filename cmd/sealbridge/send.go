@@ -16,6 +16,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
@@ -23,9 +24,6 @@ import (
 
 // stdin is where send reads a body without --file (tests replace it).
 var stdin io.Reader = os.Stdin
-
-// maxBodyRead bounds the body send reads; the daemon enforces its own limit.
-const maxBodyRead = 16 << 20
 
 // daemonConn is a client of the identity's daemon.
 type daemonConn struct {
@@ -63,6 +61,8 @@ func (d *daemonConn) explain(err error) error {
 			return withHint(err, "wait for queued messages to be relayed or closed (sealbridge ls --status queued)")
 		case ce.Status == http.StatusNotFound:
 			return withHint(err, "list sent messages with: sealbridge ls %s", d.w.flags())
+		case ce.Hint != "":
+			return withHint(err, "%s", ce.Hint) // the daemon's (a full disk's, …)
 		}
 	}
 	return err
@@ -188,7 +188,8 @@ func (e *incompleteSend) explain(w *who, req client.SendRequest, file string) er
 }
 
 // send sends req with key, retrying what leaves the outcome open — the connection
-// lost before an answer, a 5xx, 409 IDEMPOTENCY_IN_PROGRESS — with the same key
+// lost before an answer, a 5xx with an unknown outcome or a Retry-After, 409
+// IDEMPOTENCY_IN_PROGRESS — with the same key
 // and request. A final answer (the message, or a refusal) is returned as is; a
 // daemon not running at the first attempt too (nothing was sent). Otherwise the
 // result is an *incompleteSend.
@@ -205,7 +206,9 @@ func (p retryPolicy) send(ctx context.Context, c *client.Client, req client.Send
 		var ce *client.Error
 		retryAfter := time.Duration(0)
 		switch {
-		case errors.As(err, &ce) && ce.Status >= 500:
+		// A 5xx is retried when a retry may answer otherwise: the outcome is unknown, or
+		// the daemon says when to retry (busy). A full disk is answered at once.
+		case errors.As(err, &ce) && ce.Status >= 500 && (ce.Outcome == "unknown" || ce.RetryAfter > 0):
 			if ce.Outcome == "unknown" {
 				out.unknown = true
 				out.id = ce.MessageID
@@ -280,12 +283,14 @@ func readBody(file string) ([]byte, error) {
 	} else if isTerminal(r) {
 		return nil, usageErrorf("send: no body: give --file F or pipe the body on standard input")
 	}
-	data, err := io.ReadAll(io.LimitReader(r, maxBodyRead+1))
+	// The one limit (the daemon's too), checked before anything is sent.
+	data, err := io.ReadAll(io.LimitReader(r, envelope.MaxBodySize+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	if len(data) > maxBodyRead {
-		return nil, fmt.Errorf("%s: the body is larger than %d bytes", name, maxBodyRead)
+	if len(data) > envelope.MaxBodySize {
+		return nil, withHint(fmt.Errorf("send: the body (%s) is over the limit of %d bytes", name, envelope.MaxBodySize),
+			"a message body is at most %d bytes (%d KiB): send a smaller body, or split it into several messages", envelope.MaxBodySize, envelope.MaxBodySize>>10)
 	}
 	return data, nil
 }

@@ -240,12 +240,19 @@ func TestSendRetryPolicy(t *testing.T) {
 		t.Fatalf("400: %v, waits %v, %d attempts", err, waits, len(sentKeys))
 	}
 
+	// A 5xx whose outcome is known and that gives no Retry-After (a full disk) is
+	// final at once: a retry would fail the same way.
+	_, err, waits = run(p, answer(503, "", `{"code":"OUTBOX_STORE_UNWRITABLE","message":"the disk holding /x is full (ENOSPC: no space left on device)","hint":"free space"}`))
+	if !errors.As(err, &ce) || ce.Status != 503 || len(waits) != 0 || len(sentKeys) != 1 {
+		t.Fatalf("503 without Retry-After: %v, waits %v, %d attempts", err, waits, len(sentKeys))
+	}
+
 	// The wait budget ends the retries; a 503 without outcome is "not accepted".
 	p.maxWait = 150 * time.Millisecond
-	_, err, waits = run(p, answer(503, "", `{"code":"OUTBOX_STORE_BUSY","message":"busy"}`))
+	_, err, waits = run(p, answer(503, "1", `{"code":"OUTBOX_STORE_BUSY","message":"busy"}`))
 	var is *incompleteSend
-	if !errors.As(err, &is) || is.unknown || exitCode(err) != exitFailure || len(sentKeys) != 3 ||
-		!slices.Equal(waits, []time.Duration{100 * time.Millisecond, 50 * time.Millisecond}) {
+	if !errors.As(err, &is) || is.unknown || exitCode(err) != exitFailure || len(sentKeys) != 2 ||
+		!slices.Equal(waits, []time.Duration{150 * time.Millisecond}) {
 		t.Fatalf("budget: %v, waits %v, %d attempts", err, waits, len(sentKeys))
 	}
 	// A dropped connection leaves the outcome unknown: exit 4.

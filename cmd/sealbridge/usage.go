@@ -43,7 +43,9 @@ Examples:
                        [--idempotency-key K] [--file F] [--home DIR] [--identity NAME]
 
 Sends a message through the identity's daemon and prints its id. The body is read
-from --file F, or from standard input (a terminal is refused).
+from --file F, or from standard input (a terminal is refused). A body is at most
+97280 bytes (95 KiB, what one envelope carries); a larger one is refused before
+anything is sent.
 
   --to DID               the recipient's did:key (required)
   --relay URL            the http(s) URL of the relay to send through (required)

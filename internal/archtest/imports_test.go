@@ -27,7 +27,9 @@ var allowed = map[string][]string{
 	"internal/conctest": {"pkg/record", "pkg/errcode", "github.com/anishathalye/porcupine", "golang.org/x/sys"},
 	// identity: its key files are written and read through internal/fsx, never by
 	// system calls of its own.
-	"pkg/identity": {"internal/fsx", "filippo.io/edwards25519", "github.com/mr-tron/base58"},
+	// It makes its key-file refusals' fixes as the data-root rules do (dataroot,
+	// errcode hints).
+	"pkg/identity": {"internal/fsx", "internal/dataroot", "pkg/errcode", "filippo.io/edwards25519", "github.com/mr-tron/base58"},
 	"pkg/envelope": {"pkg/identity", "internal/uuid"},
 	"pkg/record":   {"pkg/envelope", "pkg/identity", "pkg/errcode", "internal/uuid"},
 	// relayproto: the relay protocol, both of its sides: relay serves it, carrier and daemon speak it.

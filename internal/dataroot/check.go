@@ -145,7 +145,7 @@ func checkDir(path, what string, private bool) (*violation, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	q := shellQuote(path)
+	q := ShellQuote(path)
 	mk := func(rule, fix string) *violation {
 		return &violation{Violation: &Violation{Path: path, Rule: what + " " + rule, Fix: fix}}
 	}
@@ -187,13 +187,13 @@ func checkDir(path, what string, private bool) (*violation, bool, error) {
 func symlinkFix(path string) string {
 	target, err := os.Readlink(path)
 	if err != nil {
-		return "replace the symbolic link " + shellQuote(path) + " with a real directory"
+		return "replace the symbolic link " + ShellQuote(path) + " with a real directory"
 	}
 	if !filepath.IsAbs(target) {
 		target = filepath.Join(filepath.Dir(path), target)
 	}
-	return "replace the symbolic link with the directory it points to: rm " + shellQuote(path) +
-		" && mv " + shellQuote(target) + " " + shellQuote(path)
+	return "replace the symbolic link with the directory it points to: rm " + ShellQuote(path) +
+		" && mv " + ShellQuote(target) + " " + ShellQuote(path)
 }
 
 func typeName(m fs.FileMode) string {
@@ -210,8 +210,9 @@ func typeName(m fs.FileMode) string {
 	return "a special file"
 }
 
-// shellQuote quotes s for a POSIX shell when it needs it.
-func shellQuote(s string) string {
+// ShellQuote quotes s for a POSIX shell when it needs it: the paths in the fixes of
+// the data-root rules and of the key-file rules (pkg/identity).
+func ShellQuote(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./+:@=,%") == "" {
 		return s
 	}

@@ -44,6 +44,10 @@ const (
 	codeUnsupported = "UNSUPPORTED_MEDIA_TYPE"
 )
 
+// codeBodyTooLarge (413): a send's message body is over envelope.MaxBodySize, or its
+// request is too large to hold a body within it.
+const codeBodyTooLarge = "BODY_TOO_LARGE"
+
 func (d *Daemon) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/messages", d.route("send", d.serveSend))
@@ -262,7 +266,14 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req client.SendRequest
-	if !readBody(w, r, maxRequestBytes, &req, "{to, relayUrl, body, deadline}") {
+	if !readBodyOr(w, r, maxRequestBytes, &req, "{to, relayUrl, body, deadline}", func(w http.ResponseWriter) {
+		writeBodyTooLarge(w, fmt.Sprintf("the request is over %d bytes, more than a send with a message body of at most %d bytes takes",
+			maxRequestBytes, envelope.MaxBodySize))
+	}) {
+		return
+	}
+	if len(req.Body) > envelope.MaxBodySize {
+		writeBodyTooLarge(w, fmt.Sprintf("the message body is %d bytes, over the limit of %d bytes", len(req.Body), envelope.MaxBodySize))
 		return
 	}
 	canonical, _ := json.Marshal(req)
@@ -329,7 +340,7 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		// Not a stored answer: let a retry take the operation over at once.
 		if rerr := d.st.ReleaseOperation(context.WithoutCancel(r.Context()), opID); rerr != nil {
-			d.log.Warn("api: releasing an operation", "operation", opID, "err", rerr)
+			d.storeWarn("api: releasing an operation", rerr, "operation", opID)
 		}
 		d.writeSendError(w, err, opID, true)
 		return
@@ -339,9 +350,9 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		// The message is accepted; a retry re-executes and finds it. End the lease so
 		// that the retry need not wait for it.
 		d.m.storeError(err)
-		d.log.Warn("api: completing an operation", "operation", opID, "err", err)
+		d.storeWarn("api: completing an operation", err, "operation", opID)
 		if rerr := d.st.ReleaseOperation(context.WithoutCancel(r.Context()), opID); rerr != nil {
-			d.log.Warn("api: releasing an operation", "operation", opID, "err", rerr)
+			d.storeWarn("api: releasing an operation", rerr, "operation", opID)
 		}
 	}
 	writeJSONBytes(w, status, body)
@@ -363,10 +374,26 @@ func (d *Daemon) acceptedOperation(key string, canonical []byte) (string, *recor
 	return b.OperationID, m, err
 }
 
+// writeBodyTooLarge answers a send whose message body is over the limit (the one
+// limit: envelope.MaxBodySize): 413 BODY_TOO_LARGE with the limit and a hint.
+func writeBodyTooLarge(w http.ResponseWriter, msg string) {
+	writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"code": codeBodyTooLarge, "message": msg,
+		"limit": envelope.MaxBodySize,
+		"hint": fmt.Sprintf("a message body is at most %d bytes (%d KiB): send a smaller body, or split it into several messages",
+			envelope.MaxBodySize, envelope.MaxBodySize>>10)})
+}
+
 // readBody reads r's body, at most limit bytes of application/json, into v with the
 // strict decoder; on failure it answers the request (415, 413 or 400, saying the
 // expected shape) and returns false.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, v any, shape string) bool {
+	return readBodyOr(w, r, limit, v, shape, func(w http.ResponseWriter) {
+		writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body over %d bytes", limit))
+	})
+}
+
+// readBodyOr is readBody answering a body over limit with tooLarge.
+func readBodyOr(w http.ResponseWriter, r *http.Request, limit int64, v any, shape string, tooLarge func(http.ResponseWriter)) bool {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		writeError(w, http.StatusUnsupportedMediaType, codeUnsupported, "send application/json")
 		return false
@@ -375,7 +402,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, v any, shape 
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body over %d bytes", limit))
+			tooLarge(w)
 			return false
 		}
 		writeError(w, http.StatusBadRequest, codeBadRequest, "reading the request: "+err.Error())
@@ -431,9 +458,6 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg string
 	if !record.ValidRelayURL(req.RelayURL) {
 		return codeBadRequest, "relayUrl must be an http(s) URL"
 	}
-	if len(req.Body) > envelope.MaxBodySize {
-		return codeTooLarge, fmt.Sprintf("body over %d bytes", envelope.MaxBodySize)
-	}
 	if !deadline.After(now) {
 		return errcode.OutboxDeadlineExpired.String(), "deadline is not in the future"
 	}
@@ -478,6 +502,11 @@ func (e *badRequest) Error() string { return e.msg }
 
 func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
 	status, code, msg := d.classify(w, err)
+	if writeFailure(err) {
+		_, hint := describeWriteFailure(d.st.Dir(), err)
+		writeJSON(w, status, map[string]string{"code": code, "message": msg, "hint": hint})
+		return
+	}
 	if hint := idempotencyHint(code); hint != "" {
 		writeJSON(w, status, map[string]string{"code": code, "message": msg, "hint": hint})
 		return
@@ -533,6 +562,14 @@ func (d *Daemon) writeSendError(w http.ResponseWriter, err error, msgID string, 
 	default:
 		e.Hint = "the message was not accepted; send with an Idempotency-Key to make retries safe"
 	}
+	if writeFailure(err) {
+		_, hint := describeWriteFailure(d.st.Dir(), err)
+		if visible {
+			e.Hint += "; and " + hint
+		} else {
+			e.Hint = hint + " (the message was not accepted)"
+		}
+	}
 	writeJSON(w, status, e)
 }
 
@@ -559,9 +596,16 @@ func (d *Daemon) classify(w http.ResponseWriter, err error) (int, string, string
 		return http.StatusInternalServerError, codeInternal, "internal error (see the daemon log)"
 	}
 	status := statusOf(c)
-	if unreadable(err) {
+	switch {
+	case unreadable(err):
 		d.apiProblem(err) // logged as a condition
-	} else if status >= 500 {
+	case writeFailure(err):
+		// One condition for every writer, logged at most once a minute; the answer
+		// says it in plain words, without Retry-After: a retry in a second fails too.
+		d.m.storeError(err)
+		msg, _ := d.writeFailed(err)
+		return status, c.String(), msg
+	case status >= 500:
 		d.m.storeError(err)
 		d.log.Warn("api: store error", "code", c.String(), "err", err)
 	}

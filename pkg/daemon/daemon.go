@@ -97,6 +97,9 @@ type Daemon struct {
 	cond    *condLog
 	clock   carrier.Clock  // the follower's timers and the condition logger's time
 	jitter  func() float64 // the follower's backoff jitter, in [0, 1)
+
+	writeKick  chan struct{} // wakes the write prober (writes.go)
+	writeFails atomic.Int64  // failed store writes so far
 }
 
 // New loads the identity, opens its store and takes the one-daemon-per-identity lock
@@ -155,7 +158,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{opts: opts, log: opts.Logger.With("did", string(id.DID())), id: id, st: st, root: root,
 		socket: socket, ready: make(chan struct{}),
 		leasesOK: make(chan struct{}), started: time.Now(), changes: newChangeFeed(opts.ChangeWindow),
-		health: newHealth(), clock: carrier.WallClock(), jitter: rand.Float64}
+		health: newHealth(), clock: carrier.WallClock(), jitter: rand.Float64, writeKick: make(chan struct{}, 1)}
 	d.cond = newCondLog(d.log, d.now)
 	if err := privateDir(filepath.Join(root, dataroot.RunDir)); err != nil {
 		return nil, err
@@ -323,6 +326,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.maintain(bg) })
 	wg.Go(func() { d.detectChanges(bg) })
 	wg.Go(func() { d.follow(bg) })
+	wg.Go(func() { d.probeWrites(bg) })
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(&peerListener{UnixListener: ln, uid: os.Getuid(), log: d.log, m: d.m}) }()
 	close(d.ready)
@@ -479,6 +483,10 @@ func (d *Daemon) maintain(ctx context.Context) {
 				return
 			}
 			d.m.storeError(err)
+			if writeFailure(err) {
+				d.writeFailed(err)
+				continue
+			}
 			d.cond.warn("maintenance", errClass(err), "daemon: maintenance", "failed_steps", len(rep.Errors), "err", err)
 			continue
 		}

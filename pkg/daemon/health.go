@@ -27,6 +27,7 @@ type readyProblem struct {
 	Source string    `json:"source"` // the loop that met it, e.g. "changes messages"
 	Code   string    `json:"code,omitempty"`
 	Error  string    `json:"error"`
+	Hint   string    `json:"hint,omitempty"`
 	Since  time.Time `json:"since"`
 }
 
@@ -47,6 +48,25 @@ func (h *health) set(source string, err error, now time.Time) {
 	}
 	p.Source, p.Code, p.Error = source, errcode.Of(err), err.Error()
 	h.problems[source] = p
+}
+
+// setProblem records p (its Since kept while its source's problem persists).
+func (h *health) setProblem(p readyProblem, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p.Since = now
+	if old, ok := h.problems[p.Source]; ok {
+		p.Since = old.Since
+	}
+	h.problems[p.Source] = p
+}
+
+// has reports whether source's problem holds.
+func (h *health) has(source string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.problems[source]
+	return ok
 }
 
 func (h *health) clear(source string) bool {
@@ -71,6 +91,11 @@ func (h *health) list() []readyProblem {
 
 // problem records and logs (as a condition) that source met err reading the store.
 func (d *Daemon) problem(source, msg string, err error, attrs ...any) {
+	if writeFailure(err) {
+		d.m.storeError(err)
+		d.writeFailed(err)
+		return
+	}
 	d.health.set(source, err, d.now())
 	d.m.storeError(err)
 	d.cond.warn(source, errClass(err), msg, append(attrs, "err", err)...)
@@ -153,6 +178,10 @@ func (d *Daemon) carrierEvent(e carrier.Event) {
 		if e.Target == "" {
 			key = "carrier schedule"
 		}
+		if writeFailure(e.Err) {
+			d.writeFailed(e.Err)
+			return
+		}
 		if unreadable(e.Err) {
 			d.health.set(key, e.Err, d.now())
 		}
@@ -172,15 +201,37 @@ func (d *Daemon) serveReady(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	if ps := d.health.list(); len(ps) > 0 {
+		// Failed writes first: they are what a client's send meets.
+		slices.SortStableFunc(ps, func(a, b readyProblem) int {
+			return cmpBool(b.Source == writeSource, a.Source == writeSource)
+		})
 		msg := "the store cannot be read (" + ps[0].Source + "): " + ps[0].Error + "; run sealbridge-fsck"
+		if ps[0].Source == writeSource {
+			msg = "the store cannot be written: " + ps[0].Error
+		}
 		if len(ps) > 1 {
 			msg += fmt.Sprintf(" (and %d more; see problems)", len(ps)-1)
 		}
+		body := map[string]any{"code": codeNotReady, "message": msg,
+			"status": "not ready", "did": string(d.id.DID()), "problems": ps}
+		if ps[0].Hint != "" {
+			body["hint"] = ps[0].Hint
+		}
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"code": codeNotReady, "message": msg,
-			"status": "not ready", "did": string(d.id.DID()), "problems": ps})
+		writeJSON(w, http.StatusServiceUnavailable, body)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "did": string(d.id.DID()),
 		"indexesPrepared": d.prepared.Load()})
+}
+
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -289,72 +288,6 @@ func TestInboxRelayValidated(t *testing.T) {
 	d, _, _ := healthDaemon(t, Options{InboxRelay: "http://127.0.0.1:8470/base"})
 	if d.opts.InboxRelay == "" {
 		t.Fatal("a valid relay URL was dropped")
-	}
-}
-
-// The inbox follower backs off while its relay fails, 2 s doubling to 300 s, and
-// polls at PollEvery again after a success; the failure is logged as a condition.
-func TestInboxBackoff(t *testing.T) {
-	var up atomic.Bool
-	var fetches atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fetches.Add(1)
-		if !up.Load() {
-			http.Error(w, `{"code":"UNAVAILABLE"}`, http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte(`{"envelopes":[],"cursor":"","more":false}`))
-	}))
-	defer srv.Close()
-	d, logs, clk := healthDaemon(t, Options{InboxRelay: srv.URL, PollEvery: time.Second})
-	d.jitter = func() float64 { return 0.5 } // a jitter factor of exactly 1
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); d.follow(ctx) }()
-	defer func() { cancel(); <-done }()
-	next := func() *fakeTimer {
-		t.Helper()
-		select {
-		case tm := <-clk.timers:
-			return tm
-		case <-time.After(60 * time.Second):
-			t.Fatal("the follower armed no timer")
-			return nil
-		}
-	}
-	s := time.Second
-	want := []time.Duration{0, 2 * s, 4 * s, 8 * s, 16 * s, 32 * s, 64 * s, 128 * s, 256 * s, 300 * s, 300 * s}
-	for i, w := range want {
-		tm := next()
-		if tm.d != w {
-			t.Fatalf("wait %d: %s, want %s (waits %v)", i, tm.d, w, want)
-		}
-		if i == len(want)-1 {
-			up.Store(true)
-		}
-		tm.fire()
-	}
-	if tm := next(); tm.d != time.Second {
-		t.Fatalf("after a success: %s, want the poll period 1s", tm.d)
-	} else {
-		up.Store(false)
-		tm.fire()
-	}
-	if tm := next(); tm.d != 2*time.Second {
-		t.Fatalf("after a new failure: %s, want 2s", tm.d)
-	}
-	if got := fetches.Load(); got != int32(len(want)+1) {
-		t.Fatalf("%d fetches, want %d", got, len(want)+1)
-	}
-	// 10 failures over 13.5 minutes (at 0, 2, 6, 14, 30, 62, 126, 254, 510 and 810 s):
-	// a warning when it appeared and then at most one a minute (at 62, 126, 254, 510
-	// and 810 s); one line when it cleared; a warning when it came back.
-	warns := logs.lines("level=WARN", "inbox: the relay cannot be fetched from")
-	if len(warns) != 7 {
-		t.Fatalf("%d warnings for 11 failures:\n%s", len(warns), strings.Join(warns, "\n"))
-	}
-	if got := logs.lines("level=INFO", "inbox: the relay answers again"); len(got) != 1 {
-		t.Fatalf("%d 'answers again' lines, want 1", len(got))
 	}
 }
 

@@ -25,9 +25,15 @@ import (
 const (
 	defaultPollEvery = time.Second
 	// inboxBackoffMin and inboxBackoffMax bound the wait after a failed fetch: it
-	// doubles from the first to the second while the relay stays unreachable.
-	inboxBackoffMin = 2 * time.Second
-	inboxBackoffMax = 300 * time.Second
+	// doubles from the first to the second while the relay stays unreachable. The
+	// bound is short so that mail waiting at a relay that comes back moves within
+	// inboxBackoffMax of its return, however long it was away: one signed GET every
+	// few seconds is what a follower costs a relay that is down.
+	inboxBackoffMin = time.Second
+	inboxBackoffMax = 5 * time.Second
+	// inboxRetryAfterMax bounds how long a relay's Retry-After (a 503 or 429 of a
+	// relay that answers) can hold the follower back.
+	inboxRetryAfterMax = 60 * time.Second
 	// inboundRetain is how long receipts and observations outlive the envelope's
 	// deadline (the relay resends until deadline + 24 h).
 	inboundRetain = 7 * 24 * time.Hour
@@ -175,8 +181,11 @@ func inboxBackoff(fails int, jitter float64) time.Duration {
 // are reconciled as often as before): after a page with envelopes it fetches
 // again at once, otherwise no sooner than PollEvery after the previous fetch
 // started, so a relay that answers a wait at once is not hammered. A relay that
-// refuses wait= is polled every PollEvery. While the relay cannot be fetched
-// from, it backs off (inboxBackoff); the first success resets the period.
+// refuses wait= is polled every PollEvery, and so is one whose held-poll slots
+// are full (503 RELAY_BUSY to a fetch with wait=: poll falls back to a plain
+// fetch at once). While the relay cannot be fetched from, it backs off
+// (inboxBackoff, or the relay's Retry-After if longer, up to inboxRetryAfterMax);
+// the first success resets the period.
 func (d *Daemon) follow(ctx context.Context) {
 	if d.opts.InboxRelay == "" {
 		return
@@ -225,6 +234,10 @@ func (d *Daemon) follow(ctx context.Context) {
 			f.noWait = false // the relay may come back another version
 			fails++
 			wait = max(every, inboxBackoff(fails, d.jitter()))
+			var re *relayproto.Error
+			if errors.As(err, &re) && re.RetryAfter > 0 {
+				wait = max(wait, min(time.Duration(re.RetryAfter)*time.Second, inboxRetryAfterMax))
+			}
 			d.cond.warn(key, errClass(err), "inbox: the relay cannot be fetched from; backing off",
 				"relay", f.url, "failures", fails, "retry_in", wait.String(), "err", err)
 		} else {
@@ -337,7 +350,9 @@ func (f *follower) hasPending() bool {
 
 // poll fetches the inbox from the start (acknowledged envelopes leave it) and
 // processes every envelope; the first fetch waits up to wait (long poll) for
-// one to arrive. It reports how many envelopes it saw and whether one of them
+// one to arrive. A relay that cannot hold it (503 RELAY_BUSY: its held-poll
+// slots are full) is fetched from again at once without wait=, which is no
+// failure. It reports how many envelopes it saw and whether one of them
 // was left unacknowledged (it failed and will be fetched again).
 func (f *follower) poll(ctx context.Context, wait time.Duration) (got int, stuck bool, err error) {
 	after := ""
@@ -347,6 +362,9 @@ func (f *follower) poll(ctx context.Context, wait time.Duration) (got int, stuck
 		if wait > 0 && errors.As(err, &re) && re.Status == http.StatusBadRequest && re.Code == relayproto.CodeBadRequest {
 			f.noWait = true
 			f.d.log.Info("inbox: the relay does not hold fetches (wait=); polling it", "relay", f.url)
+			page, err = f.rc.Fetch(ctx, f.d.id, after, inboxPageSize)
+		} else if wait > 0 && errors.As(err, &re) && re.Status == http.StatusServiceUnavailable && re.Code == relayproto.CodeRelayBusy {
+			f.d.log.Debug("inbox: the relay holds no more fetches; fetching without wait=", "relay", f.url)
 			page, err = f.rc.Fetch(ctx, f.d.id, after, inboxPageSize)
 		}
 		wait = 0
@@ -364,6 +382,10 @@ func (f *follower) poll(ctx context.Context, wait time.Duration) (got int, stuck
 				}
 				stuck = true
 				f.d.m.storeError(err)
+				if writeFailure(err) {
+					f.d.writeFailed(err) // one condition for every writer
+					continue
+				}
 				f.d.cond.warn("inbox envelope "+ie.EnvelopeID, errClass(err), "inbox: processing an envelope",
 					"envelope", ie.EnvelopeID, "err", err)
 				continue // not acknowledged: fetched again next time
@@ -571,6 +593,10 @@ func (f *follower) advance(ctx context.Context, p *pendingReceipt, acked bool) {
 // stuck logs, as a condition of p's receipt, that advancing it failed: reconcile
 // retries it at every poll.
 func (f *follower) stuck(p *pendingReceipt, msg string, err error, attrs ...any) {
+	if writeFailure(err) {
+		f.d.writeFailed(err)
+		return
+	}
 	f.d.cond.warn("inbox receipt "+p.envelopeID, errClass(err), msg, append(attrs, "err", err)...)
 }
 

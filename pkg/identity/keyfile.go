@@ -13,7 +13,9 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
 const (
@@ -91,7 +93,9 @@ func unwrapPath(err error) error {
 // (ErrKeyFileSize). The content must be exactly one "PRIVATE KEY" PEM block,
 // optionally followed by white space, holding an unencrypted PKCS#8 Ed25519 key
 // whose public key is strictly valid (ErrKeyFileFormat). Errors never contain
-// key bytes.
+// key bytes. Each refusal of a rule carries its fix as its hint (errcode.HintOf):
+// chmod 600 for a mode, chown for an owner, the commands that replace a symbolic
+// link or remove other links, moving a file of another type out of the way.
 func LoadKeyFile(path string) (*Identity, error) {
 	fsys, base, err := keyFileDir(path)
 	if err != nil {
@@ -101,22 +105,49 @@ func LoadKeyFile(path string) (*Identity, error) {
 	defer clear(data)
 	if info.Mode != 0 { // fstat succeeded: the key file's own rules come first
 		if cerr := checkKeyFileStat(info); cerr != nil {
-			return nil, atPath(path, cerr)
+			return nil, refusal(path, cerr, info)
 		}
 	}
 	switch {
 	case errors.Is(err, syscall.ELOOP):
-		return nil, atPath(path, fmt.Errorf("%w: a symbolic link (%w)", ErrKeyFileType, syscall.ELOOP))
+		return nil, refusal(path, fmt.Errorf("%w: a symbolic link (%w)", ErrKeyFileType, syscall.ELOOP), info)
 	case errors.Is(err, fsx.ErrTooLarge):
-		return nil, atPath(path, ErrKeyFileSize) // it grew after fstat
+		return nil, refusal(path, ErrKeyFileSize, info) // it grew after fstat
 	case err != nil:
 		return nil, fmt.Errorf("identity: key file %s: %w", path, unwrapPath(err))
 	}
 	id, err := parseKeyPEM(data)
 	if err != nil {
-		return nil, atPath(path, err)
+		return nil, refusal(path, err, info)
 	}
 	return id, nil
+}
+
+// refusal is LoadKeyFile's refusal of the key file at path for breaking a key-file
+// rule (err wraps an ErrKeyFile… sentinel; info is its fstat, zero if there was
+// none): it names the path once and carries the fix as its hint (errcode.HintOf),
+// as the data-root refusals do, so that every binary prints what to do.
+func refusal(path string, err error, info fsx.Info) error {
+	return errcode.WithHint(atPath(path, err), keyFileFix(path, err, info))
+}
+
+// keyFileFix is the command or step that fixes the key-file rule err breaks.
+func keyFileFix(path string, err error, info fsx.Info) string {
+	q := dataroot.ShellQuote(path)
+	switch {
+	case errors.Is(err, syscall.ELOOP):
+		return "a key file is never a symbolic link: replace the link with the file it points to: mv \"$(readlink -f " + q + ")\" " + q
+	case errors.Is(err, ErrKeyFileType) && info.IsRegular():
+		return fmt.Sprintf("the key file has %d names (hard links): remove the others, so that no other name reads the key (find them with: find / -xdev -samefile %s)", info.Nlink, q)
+	case errors.Is(err, ErrKeyFileType):
+		return "move " + q + " out of the way and put the key file there: a key file is a regular file of mode 0600"
+	case errors.Is(err, ErrKeyFileOwner):
+		return fmt.Sprintf("run as uid %d, or give it to this user: chown %d %s", info.Uid, os.Geteuid(), q)
+	case errors.Is(err, ErrKeyFileMode):
+		return "chmod 600 " + q
+	}
+	// ErrKeyFileSize, ErrKeyFileFormat: not a key file this package wrote.
+	return "restore the key file from a backup: a key file is one PKCS#8 Ed25519 PRIVATE KEY PEM block, mode 0600"
 }
 
 // keyFileErrPrefix starts the text of every ErrKeyFile… sentinel.
