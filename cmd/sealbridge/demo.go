@@ -331,7 +331,7 @@ func (dm *demo) send(ctx context.Context, c *client.Client, to, relayURL string)
 		wg.Go(func() {
 			for i := range jobs {
 				body := fmt.Appendf(nil, "demo message %d of %d", i+1, dm.n)
-				_, err := c.Send(ctx, client.SendRequest{To: to, RelayURL: relayURL, Body: body},
+				_, err := c.Send(ctx, client.SendRequest{To: client.Recipients{to}, RelayURL: relayURL, Body: body},
 					fmt.Sprintf("demo-%d", i+1))
 				if err != nil {
 					err = fmt.Errorf("send message %d: %w", i+1, err)

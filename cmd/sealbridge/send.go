@@ -108,7 +108,7 @@ func cmdSend(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		return err
 	}
 	// The request is made once: every attempt sends the same bytes with one key.
-	req := client.SendRequest{To: *to, RelayURL: *relayURL, Body: body, DeadlineMs: deadlineMs}
+	req := client.SendRequest{To: client.Recipients{*to}, RelayURL: *relayURL, Body: body, DeadlineMs: deadlineMs}
 	k := *key
 	if k == "" {
 		k = uuid.NewString()
@@ -173,7 +173,11 @@ func (e *incompleteSend) Error() string {
 // key, which the daemon answers with the message if it was accepted and sends it
 // otherwise — never twice.
 func (e *incompleteSend) explain(w *who, req client.SendRequest, file string) error {
-	cmd := "sealbridge send " + w.flags() + " --to " + shellQuote(req.To) + " --relay " + shellQuote(req.RelayURL)
+	cmd := "sealbridge send " + w.flags()
+	for _, to := range req.To {
+		cmd += " --to " + shellQuote(to)
+	}
+	cmd += " --relay " + shellQuote(req.RelayURL)
 	if req.DeadlineMs != 0 {
 		cmd += " --deadline " + time.UnixMilli(req.DeadlineMs).UTC().Format(time.RFC3339Nano)
 	}

@@ -199,7 +199,7 @@ func TestSendRetryPolicy(t *testing.T) {
 			c.Close()
 		}
 	}
-	req := client.SendRequest{To: "did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK", RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}
+	req := client.SendRequest{To: client.Recipients{"did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK"}, RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}
 	// sent holds the keys and bodies the last run sent (read under mu: the
 	// handler's goroutine wrote them).
 	var sentKeys, sentBodies []string

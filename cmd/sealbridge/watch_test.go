@@ -57,7 +57,7 @@ func TestWatch(t *testing.T) {
 		t.Fatalf("first line: %q", l)
 	}
 	peer, _ := identity.Generate()
-	m, err := client.New(d.SocketPath()).Send(ctx, client.SendRequest{To: string(peer.DID()), RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}, "")
+	m, err := client.New(d.SocketPath()).Send(ctx, client.SendRequest{To: client.Recipients{string(peer.DID())}, RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,7 +156,7 @@ func TestDaemonCrashIdempotentResend(t *testing.T) {
 	root, _ := dataroot.Resolve(home)
 	c := client.New(client.SocketPath(root, string(me.DID())))
 	req := func(i int) client.SendRequest {
-		return client.SendRequest{To: string(peer.DID()), RelayURL: relayURL, Body: fmt.Appendf(nil, "message %d", i)}
+		return client.SendRequest{To: client.Recipients{string(peer.DID())}, RelayURL: relayURL, Body: fmt.Appendf(nil, "message %d", i)}
 	}
 	key := func(i int) string { return fmt.Sprintf("e2e-key-%03d", i) }
 

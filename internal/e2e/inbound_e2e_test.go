@@ -132,7 +132,7 @@ func TestInboundDeliveredAcrossReceiverCrashes(t *testing.T) {
 				deadline := time.Now().Add(60 * time.Second)
 				for {
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					m, err := a.c.Send(ctx, client.SendRequest{To: string(b.did), RelayURL: relayURL, Body: body(i)}, key(i))
+					m, err := a.c.Send(ctx, client.SendRequest{To: client.Recipients{string(b.did)}, RelayURL: relayURL, Body: body(i)}, key(i))
 					cancel()
 					if err == nil {
 						ids[i] = m.MessageID

@@ -170,7 +170,7 @@ func (n *queueNode) queue(relayURL string) *client.Target {
 
 func (n *queueNode) send(relayURL string, deadline time.Time) string {
 	n.t.Helper()
-	req := client.SendRequest{To: string(n.peer.DID()), RelayURL: relayURL, Body: []byte("queue e2e")}
+	req := client.SendRequest{To: client.Recipients{string(n.peer.DID())}, RelayURL: relayURL, Body: []byte("queue e2e")}
 	if !deadline.IsZero() {
 		req.DeadlineMs = deadline.UnixMilli()
 	}

@@ -22,16 +22,32 @@ func NewString() string {
 	return format(b)
 }
 
-// namespaceURL is the URL namespace of RFC 9562 (6ba7b811-9dad-11d1-80b4-00c04fd430c8).
-var namespaceURL = [16]byte{0x6b, 0xa7, 0xb8, 0x11, 0x9d, 0xad, 0x11, 0xd1, 0x80, 0xb4, 0x00, 0xc0, 0x4f, 0xd4, 0x30, 0xc8}
+// namespaceURL is the URL namespace of RFC 9562.
+const namespaceURL = "6ba7b811-9dad-11d1-80b4-00c04fd430c8"
 
 // FromURL returns the name-based (version 5, SHA-1) UUID of url in the URL namespace:
 // the same id for the same url on every run. Only fixed test fixtures use it; every
-// live id is NewString's.
-func FromURL(url string) string {
+// live id is NewString's or FromName's.
+func FromURL(url string) string { return FromName(namespaceURL, url) }
+
+// FromName returns the name-based (version 5, RFC 9562) UUID of name in namespace,
+// itself a UUID (Valid; FromName panics on anything else, a programming error): the
+// same id for the same pair on every run. The daemon names the messages of a send to
+// several recipients with it (namespace: the first message's id, name: the
+// recipient's did:key), so a retry after a crash finds each again; being version 5,
+// those ids are never Derived.
+func FromName(namespace, name string) string {
+	if !Valid(namespace) {
+		panic("uuid.FromName: the namespace is not a UUID")
+	}
+	var ns [16]byte
+	hexDigits := namespace[0:8] + namespace[9:13] + namespace[14:18] + namespace[19:23] + namespace[24:36]
+	if _, err := hex.Decode(ns[:], []byte(hexDigits)); err != nil {
+		panic("uuid.FromName: " + err.Error())
+	}
 	h := sha1.New()
-	h.Write(namespaceURL[:])
-	h.Write([]byte(url))
+	h.Write(ns[:])
+	h.Write([]byte(name))
 	var b [16]byte
 	copy(b[:], h.Sum(nil))
 	b[6] = b[6]&0x0f | 0x50 // version 5

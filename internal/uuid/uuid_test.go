@@ -93,3 +93,25 @@ func TestDerived(t *testing.T) {
 		}
 	}
 }
+
+// TestFromName checks the RFC 9562 (A.4) example, that the namespace matters, that the
+// ids are never Derived (a message of a several-recipient send is not a
+// confirmation), and that an invalid namespace panics.
+func TestFromName(t *testing.T) {
+	if got, want := FromName("6ba7b810-9dad-11d1-80b4-00c04fd430c8", "www.example.com"), "2ed6657d-e927-568b-95e1-2665a8aea6a2"; got != want {
+		t.Fatalf("FromName(DNS, www.example.com) = %s, want %s", got, want)
+	}
+	a, b := NewString(), NewString()
+	if FromName(a, "did:key:z1") == FromName(b, "did:key:z1") || FromName(a, "did:key:z1") == FromName(a, "did:key:z2") {
+		t.Fatal("FromName ignores its namespace or its name")
+	}
+	if id := FromName(a, "x"); !Valid(id) || Derived(id) || id[14] != '5' {
+		t.Fatalf("FromName = %s: want a valid version-5 id that is not Derived", id)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("FromName with an invalid namespace did not panic")
+		}
+	}()
+	FromName("not-a-uuid", "x")
+}

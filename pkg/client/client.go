@@ -21,13 +21,55 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
-// SendRequest is the body of POST /v1/messages. Body is base64 in JSON; DeadlineMs is
-// the delivery deadline in Unix milliseconds (0: the daemon uses now + 24 h).
+// SendRequest is the body of POST /v1/messages. To is the recipients' did:keys (one,
+// or up to MaxRecipients distinct ones: one message each, see Client.SendAll); Body is
+// base64 in JSON; DeadlineMs is the delivery deadline in Unix milliseconds (0: the
+// daemon uses now + 24 h).
 type SendRequest struct {
-	To         string `json:"to"`
-	RelayURL   string `json:"relayUrl"`
-	Body       []byte `json:"body"`
-	DeadlineMs int64  `json:"deadline,omitempty"`
+	To         Recipients `json:"to"`
+	RelayURL   string     `json:"relayUrl"`
+	Body       []byte     `json:"body"`
+	DeadlineMs int64      `json:"deadline,omitempty"`
+}
+
+// MaxRecipients bounds the recipients of one send.
+const MaxRecipients = 64
+
+// Recipients is the "to" of a send: in JSON a string for one recipient (the form every
+// earlier request used, so a retry's request digest is unchanged) or an array of
+// strings for several.
+type Recipients []string
+
+// MarshalJSON writes one recipient as a string and several as an array.
+func (r Recipients) MarshalJSON() ([]byte, error) {
+	if len(r) == 1 {
+		return json.Marshal(r[0])
+	}
+	return json.Marshal([]string(r))
+}
+
+// UnmarshalJSON reads a string or an array of strings.
+func (r *Recipients) UnmarshalJSON(data []byte) error {
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '"' {
+		var one string
+		if err := json.Unmarshal(data, &one); err != nil {
+			return err
+		}
+		*r = Recipients{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(data, &many); err != nil {
+		return err
+	}
+	*r = many
+	return nil
+}
+
+// SendResult is the answer to a send to several recipients: one message per
+// recipient, in the order of the request's To.
+type SendResult struct {
+	Messages []Message `json:"messages"`
 }
 
 // Message is a sent message's status as the daemon reports it. For a queued
@@ -195,6 +237,21 @@ func (c *Client) socketPath() string { return locate(c.candidates) }
 // Idempotency-Key header: the same key with the same request answers the same
 // response; with another request, IDEMPOTENCY_KEY_REUSED.
 func (c *Client) Send(ctx context.Context, r SendRequest, idempotencyKey string) (*Message, error) {
+	if len(r.To) != 1 {
+		return nil, fmt.Errorf("client: Send takes one recipient, this request has %d (use SendAll)", len(r.To))
+	}
+	ms, err := c.SendAll(ctx, r, idempotencyKey)
+	if err != nil {
+		return nil, err
+	}
+	return &ms[0], nil
+}
+
+// SendAll sends r to each of its recipients (one message each) and returns their
+// messages in the order of r.To. With more than one recipient the daemon requires an
+// Idempotency-Key: each recipient's message is accepted on its own, and a retry with
+// the same key finishes a send that failed part-way.
+func (c *Client) SendAll(ctx context.Context, r SendRequest, idempotencyKey string) ([]Message, error) {
 	body, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
@@ -203,11 +260,21 @@ func (c *Client) Send(ctx context.Context, r SendRequest, idempotencyKey string)
 	if idempotencyKey != "" {
 		hdr.Set("Idempotency-Key", idempotencyKey)
 	}
-	var m Message
-	if err := c.do(ctx, http.MethodPost, "/v1/messages", hdr, body, &m); err != nil {
+	if len(r.To) == 1 {
+		var m Message
+		if err := c.do(ctx, http.MethodPost, "/v1/messages", hdr, body, &m); err != nil {
+			return nil, err
+		}
+		return []Message{m}, nil
+	}
+	var res SendResult
+	if err := c.do(ctx, http.MethodPost, "/v1/messages", hdr, body, &res); err != nil {
 		return nil, err
 	}
-	return &m, nil
+	if len(res.Messages) != len(r.To) {
+		return nil, fmt.Errorf("client: the daemon answered %d messages for %d recipients", len(res.Messages), len(r.To))
+	}
+	return res.Messages, nil
 }
 
 // Message returns a sent message's status; a missing one answers an *Error with

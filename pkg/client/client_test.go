@@ -99,7 +99,7 @@ func setup(t *testing.T) *env {
 }
 
 func (e *env) req(body string) client.SendRequest {
-	return client.SendRequest{To: string(e.peer.DID()), RelayURL: e.url, Body: []byte(body)}
+	return client.SendRequest{To: client.Recipients{string(e.peer.DID())}, RelayURL: e.url, Body: []byte(body)}
 }
 
 func waitStatus(t *testing.T, c *client.Client, id, status string) *client.Message {
@@ -253,10 +253,10 @@ func TestBadRequests(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	cases := map[string]client.SendRequest{
-		"bad did":      {To: "did:key:nope", RelayURL: e.url, Body: []byte("x")},
-		"bad relay":    {To: string(e.peer.DID()), RelayURL: "ftp://x", Body: []byte("x")},
-		"past":         {To: string(e.peer.DID()), RelayURL: e.url, Body: []byte("x"), DeadlineMs: time.Now().Add(-time.Hour).UnixMilli()},
-		"body too big": {To: string(e.peer.DID()), RelayURL: e.url, Body: make([]byte, 200<<10)},
+		"bad did":      {To: client.Recipients{"did:key:nope"}, RelayURL: e.url, Body: []byte("x")},
+		"bad relay":    {To: client.Recipients{string(e.peer.DID())}, RelayURL: "ftp://x", Body: []byte("x")},
+		"past":         {To: client.Recipients{string(e.peer.DID())}, RelayURL: e.url, Body: []byte("x"), DeadlineMs: time.Now().Add(-time.Hour).UnixMilli()},
+		"body too big": {To: client.Recipients{string(e.peer.DID())}, RelayURL: e.url, Body: make([]byte, 200<<10)},
 	}
 	for name, r := range cases {
 		if _, err := e.c.Send(ctx, r, ""); !isStatus(err, 400) && !isStatus(err, 413) {

@@ -36,7 +36,7 @@ func sendOne(t *testing.T, c *client.Client) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := c.Send(context.Background(), client.SendRequest{To: string(peer.DID()), RelayURL: "http://relay.test:8470",
+	m, err := c.Send(context.Background(), client.SendRequest{To: client.Recipients{string(peer.DID())}, RelayURL: "http://relay.test:8470",
 		Body: []byte("x")}, "")
 	if err != nil {
 		t.Fatal(err)

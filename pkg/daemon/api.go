@@ -287,8 +287,14 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if key == "" {
+		if len(req.To) > 1 {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"code": codeBadRequest,
+				"message": "a send to several recipients needs an Idempotency-Key",
+				"hint":    "each recipient's message is accepted on its own: send with an Idempotency-Key, so that a retry with it finishes a send that failed part-way"})
+			return
+		}
 		msgID := uuid.NewString()
-		status, body, err := d.send(r.Context(), msgID, req, deadline, false)
+		status, body, _, err := d.send(r.Context(), msgID, req, deadline, false)
 		if err != nil {
 			d.writeSendError(w, err, msgID, false)
 			return
@@ -309,13 +315,12 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		// The operation's message may be accepted although its response was never
 		// stored (and its lease not ended): answer with the message rather than make
 		// the client wait for the lease.
-		if opID, m, aerr := d.acceptedOperation(key, canonical); aerr != nil {
+		if opID, ms, aerr := d.acceptedOperation(key, canonical, req.To); aerr != nil {
 			d.writeSendError(w, aerr, opID, true)
 			return
-		} else if m != nil {
-			body, _ := json.Marshal(toClient(m))
+		} else if ms != nil {
 			w.Header().Set("Idempotent-Replayed", "true")
-			writeJSONBytes(w, http.StatusCreated, body)
+			writeJSONBytes(w, http.StatusCreated, sendAnswer(ms))
 			return
 		}
 	}
@@ -333,16 +338,16 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		writeJSONBytes(w, resp.Status, resp.Body)
 		return
 	}
-	// The message id is the operation id: re-executing the operation after a crash
-	// finds the message (or its interrupted enqueue) instead of making another.
+	// The (first) message id is the operation id: re-executing the operation after a
+	// crash finds each message (or its interrupted enqueue) instead of making another.
 	opID := start.Operation.OperationID
-	status, body, err := d.send(r.Context(), opID, req, deadline, true)
+	status, body, failedID, err := d.send(r.Context(), opID, req, deadline, true)
 	if err != nil {
 		// Not a stored answer: let a retry take the operation over at once.
 		if rerr := d.st.ReleaseOperation(context.WithoutCancel(r.Context()), opID); rerr != nil {
 			d.storeWarn("api: releasing an operation", rerr, "operation", opID)
 		}
-		d.writeSendError(w, err, opID, true)
+		d.writeSendError(w, err, failedID, true)
 		return
 	}
 	stored, _ := json.Marshal(response{Status: status, Body: body})
@@ -363,15 +368,54 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 func decodeBody(data []byte, v any) error { return envelope.DecodeStrict(data, v) }
 
 // acceptedOperation finds the operation bound to key for the request canonical and
-// returns its id and its message if that is accepted (made durable again by
-// store.AcceptedMessage); ("", nil, nil) when there is none.
-func (d *Daemon) acceptedOperation(key string, canonical []byte) (string, *record.Message, error) {
+// returns its id and, if every recipient's message is accepted (made durable again by
+// store.AcceptedMessage), their messages in the order of to; ("", nil, nil) when there
+// is no such operation, and (id, nil, nil) while a message is still missing.
+func (d *Daemon) acceptedOperation(key string, canonical []byte, to client.Recipients) (string, []*record.Message, error) {
 	b, err := store.GetAs[*record.Binding](d.st, record.IdempotencyID(key))
 	if err != nil || b == nil || b.RequestDigest != envelope.Digest(canonical) {
 		return "", nil, nil // BeginOperation's answer stands
 	}
-	m, err := d.st.AcceptedMessage(b.OperationID)
-	return b.OperationID, m, err
+	ms := make([]*record.Message, 0, len(to))
+	for _, id := range recipientMessageIDs(b.OperationID, to) {
+		m, err := d.st.AcceptedMessage(id)
+		if err != nil || m == nil {
+			return b.OperationID, nil, err
+		}
+		ms = append(ms, m)
+	}
+	return b.OperationID, ms, nil
+}
+
+// recipientMessageIDs names the messages of a send to the recipients to: the first
+// is first (the operation's id, or a fresh one), each other one the name-based id of
+// its recipient in first's namespace, so that a retry re-executing the operation
+// finds each message (or its interrupted enqueue) instead of making another.
+func recipientMessageIDs(first string, to client.Recipients) []string {
+	ids := make([]string, len(to))
+	for i, did := range to {
+		if i == 0 {
+			ids[i] = first
+		} else {
+			ids[i] = uuid.FromName(first, did)
+		}
+	}
+	return ids
+}
+
+// sendAnswer is a send's answer body: the message for one recipient, or a
+// client.SendResult for several.
+func sendAnswer(ms []*record.Message) []byte {
+	if len(ms) == 1 {
+		body, _ := json.Marshal(toClient(ms[0]))
+		return body
+	}
+	res := client.SendResult{Messages: make([]client.Message, len(ms))}
+	for i, m := range ms {
+		res.Messages[i] = toClient(m)
+	}
+	body, _ := json.Marshal(res)
+	return body
 }
 
 // writeBodyTooLarge answers a send whose message body is over the limit (the one
@@ -415,23 +459,39 @@ func readBodyOr(w http.ResponseWriter, r *http.Request, limit int64, v any, shap
 	return true
 }
 
-// send makes sure message msgID exists: already stored, an interrupted enqueue
-// finished, or built and enqueued now. It returns the answer's status and body.
-func (d *Daemon) send(ctx context.Context, msgID string, req client.SendRequest, deadline time.Time, resume bool) (int, []byte, error) {
+// send makes sure the message of each recipient of req exists (firstID names the
+// first, recipientMessageIDs the others): already stored, an interrupted enqueue
+// finished, or built and enqueued now, one recipient after another. It returns the
+// answer's status and body; on an error, the id of the message it was making (those
+// before it are accepted: a retry with the same key finishes the rest).
+func (d *Daemon) send(ctx context.Context, firstID string, req client.SendRequest, deadline time.Time, resume bool) (int, []byte, string, error) {
+	ids := recipientMessageIDs(firstID, req.To)
+	ms := make([]*record.Message, len(ids))
+	for i, msgID := range ids {
+		m, err := d.sendOne(ctx, msgID, identity.DID(req.To[i]), req, deadline, resume)
+		if err != nil {
+			return 0, nil, msgID, err
+		}
+		ms[i] = m
+	}
+	d.car.Kick()
+	return http.StatusCreated, sendAnswer(ms), "", nil
+}
+
+// sendOne makes sure message msgID to one recipient exists.
+func (d *Daemon) sendOne(ctx context.Context, msgID string, to identity.DID, req client.SendRequest, deadline time.Time, resume bool) (*record.Message, error) {
 	var m *record.Message
 	resumed := false
 	if resume {
 		var err error
 		if m, resumed, err = d.st.ResumeEnqueue(ctx, msgID); err != nil {
-			return 0, nil, err
+			return nil, err
 		}
 	}
 	if !resumed {
-		now := time.Now()
-		to := identity.DID(req.To)
-		env, wire, err := envelope.NewMessage(d.id, to, msgID, req.Body, deadline, now)
+		env, wire, err := envelope.NewMessage(d.id, to, msgID, req.Body, deadline, time.Now())
 		if err != nil {
-			return 0, nil, &badRequest{err.Error()}
+			return nil, &badRequest{err.Error()}
 		}
 		t0 := time.Now()
 		m, err = d.st.Enqueue(ctx, store.SendRequest{MessageID: msgID, PeerOwnerDID: to, RelayURL: req.RelayURL,
@@ -439,21 +499,29 @@ func (d *Daemon) send(ctx context.Context, msgID string, req client.SendRequest,
 				{EnvelopeID: env.ID(), Kind: record.EnvelopeMessage, Envelope: wire}}})
 		d.m.enqueue.Observe(time.Since(t0).Seconds())
 		if err != nil {
-			return 0, nil, err
+			return nil, err
 		}
 	}
-	d.car.Kick()
 	d.recordChange(client.TopicMessages, m.MessageID, m.Status)
-	body, err := json.Marshal(toClient(m))
-	if err != nil {
-		return 0, nil, err
-	}
-	return http.StatusCreated, body, nil
+	return m, nil
 }
 
 func validate(req client.SendRequest, deadline, now time.Time) (code, msg string) {
-	if _, err := identity.ParseDID(req.To); err != nil {
-		return codeBadRequest, "to must be a did:key of an Ed25519 key"
+	if len(req.To) == 0 || len(req.To) > client.MaxRecipients {
+		return codeBadRequest, fmt.Sprintf("to must be a did:key or a list of 1 to %d of them", client.MaxRecipients)
+	}
+	seen := make(map[string]bool, len(req.To))
+	for i, to := range req.To {
+		if _, err := identity.ParseDID(to); err != nil {
+			if len(req.To) == 1 {
+				return codeBadRequest, "to must be a did:key of an Ed25519 key"
+			}
+			return codeBadRequest, fmt.Sprintf("to[%d] must be a did:key of an Ed25519 key", i)
+		}
+		if seen[to] {
+			return codeBadRequest, fmt.Sprintf("to[%d] names a recipient twice", i)
+		}
+		seen[to] = true
 	}
 	if !record.ValidRelayURL(req.RelayURL) {
 		return codeBadRequest, "relayUrl must be an http(s) URL"

@@ -214,7 +214,7 @@ func TestChangesTopicsFilter(t *testing.T) {
 		t.Fatal("unknown topic accepted")
 	}
 	peer, _ := identity.Generate()
-	m, err := c.Send(context.Background(), client.SendRequest{To: string(peer.DID()), RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}, "")
+	m, err := c.Send(context.Background(), client.SendRequest{To: client.Recipients{string(peer.DID())}, RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

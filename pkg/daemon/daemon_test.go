@@ -114,7 +114,7 @@ func TestCrashedOperationTakenOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := client.SendRequest{To: string(peer.DID()), RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}
+	req := client.SendRequest{To: client.Recipients{string(peer.DID())}, RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}
 	canonical, _ := json.Marshal(req)
 	op, err := st.BeginOperation(context.Background(), "k", canonical)
 	if err != nil {

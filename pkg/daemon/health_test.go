@@ -136,7 +136,7 @@ func enqueue(t *testing.T, d *Daemon) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, body, err := d.send(context.Background(), uuid.NewString(), client.SendRequest{To: string(peer.DID()),
+	_, body, _, err := d.send(context.Background(), uuid.NewString(), client.SendRequest{To: client.Recipients{string(peer.DID())},
 		RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}, time.Now().Add(time.Hour), false)
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +329,7 @@ func TestQueuedMessageShowsLastErrorAndNextAttempt(t *testing.T) {
 	c := client.New(d.SocketPath())
 	peer, _ := identity.Generate()
 	const relayURL = "http://relay.test:8470"
-	m, err := c.Send(ctx, client.SendRequest{To: string(peer.DID()), RelayURL: relayURL, Body: []byte("x")}, "")
+	m, err := c.Send(ctx, client.SendRequest{To: client.Recipients{string(peer.DID())}, RelayURL: relayURL, Body: []byte("x")}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +342,7 @@ func TestQueuedMessageShowsLastErrorAndNextAttempt(t *testing.T) {
 	})
 	// The next message stays queued.
 	tr.setStuck()
-	m2, err := c.Send(ctx, client.SendRequest{To: string(peer.DID()), RelayURL: relayURL, Body: []byte("y")}, "")
+	m2, err := c.Send(ctx, client.SendRequest{To: client.Recipients{string(peer.DID())}, RelayURL: relayURL, Body: []byte("y")}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

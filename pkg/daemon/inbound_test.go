@@ -87,7 +87,7 @@ func TestInboundDeliveredAndDuplicates(t *testing.T) {
 	ids := map[string]string{}
 	for i := range n {
 		body := fmt.Sprintf("hello %d", i)
-		m, err := ca.Send(ctx, client.SendRequest{To: string(b.DID()), RelayURL: relayURL, Body: []byte(body)}, "")
+		m, err := ca.Send(ctx, client.SendRequest{To: client.Recipients{string(b.DID())}, RelayURL: relayURL, Body: []byte(body)}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -224,7 +224,7 @@ func TestForgedDeliveryStatusLeavesRelayed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := ca.Send(ctx, client.SendRequest{To: string(dave.DID()), RelayURL: relayURL, Body: []byte("for dave")}, "")
+	m, err := ca.Send(ctx, client.SendRequest{To: client.Recipients{string(dave.DID())}, RelayURL: relayURL, Body: []byte("for dave")}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
