@@ -54,6 +54,7 @@ func TestUsageErrors(t *testing.T) {
 		{"--quota-envelopes", "-1"}, {"--quota-envelopes", "many"}, {"--quota-bytes", "1000"},
 		{"--sender-rate", "-2"}, {"--sender-rate", "NaN"}, {"--sender-burst", "5"},
 		{"--expire-every", "-1s"}, {"--expire-every", "1ms"}, {"--max-conns", "-3"}, {"--allow-list=maybe"},
+		{"--held-polls-per-address", "0"}, {"--held-polls-per-address", "lots"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(ctx, append([]string{"--listen=127.0.0.1:0"}, args...), &out, &errb)
@@ -71,7 +72,7 @@ func TestLimitFlagsAccepted(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run(ctx, []string{"--listen=127.0.0.1:0", "--home", t.TempDir(), "--quota-envelopes", "1000",
 		"--quota-bytes", "67108864", "--sender-rate", "2.5", "--sender-burst", "10", "--allow-list",
-		"--expire-every", "30s", "--max-conns", "512"}, &out, &errb)
+		"--expire-every", "30s", "--max-conns", "512", "--held-polls-per-address", "16"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}

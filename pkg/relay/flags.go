@@ -48,6 +48,9 @@ const LimitFlagsUsage = `  --quota-envelopes N   envelopes one recipient's inbox
                         (default 1m; 0 turns the pass off, they are never served anyway)
   --max-conns N         connections served at once (default 0: no bound); more wait
                         to be accepted
+  --held-polls-per-address N  inbox fetches with wait= held at once from one client
+                        address (IPv4, or IPv6 /64; default 64); more → 503 RELAY_BUSY.
+                        Behind a reverse proxy all come from its address: raise it
 `
 
 // AddLimitFlags defines the limit flags on fs. Each flag refuses a nonsensical
@@ -93,6 +96,14 @@ func AddLimitFlags(fs *flag.FlagSet) *LimitFlags {
 		return nil
 	})
 	nonNegInt("max-conns", &f.MaxConns)
+	fs.Func("held-polls-per-address", "", func(s string) error {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			return fmt.Errorf("want a whole number, 1 or more, not %q", s)
+		}
+		f.Limits.HeldPollsPerAddress = v
+		return nil
+	})
 	return f
 }
 

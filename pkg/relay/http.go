@@ -141,7 +141,7 @@ func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error
 		_ = rc.SetReadDeadline(end)
 		_ = rc.SetWriteDeadline(end)
 	}
-	page, err := r.FetchWait(req.Context(), did, after, limit, wait)
+	page, err := r.fetchWait(req.Context(), addressKey(req.RemoteAddr), did, after, limit, wait)
 	if err != nil {
 		if req.Context().Err() != nil && errors.Is(err, req.Context().Err()) {
 			return 0, errClientGone

@@ -164,6 +164,7 @@ func New(opts Options) (*Relay, error) {
 	}
 	r.started = r.now()
 	r.waits.max = cmp.Or(opts.MaxInboxWaiters, DefaultMaxInboxWaiters)
+	r.waits.maxPerAddr = cmp.Or(opts.Limits.HeldPollsPerAddress, DefaultHeldPollsPerAddress)
 	r.nonces.entries = map[string]int64{}
 	var err error
 	if opts.JetStream != nil {
