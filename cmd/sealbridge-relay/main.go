@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -123,6 +122,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Bound first: a relay that cannot listen creates nothing (no data root,
+	// key, store or stream).
+	ln, err := relay.Listen(listen, limitFlags.MaxConns)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
 	root, err := dataroot.Resolve(home)
 	if err != nil {
 		return errcode.WithHint(err, "give --home DIR")
@@ -157,11 +163,6 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer r.Close()
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return errcode.WithHint(err, "choose another address with --listen (port 0 picks a free one)")
-	}
-	ln = relay.LimitListener(ln, limitFlags.MaxConns)
 	srv := &http.Server{
 		Handler:           r.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -260,5 +261,26 @@ func TestNATSCredsFileMustBePrivate(t *testing.T) {
 		if code != 1 || !strings.Contains(errb.String(), "NATS credentials file") || !strings.Contains(errb.String(), "chmod 600") {
 			t.Errorf("--nats-creds %s: exit %d, stderr %q; want refused, saying chmod 600", filepath.Base(creds), code, errb.String())
 		}
+	}
+}
+
+// On a busy address the relay exits 1 with the --listen hint before it creates
+// anything: no data root, no key file, no store.
+func TestBusyPortCreatesNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	parent := t.TempDir()
+	root := filepath.Join(parent, "root")
+	keyFile := filepath.Join(parent, "relay.pem")
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"--listen", busy.Addr().String(), "--home", root, "--identity-file", keyFile}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "address already in use") || !strings.Contains(errb.String(), "hint: choose another address with --listen") {
+		t.Fatalf("exit %d, stderr %q; want 1 with the --listen hint", code, errb.String())
+	}
+	if ents, err := os.ReadDir(parent); err != nil || len(ents) != 0 {
+		t.Fatalf("a relay that could not listen created %v (%v)", ents, err)
 	}
 }

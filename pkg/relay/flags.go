@@ -115,6 +115,19 @@ func (f *LimitFlags) Check() error {
 	return nil
 }
 
+// Listen listens on the TCP address addr, serving at most maxConns
+// connections at once (LimitListener). A relay command listens before it
+// creates anything (its data root, key, store or JetStream stream), so that
+// a busy address leaves nothing behind. Its error has the hint of another
+// --listen.
+func Listen(addr string, maxConns int) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, errcode.WithHint(err, "choose another address with --listen (port 0 picks a free one)")
+	}
+	return LimitListener(ln, maxConns), nil
+}
+
 // LimitListener returns ln serving at most n connections at once (n ≤ 0: ln
 // itself): past n, Accept waits until a served connection closes, so further
 // clients wait in the kernel's listen queue instead of being served.
