@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -194,6 +195,7 @@ type BackendFlags struct {
 	SyncAlways  bool
 	replicasSet bool
 	getenv      func(string) string
+	natsOptions []nats.Option // tests: appended to the connection's options
 }
 
 // BackendFlagsUsage is the flags' part of a relay command's usage text.
@@ -303,15 +305,19 @@ func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err erro
 	case f.getenv(EnvNATSUser) != "":
 		opts = append(opts, nats.UserInfo(f.getenv(EnvNATSUser), f.getenv(EnvNATSPassword)))
 	}
+	events := &natsEvents{log: cmp.Or(o.Logger, slog.Default())}
+	opts = append(opts, events.options()...)
+	opts = append(opts, f.natsOptions...)
 	nc, err := nats.Connect(f.NATSURL, opts...)
 	if err != nil {
 		return nil, errcode.WithHint(fmt.Errorf("connect to NATS at %s: %w", f.NATSURL, err),
 			"check --nats-url and the credentials (--nats-creds, "+EnvNATSCreds+", "+EnvNATSUser+"/"+EnvNATSPassword+")")
 	}
+	events.connected(nc)
 	o.JetStream = nc
 	o.JetStreamOptions.Replicas = f.Replicas
 	o.JetStreamOptions.SyncAlways = f.SyncAlways
-	return nc.Close, nil
+	return func() { events.close(nc) }, nil
 }
 
 // NotDurableHint is the hint of a relay command refused by
