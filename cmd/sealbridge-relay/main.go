@@ -29,9 +29,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
-	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
-	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
 
 func main() {
@@ -65,7 +63,7 @@ Limits (docs/RELAY.md "Limits"):
 Examples:
   sealbridge-relay --home ~/sb-relay
   sealbridge-relay --listen 0.0.0.0:8470 --home /var/lib/sealbridge-relay --log-format json
-  SEALBRIDGE_NATS_CREDS=/etc/sealbridge/relay.creds sealbridge-relay --backend jetstream \
+  SEALBRIDGE_NATS_CREDS=~/sb-relay/relay.creds sealbridge-relay --backend jetstream \
       --nats-url nats://n1:4222,nats://n2:4222,nats://n3:4222
 
 Exit status:
@@ -142,7 +140,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if idFile == "" {
 		idFile = filepath.Join(root, "relay-identity.pem")
 	}
-	id, created, err := identity.LoadOrCreateKeyFile(idFile)
+	id, created, err := relay.LoadOrCreateIdentity(idFile)
 	if err != nil {
 		return err
 	}
@@ -155,10 +153,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeConn()
-	r, err := relay.New(ropts)
-	if errors.Is(err, jsstore.ErrNotDurable) {
-		return errcode.WithHint(err, relay.NotDurableHint)
-	}
+	r, err := relay.New(ropts) // a JetStream refusal carries its hint
 	if err != nil {
 		return err
 	}

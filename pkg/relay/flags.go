@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -13,12 +14,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
 
@@ -277,6 +280,10 @@ func (f *BackendFlags) Check() error {
 		return errors.New("--backend jetstream needs --nats-url (see --help)")
 	case !js && (f.NATSURL != "" || f.NATSCreds != "" || f.replicasSet || f.SyncAlways):
 		return errors.New("the --nats-* and --jetstream-* flags need --backend jetstream (see --help)")
+	case js && f.Replicas < jsstore.MinReplicas && !f.SyncAlways:
+		return errcode.WithHint(fmt.Errorf("--jetstream-replicas %d needs --jetstream-sync-always: with fewer than %d replicas an acknowledged envelope is durable only when every JetStream server runs with sync_interval: always",
+			f.Replicas, jsstore.MinReplicas),
+			"configure the servers so and add --jetstream-sync-always (one server: docs/RELAY.md \"Single-node JetStream\"), or keep the default of 3 replicas on a cluster of 3 or more")
 	case js && (f.getenv(EnvNATSUser) == "") != (f.getenv(EnvNATSPassword) == ""):
 		return fmt.Errorf("set both %s and %s, or neither", EnvNATSUser, EnvNATSPassword)
 	case js && f.NATSCreds == "" && f.getenv(EnvNATSCreds) != "" && f.getenv(EnvNATSUser) != "":
@@ -320,9 +327,35 @@ func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err erro
 	return func() { events.close(nc) }, nil
 }
 
-// NotDurableHint is the hint of a relay command refused by
-// jsstore.ErrNotDurable: the command-line form of the setting to change.
-const NotDurableHint = "give the stream and buckets 3 replicas (--jetstream-replicas 3 when the relay creates them; nats stream edit --replicas 3 for existing ones), or run every JetStream server with sync_interval: always and say so with --jetstream-sync-always"
+// NotDurableHint is a generic hint for jsstore.ErrNotDurable.
+//
+// Deprecated: New's error carries the hint for its case (JetStreamHint);
+// wrapping it with this one hides that hint.
+const NotDurableHint = "give the stream and buckets 3 replicas on a cluster of 3 or more, or run every JetStream server with sync_interval: always and say so with --jetstream-sync-always (docs/RELAY.md \"Single-node JetStream\")"
+
+// singleNodeRecipe is the hint's pointer to the single-node recipe.
+const singleNodeRecipe = `run the server with sync_interval: always (docs/RELAY.md "Single-node JetStream") and start the relay with --jetstream-replicas 1 --jetstream-sync-always`
+
+// JetStreamHint is the command-line hint for a refusal of jsstore.Open (a
+// *jsstore.NotDurableError), "" for another error: the flags and server
+// settings that fix its case, and nothing that would not.
+func JetStreamHint(err error) string {
+	var e *jsstore.NotDurableError
+	if !errors.As(err, &e) {
+		return ""
+	}
+	switch {
+	case e.SingleServer && e.Existing:
+		return "this NATS server is not clustered, so it keeps one replica: " + singleNodeRecipe
+	case e.SingleServer:
+		return "this NATS server is not clustered, so it keeps one replica: " + singleNodeRecipe + ", or use a cluster of 3 or more"
+	case e.Existing:
+		return fmt.Sprintf("give it %d replicas (nats stream edit %s --replicas %d), or run every JetStream server with sync_interval: always and add --jetstream-sync-always",
+			jsstore.MinReplicas, e.Stream, jsstore.MinReplicas)
+	}
+	return fmt.Sprintf("use --jetstream-replicas %d on a cluster of 3 or more, or run every JetStream server with sync_interval: always and add --jetstream-sync-always",
+		jsstore.MinReplicas)
+}
 
 // checkCredsFile holds a NATS .creds file (it holds an NKey seed) to the rules of a
 // private key file (SECURITY.md): a regular file, not a symbolic link, one link,
@@ -341,4 +374,20 @@ func checkCredsFile(path string) error {
 			"it holds a secret: make it a regular file of yours with mode 0600 (chmod 600 "+abs+")")
 	}
 	return nil
+}
+
+// LoadOrCreateIdentity is identity.LoadOrCreateKeyFile for a relay command's
+// key file (--identity-file): a file or directory it cannot reach or create
+// (missing, not writable, read-only) gets a hint that names a place that
+// works. Refusals that carry a hint of their own keep it.
+func LoadOrCreateIdentity(file string) (id *identity.Identity, created bool, err error) {
+	id, created, err = identity.LoadOrCreateKeyFile(file)
+	if err == nil || errcode.HintOf(err) != "" {
+		return id, created, err
+	}
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) {
+		dir := filepath.Dir(file)
+		err = errcode.WithHint(err, fmt.Sprintf("the key file's directory %s must exist and be writable by you for the first start to create the key (mkdir -m 700 -p %s), or leave out --identity-file to keep the key in the data root (--home)", dir, dir))
+	}
+	return id, created, err
 }

@@ -36,6 +36,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -71,7 +72,8 @@ type Options struct {
 	// and the allow-list shared by every relay process of this identity on the
 	// same stream and buckets. The connection stays the caller's (Close does
 	// not close it). New refuses a stream that is neither replicated nor
-	// declared synced on every write (jsstore.ErrNotDurable).
+	// declared synced on every write, before it creates anything
+	// (jsstore.ErrNotDurable; the error carries JetStreamHint's hint).
 	JetStream *nats.Conn
 	// JetStreamOptions configure the JetStream storage (names, replicas, the
 	// SyncAlways declaration, retention).
@@ -171,6 +173,9 @@ func New(opts Options) (*Relay, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		r.back, err = openJetStream(ctx, opts.JetStream, opts.JetStreamOptions, r.now, r.wake)
 		cancel()
+		if h := JetStreamHint(err); h != "" {
+			err = errcode.WithHint(err, h)
+		}
 		if err == nil {
 			r.log.Info("relay: JetStream storage opened", "relayDid", string(r.id.DID()))
 		}

@@ -223,9 +223,48 @@ var (
 	// ErrCursor: the cursor is not one Fetch returned.
 	ErrCursor = errors.New("jsstore: malformed cursor")
 	// ErrNotDurable: Open refused a stream or bucket that is neither
-	// replicated nor synced on every write.
+	// replicated nor synced on every write (a *NotDurableError says which).
 	ErrNotDurable = errors.New("jsstore: JetStream would acknowledge writes it has not made durable")
 )
+
+// NotDurableError is Open's refusal of a JetStream on which acknowledged
+// writes would not be durable, or which cannot keep the replicas asked for
+// (errors.Is(err, ErrNotDurable)). Open decides it before it creates anything:
+// a refused Open leaves no stream or bucket behind. Its text names the
+// resource and the JetStream settings, not a command's flags; callers that
+// have flags say which (pkg/relay).
+type NotDurableError struct {
+	// Resource is what is refused ("stream SEALBRIDGE_INBOX", "bucket
+	// SEALBRIDGE_RECEIPTS"); "" when it is the options themselves (fewer
+	// than MinReplicas replicas without SyncAlways).
+	Resource string
+	// Stream is the JetStream stream of Resource (a bucket's is KV_<bucket>).
+	Stream string
+	// Replicas is what the resource has (Existing) or would be created with.
+	Replicas int
+	// Existing: the resource exists with Replicas (fewer than MinReplicas,
+	// and SyncAlways is not set).
+	Existing bool
+	// SingleServer: the server is not clustered, so it keeps one replica of
+	// anything: Replicas 1 with SyncAlways (and sync_interval: always on the
+	// server) is the only durable choice.
+	SingleServer bool
+}
+
+func (e *NotDurableError) Error() string {
+	switch {
+	case e.Resource == "":
+		return fmt.Sprintf("%v: %d replica(s) and the servers are not declared to sync every write (SyncAlways: sync_interval: always on every server)",
+			ErrNotDurable, e.Replicas)
+	case e.Existing:
+		return fmt.Sprintf("%v: %s has %d replica(s) and the servers are not declared to sync every write (SyncAlways: sync_interval: always on every server)",
+			ErrNotDurable, e.Resource, e.Replicas)
+	}
+	return fmt.Sprintf("jsstore: %s would be created with %d replicas, and this NATS server is not clustered: it keeps one", e.Resource, e.Replicas)
+}
+
+// Is makes errors.Is(e, ErrNotDurable) hold.
+func (e *NotDurableError) Is(target error) bool { return target == ErrNotDurable }
 
 // Options configure a Store. The zero value uses the defaults.
 type Options struct {
@@ -355,6 +394,9 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jsstore: %w", err)
 	}
+	if err := preflight(ctx, nc, js, opts); err != nil {
+		return nil, err
+	}
 	s := &Store{nc: nc, js: js, subject: opts.Subject, notify: opts.Notify, retention: opts.Retention,
 		timeout: opts.Timeout}
 	if opts.Hooks != nil {
@@ -382,13 +424,12 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	}
 	if err != nil {
 		if notClustered(err) {
-			return nil, fmt.Errorf("%w: stream %s: this JetStream is a single server, which cannot keep %d replicas; hint: run a cluster of %d or more, or run this server with sync_interval: always and declare it with Replicas 1 and SyncAlways (sealbridge-relay --jetstream-replicas 1 --jetstream-sync-always)",
-				ErrNotDurable, opts.Stream, opts.Replicas, MinReplicas)
+			return nil, &NotDurableError{Resource: "stream " + opts.Stream, Stream: opts.Stream, Replicas: opts.Replicas, SingleServer: true}
 		}
 		return nil, fmt.Errorf("jsstore: open stream %s: %w", opts.Stream, err)
 	}
 	info := s.stream.CachedInfo()
-	if err := checkDurable("stream "+opts.Stream, info.Config.Replicas, opts.SyncAlways); err != nil {
+	if err := checkDurable("stream "+opts.Stream, opts.Stream, info.Config.Replicas, opts.SyncAlways, nc); err != nil {
 		return nil, err
 	}
 	if info.Config.Discard != jetstream.DiscardNew || info.Config.AllowDirect || info.Config.Storage != jetstream.FileStorage {
@@ -406,13 +447,13 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		Storage:        jetstream.FileStorage,
 		Replicas:       opts.Replicas,
 		LimitMarkerTTL: time.Minute,
-	}, opts.SyncAlways); err != nil {
+	}, opts.SyncAlways, nc); err != nil {
 		return nil, err
 	}
 	if s.reg, err = openBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: opts.RecipientsBucket, Description: "sealbridge relay allow-list",
 		History: 1, Storage: jetstream.FileStorage, Replicas: opts.Replicas,
-	}, opts.SyncAlways); err != nil {
+	}, opts.SyncAlways, nc); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -422,13 +463,16 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 // direct gets on its stream, and checks it as Open checks the stream. nats.go
 // creates every bucket with direct gets, and buckets of older relays have them;
 // a bucket whose reads could be answered by a lagging replica is not used.
-func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, syncAlways bool) (jetstream.KeyValue, error) {
+func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, syncAlways bool, nc *nats.Conn) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, cfg)
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = js.KeyValue(ctx, cfg.Bucket)
 		}
+	}
+	if notClustered(err) {
+		return nil, &NotDurableError{Resource: "bucket " + cfg.Bucket, Stream: bucketStream(cfg.Bucket), Replicas: cfg.Replicas, SingleServer: true}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("jsstore: open bucket %s: %w", cfg.Bucket, err)
@@ -455,7 +499,7 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 				cfg.Bucket, info.Config.Name)
 		}
 	}
-	if err := checkDurable("bucket "+cfg.Bucket, info.Config.Replicas, syncAlways); err != nil {
+	if err := checkDurable("bucket "+cfg.Bucket, info.Config.Name, info.Config.Replicas, syncAlways, nc); err != nil {
 		return nil, err
 	}
 	if info.Config.Storage != jetstream.FileStorage {
@@ -544,12 +588,57 @@ func notClustered(err error) bool {
 	return errors.As(err, &je) && je.APIError() != nil && je.APIError().ErrorCode == errCodeReplicasNotSupported
 }
 
-func checkDurable(what string, replicas int, syncAlways bool) error {
+// checkDurable refuses an existing resource (what, of JetStream stream
+// stream) with fewer than MinReplicas replicas unless syncAlways.
+func checkDurable(what, stream string, replicas int, syncAlways bool, nc *nats.Conn) error {
 	if replicas >= MinReplicas || syncAlways {
 		return nil
 	}
-	return fmt.Errorf("%w: %s has %d replica(s) and the servers are not declared to sync every write; hint: set replicas to %d or more (nats stream edit --replicas %d), or run every JetStream server with sync_interval: always and declare it (Options.SyncAlways)",
-		ErrNotDurable, what, replicas, MinReplicas, MinReplicas)
+	return &NotDurableError{Resource: what, Stream: stream, Replicas: replicas, Existing: true, SingleServer: !clustered(nc)}
+}
+
+// clustered reports whether the server nc is connected to is part of a
+// cluster (its INFO names one). A single server keeps one replica of
+// anything, and refuses more (errCodeReplicasNotSupported).
+func clustered(nc *nats.Conn) bool { return nc.ConnectedClusterName() != "" }
+
+// bucketStream is the JetStream stream of key-value bucket b.
+func bucketStream(b string) string { return "KV_" + b }
+
+// preflight decides Open's durability refusals before anything is created:
+// fewer than MinReplicas replicas asked for without SyncAlways; an existing
+// stream or bucket with fewer than MinReplicas without SyncAlways; a missing
+// one that would be created with more than one replica on a server that is not
+// clustered. Open's own checks after it (checkDurable, notClustered) stay for
+// resources created or changed meanwhile by another process.
+func preflight(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, opts Options) error {
+	if opts.Replicas < MinReplicas && !opts.SyncAlways {
+		return &NotDurableError{Replicas: opts.Replicas, SingleServer: !clustered(nc)}
+	}
+	var missing *NotDurableError
+	for _, r := range []struct{ what, stream string }{
+		{"stream " + opts.Stream, opts.Stream},
+		{"bucket " + opts.Bucket, bucketStream(opts.Bucket)},
+		{"bucket " + opts.RecipientsBucket, bucketStream(opts.RecipientsBucket)},
+	} {
+		st, err := js.Stream(ctx, r.stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			if missing == nil {
+				missing = &NotDurableError{Resource: r.what, Stream: r.stream, Replicas: opts.Replicas, SingleServer: true}
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("jsstore: open %s: %w", r.what, err)
+		}
+		if err := checkDurable(r.what, r.stream, st.CachedInfo().Config.Replicas, opts.SyncAlways, nc); err != nil {
+			return err
+		}
+	}
+	if missing != nil && opts.Replicas > 1 && !clustered(nc) {
+		return missing
+	}
+	return nil
 }
 
 // RecipientKey is hex SHA-256 of did: the recipient's token in subjects and
