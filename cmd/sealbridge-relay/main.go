@@ -147,7 +147,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if created {
 		log.Info("relay: created identity", "file", idFile, "did", string(id.DID()))
 	}
-	ropts := relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits}
+	ropts := relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits, Version: version()}
 	closeConn, err := backendFlags.Open(&ropts, "sealbridge-relay")
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sealbridge/sealbridge/internal/natstest"
+	"github.com/sealbridge/sealbridge/internal/promtest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -165,6 +167,26 @@ func TestProcessServesAndStopsOnSIGTERM(t *testing.T) {
 	raw, rc, err := c.Post(context.Background(), data)
 	if err != nil || string(rc.RelayDID) != did {
 		t.Fatalf("post: %v", err)
+	}
+	// The operations endpoints: live, ready, and metrics promtool would accept.
+	for _, path := range []string{relay.PathLivez, relay.PathReadyz, relay.PathMetrics} {
+		resp, err := http.Get(addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, body)
+		}
+		if path == relay.PathMetrics {
+			promtest.Check(t, body)
+			for _, want := range []string{`sealbridge_relay_envelopes_total{outcome="accepted"} 1`, `sealbridge_relay_build_info{backend="file",did="` + did + `",version="`} {
+				if !strings.Contains(string(body), want) {
+					t.Errorf("/metrics lacks %q", want)
+				}
+			}
+		}
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

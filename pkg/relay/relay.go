@@ -96,6 +96,9 @@ type Options struct {
 	// (store.Options.WrapFS) and the inbox directory of the file storage:
 	// fault injection and crash exploration in tests.
 	WrapFS func(fsx.FS) fsx.FS
+	// Version is the version of the binary, for the sealbridge_relay_build_info
+	// series of GET /metrics.
+	Version string
 	// MaxInboxWaiters bounds the inbox fetches held at once (GET /v1/inbox
 	// with wait=); past it a waiting fetch gets 503 RELAY_BUSY. Default
 	// DefaultMaxInboxWaiters.
@@ -143,6 +146,10 @@ type Relay struct {
 	waits     waitState // held fetches (wait.go)
 
 	nonces nonceCache
+
+	backendName string // "file" or "jetstream"
+	codes       counts // refusals and error answers by code (ops.go), guarded by mu
+	ops         ops    // /readyz's probe and /metrics's registry
 }
 
 // New opens the relay's storage — the files under Options.Home (openFiles),
@@ -169,7 +176,9 @@ func New(opts Options) (*Relay, error) {
 	r.waits.maxPerAddr = cmp.Or(opts.Limits.HeldPollsPerAddress, DefaultHeldPollsPerAddress)
 	r.nonces.entries = map[string]int64{}
 	var err error
+	r.backendName = "file"
 	if opts.JetStream != nil {
+		r.backendName = "jetstream"
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		r.back, err = openJetStream(ctx, opts.JetStream, opts.JetStreamOptions, r.now, r.wake)
 		cancel()
@@ -185,6 +194,7 @@ func New(opts Options) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.newOps(opts.Version)
 	if opts.Limits.ExpireEvery > 0 {
 		r.stopMaint, r.maintDone = make(chan struct{}), make(chan struct{})
 		go r.maintain(opts.Limits.ExpireEvery, r.stopMaint, r.maintDone)

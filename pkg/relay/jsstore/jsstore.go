@@ -525,6 +525,44 @@ func bucketInfo(ctx context.Context, kv jetstream.KeyValue) (*jetstream.StreamIn
 	return bs.StreamInfo(), nil
 }
 
+// Ready reports whether the store answers now: the connection is connected
+// (not reconnecting or closed) and the inbox stream's leader answers its info
+// request (within ctx, or Options.Timeout). Safe for concurrent use.
+func (s *Store) Ready(ctx context.Context) error {
+	if err := s.connected(); err != nil {
+		return err
+	}
+	if _, err := s.stream.Info(ctx); err != nil {
+		return fmt.Errorf("jsstore: stream info: %w", err)
+	}
+	return nil
+}
+
+// Depth returns the messages and bytes in the inbox stream (every recipient's,
+// as the stream's leader counts them: headers included, and envelopes past
+// their deadline until Expire removes them).
+func (s *Store) Depth(ctx context.Context) (msgs, bytes uint64, err error) {
+	if err := s.connected(); err != nil {
+		return 0, 0, err // not a request that would wait out its timeout
+	}
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("jsstore: stream info: %w", err)
+	}
+	return info.State.Msgs, info.State.Bytes, nil
+}
+
+// connected refuses at once while the connection is not connected.
+func (s *Store) connected() error {
+	if st := s.nc.Status(); st != nats.CONNECTED {
+		return fmt.Errorf("jsstore: the NATS connection is %s", strings.ToLower(st.String()))
+	}
+	return nil
+}
+
+// Conn is the store's NATS connection.
+func (s *Store) Conn() *nats.Conn { return s.nc }
+
 // Register adds recipient to the allow-list; on return without error it is
 // durable. Registering again changes nothing.
 func (s *Store) Register(ctx context.Context, recipient identity.DID) error {
