@@ -1,9 +1,11 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -200,4 +202,62 @@ func TestReadyzJetStreamDown(t *testing.T) {
 	natstest.NodeFromConfig(t, conf)
 	waitFor(t, "ready again", func() bool { status, _ := e.get(relay.PathReadyz); return status == 200 })
 	wantMetrics(t, e.scrape(), "sealbridge_relay_storage_ready 1", "sealbridge_relay_nats_connected 1", "sealbridge_relay_nats_reconnects_total 1")
+}
+
+// Probes, scrapes and accepts at once (run under -race): every probe answers
+// ready, every scrape is served or refused as over the two in flight (503),
+// never wrong, and the counts add up afterwards.
+func TestOpsConcurrent(t *testing.T) {
+	e := newEnv(t)
+	const workers = 16
+	// call is one request from a worker goroutine (no t.Fatal off the test's).
+	call := func(method, path string, body []byte) (int, []byte, error) {
+		req, err := http.NewRequest(method, e.srv.URL+path, bytes.NewReader(body))
+		if err != nil {
+			return 0, nil, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, data, err
+	}
+	type answer struct {
+		path   string
+		status int
+		body   []byte
+		err    error
+	}
+	gate := make(chan struct{})
+	answers := make(chan answer, 3*workers)
+	for i := range workers {
+		_, data := e.message(ident(t, byte(40+i%4)).DID())
+		for _, r := range []struct {
+			method, path string
+			body         []byte
+		}{{http.MethodGet, relay.PathReadyz, nil}, {http.MethodGet, relay.PathMetrics, nil}, {http.MethodPost, relayproto.PathEnvelopes, data}} {
+			go func() {
+				<-gate
+				status, body, err := call(r.method, r.path, r.body)
+				answers <- answer{r.path, status, body, err}
+			}()
+		}
+	}
+	close(gate)
+	for range 3 * workers {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			t.Errorf("%s: %v", a.path, a.err)
+		case a.path == relay.PathMetrics && a.status == 503: // promhttp: more than two scrapes in flight
+		case a.status != 200:
+			t.Errorf("%s: %d %s", a.path, a.status, a.body)
+		case a.path == relay.PathMetrics:
+			promtest.Check(t, a.body)
+		}
+	}
+	wantMetrics(t, e.scrape(), fmt.Sprintf(`sealbridge_relay_envelopes_total{outcome="accepted"} %d`, workers),
+		fmt.Sprintf("sealbridge_relay_inbox_envelopes %d", workers), "sealbridge_relay_storage_ready 1")
 }
