@@ -46,6 +46,7 @@ const usage = `usage: sealbridge-relay [--listen ADDR] [--home DIR] [--identity-
 Runs sealbridge's reference relay (docs/RELAY.md) in the foreground: it prints
 "listening http://ADDR" and "relay DID" on standard output and logs on standard
 error; SIGTERM or SIGINT stops it gracefully. "sealbridge relay" runs the same relay.
+It also serves GET /livez, /readyz and /metrics (docs/RELAY.md "Operations").
 
   --listen ADDR         address to listen on (default 127.0.0.1:8470; port 0 picks one)
   --home DIR            data root: the relay's store and inboxes (default:
@@ -127,6 +128,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer ln.Close()
+	// Connected and checked before anything is created (a refused JetStream
+	// leaves no data root or key either).
+	ropts := relay.Options{Logger: log, Limits: limitFlags.Limits, Version: version()}
+	closeConn, err := backendFlags.Open(&ropts, "sealbridge-relay")
+	if err != nil {
+		return err
+	}
+	defer closeConn()
 	root, err := dataroot.Resolve(home)
 	if err != nil {
 		return errcode.WithHint(err, "give --home DIR")
@@ -147,12 +156,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if created {
 		log.Info("relay: created identity", "file", idFile, "did", string(id.DID()))
 	}
-	ropts := relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits, Version: version()}
-	closeConn, err := backendFlags.Open(&ropts, "sealbridge-relay")
-	if err != nil {
-		return err
-	}
-	defer closeConn()
+	ropts.Identity, ropts.Home = id, root
 	r, err := relay.New(ropts) // a JetStream refusal carries its hint
 	if err != nil {
 		return err

@@ -251,13 +251,16 @@ func TestBackendFlagUsageErrors(t *testing.T) {
 // agree and name the flags to use: --jetstream-replicas 1 alone is a usage
 // error (exit 2) before it connects; --jetstream-sync-always alone (the
 // default 3 replicas) exits 1 with no stream made and not JetStream's raw
-// 10074. Both together start. Fails on the old code: the R1 run created the
-// stream and named Options.SyncAlways and "nats stream edit --replicas 3".
+// 10074. Nothing is created: no stream, no data root, no key. Both together
+// start. Fails on the old code: the R1 run created the stream, the data root
+// and the key, and named Options.SyncAlways and "nats stream edit --replicas 3".
 func TestJetStreamBackendDurability(t *testing.T) {
 	s := natstest.Node(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	base := []string{"--listen=127.0.0.1:0", "--home", t.TempDir(), "--backend", "jetstream", "--nats-url", s.ClientURL()}
+	parent := t.TempDir()
+	home := filepath.Join(parent, "home")
+	base := []string{"--listen=127.0.0.1:0", "--home", home, "--backend", "jetstream", "--nats-url", s.ClientURL()}
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -285,6 +288,9 @@ func TestJetStreamBackendDurability(t *testing.T) {
 		}
 		if st, _ := s.Jsz(nil); st.Streams != 0 {
 			t.Fatalf("%q: the refused relay created %d streams", tc.args, st.Streams)
+		}
+		if ents, _ := os.ReadDir(parent); len(ents) != 0 {
+			t.Fatalf("%q: the refused relay created its data root", tc.args)
 		}
 	}
 	var out, errb bytes.Buffer

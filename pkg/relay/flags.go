@@ -2,6 +2,7 @@ package relay
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -294,9 +295,11 @@ func (f *BackendFlags) Check() error {
 	return nil
 }
 
-// Open connects to JetStream when the flags say so and fills o's JetStream
-// fields; the returned function closes the connection (after the Relay's
-// Close). With the file backend it changes nothing.
+// Open connects to JetStream when the flags say so, makes the durability
+// refusals of jsstore.Check (with JetStreamHint's hint) before anything is
+// created, and fills o's JetStream fields; the returned function closes the
+// connection (after the Relay's Close). With the file backend it changes
+// nothing. Call it before creating the data root or the key.
 func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err error) {
 	if f.Backend != "jetstream" {
 		return func() {}, nil
@@ -324,6 +327,17 @@ func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err erro
 	o.JetStream = nc
 	o.JetStreamOptions.Replicas = f.Replicas
 	o.JetStreamOptions.SyncAlways = f.SyncAlways
+	// The durability refusals, before the command creates anything (its data
+	// root and key, then New the stream and buckets).
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	if err := jsstore.Check(ctx, nc, o.JetStreamOptions); err != nil {
+		events.close(nc)
+		if h := JetStreamHint(err); h != "" {
+			err = errcode.WithHint(err, h)
+		}
+		return nil, err
+	}
 	return func() { events.close(nc) }, nil
 }
 
@@ -387,7 +401,7 @@ func LoadOrCreateIdentity(file string) (id *identity.Identity, created bool, err
 	}
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) {
 		dir := filepath.Dir(file)
-		err = errcode.WithHint(err, fmt.Sprintf("the key file's directory %s must exist and be writable by you for the first start to create the key (mkdir -m 700 -p %s), or leave out --identity-file to keep the key in the data root (--home)", dir, dir))
+		err = errcode.WithHint(err, fmt.Sprintf("the key file's directory %s must exist and be yours to write for the first start to create the key (mkdir -m 700 -p %s), and a key file there yours to read; or leave out --identity-file to keep the key in the data root (--home)", dir, dir))
 	}
 	return id, created, err
 }

@@ -43,7 +43,7 @@ func TestNATSConnectionChangesLogged(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	conf := fmt.Sprintf("listen: 127.0.0.1:%d\nauthorization { user: relay, password: s3cret-pw }\n", port)
+	conf := fmt.Sprintf("listen: 127.0.0.1:%d\nauthorization { user: relay, password: s3cret-pw }\njetstream { store_dir: %q, sync_interval: always }\n", port, t.TempDir())
 	s := natstest.NodeFromConfig(t, conf)
 
 	var logs syncBuffer

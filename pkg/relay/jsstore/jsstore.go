@@ -358,11 +358,9 @@ func (r *record) held(id string) Held {
 		Cursor: strconv.FormatUint(r.Seq, 10)}
 }
 
-// Open connects to the inbox stream and the de-duplication bucket on nc,
-// creating them on first use, and refuses them unless they are replicated at
-// least MinReplicas times or opts.SyncAlways is set (ErrNotDurable, with the
-// setting to change).
-func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
+// withDefaults returns opts with every unset field at its default, or the
+// error of a setting no default fixes.
+func (opts Options) withDefaults() (Options, error) {
 	if opts.Stream == "" {
 		opts.Stream = DefaultStream
 	}
@@ -379,7 +377,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		opts.Notify = DefaultNotify
 	}
 	if opts.Notify == opts.Subject || strings.HasPrefix(opts.Notify, opts.Subject+".") {
-		return nil, fmt.Errorf("jsstore: the notification subject %s lies in the stream's subjects %s.>; hint: choose another Notify prefix", opts.Notify, opts.Subject)
+		return opts, fmt.Errorf("jsstore: the notification subject %s lies in the stream's subjects %s.>; hint: choose another Notify prefix", opts.Notify, opts.Subject)
 	}
 	if opts.Replicas == 0 {
 		opts.Replicas = DefaultReplicas
@@ -390,9 +388,41 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
 	}
+	return opts, nil
+}
+
+// prepare applies the defaults and makes the JetStream handle.
+func prepare(nc *nats.Conn, opts Options) (Options, jetstream.JetStream, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return opts, nil, err
+	}
 	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(opts.Timeout))
 	if err != nil {
-		return nil, fmt.Errorf("jsstore: %w", err)
+		return opts, nil, fmt.Errorf("jsstore: %w", err)
+	}
+	return opts, js, nil
+}
+
+// Check makes the refusals Open would make before it creates anything (the
+// *NotDurableError cases), and creates nothing: a command runs it before it
+// creates anything of its own (its key, its data root). Open checks again.
+func Check(ctx context.Context, nc *nats.Conn, opts Options) error {
+	opts, js, err := prepare(nc, opts)
+	if err != nil {
+		return err
+	}
+	return preflight(ctx, nc, js, opts)
+}
+
+// Open connects to the inbox stream and the de-duplication bucket on nc,
+// creating them on first use, and refuses them unless they are replicated at
+// least MinReplicas times or opts.SyncAlways is set (ErrNotDurable, with the
+// setting to change).
+func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
+	opts, js, err := prepare(nc, opts)
+	if err != nil {
+		return nil, err
 	}
 	if err := preflight(ctx, nc, js, opts); err != nil {
 		return nil, err
