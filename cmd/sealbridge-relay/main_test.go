@@ -248,10 +248,9 @@ func TestBackendFlagUsageErrors(t *testing.T) {
 
 // On one JetStream server the relay refuses each half of the single-node
 // recipe before anything is created, with one error line and a hint that
-// agree and name the flags to use: --jetstream-replicas 1 alone is a usage
-// error (exit 2) before it connects; --jetstream-sync-always alone (the
-// default 3 replicas) exits 1 with no stream made and not JetStream's raw
-// 10074. Nothing is created: no stream, no data root, no key. Both together
+// agree and name the flags to use: --jetstream-replicas 1 alone is refused
+// (exit 1) before it connects; --jetstream-sync-always alone (the default 3
+// replicas) exits 1 with no stream made and not JetStream's raw 10074. Nothing is created: no stream, no data root, no key. Both together
 // start. Fails on the old code: the R1 run created the stream, the data root
 // and the key, and named Options.SyncAlways and "nats stream edit --replicas 3".
 func TestJetStreamBackendDurability(t *testing.T) {
@@ -266,7 +265,7 @@ func TestJetStreamBackendDurability(t *testing.T) {
 		code int
 		want []string
 	}{
-		{[]string{"--jetstream-replicas", "1"}, 2, []string{"needs --jetstream-sync-always", "sync_interval: always", `"Single-node JetStream"`}},
+		{[]string{"--jetstream-replicas", "1"}, 1, []string{"needs --jetstream-sync-always", "sync_interval: always", `"Single-node JetStream"`}},
 		{[]string{"--jetstream-sync-always"}, 1, []string{"not clustered", "hint: this NATS server is not clustered", "--jetstream-replicas 1 --jetstream-sync-always", `"Single-node JetStream"`}},
 		{nil, 1, []string{"not clustered", "--jetstream-replicas 1 --jetstream-sync-always"}},
 	} {

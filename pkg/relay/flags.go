@@ -281,10 +281,6 @@ func (f *BackendFlags) Check() error {
 		return errors.New("--backend jetstream needs --nats-url (see --help)")
 	case !js && (f.NATSURL != "" || f.NATSCreds != "" || f.replicasSet || f.SyncAlways):
 		return errors.New("the --nats-* and --jetstream-* flags need --backend jetstream (see --help)")
-	case js && f.Replicas < jsstore.MinReplicas && !f.SyncAlways:
-		return errcode.WithHint(fmt.Errorf("--jetstream-replicas %d needs --jetstream-sync-always: with fewer than %d replicas an acknowledged envelope is durable only when every JetStream server runs with sync_interval: always",
-			f.Replicas, jsstore.MinReplicas),
-			"configure the servers so and add --jetstream-sync-always (one server: docs/RELAY.md \"Single-node JetStream\"), or keep the default of 3 replicas on a cluster of 3 or more")
 	case js && (f.getenv(EnvNATSUser) == "") != (f.getenv(EnvNATSPassword) == ""):
 		return fmt.Errorf("set both %s and %s, or neither", EnvNATSUser, EnvNATSPassword)
 	case js && f.NATSCreds == "" && f.getenv(EnvNATSCreds) != "" && f.getenv(EnvNATSUser) != "":
@@ -303,6 +299,11 @@ func (f *BackendFlags) Check() error {
 func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err error) {
 	if f.Backend != "jetstream" {
 		return func() {}, nil
+	}
+	if f.Replicas < jsstore.MinReplicas && !f.SyncAlways { // decided before connecting
+		return nil, errcode.WithHint(fmt.Errorf("--jetstream-replicas %d needs --jetstream-sync-always: with fewer than %d replicas an acknowledged envelope is durable only when every JetStream server runs with sync_interval: always",
+			f.Replicas, jsstore.MinReplicas),
+			"configure the servers so and add --jetstream-sync-always (one server: docs/RELAY.md \"Single-node JetStream\"), or keep the default of 3 replicas on a cluster of 3 or more")
 	}
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.Timeout(10 * time.Second)}
 	creds := cmp.Or(f.NATSCreds, f.getenv(EnvNATSCreds))
