@@ -3,17 +3,22 @@ package relay_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/internal/promtest"
@@ -260,4 +265,23 @@ func TestOpsConcurrent(t *testing.T) {
 	}
 	wantMetrics(t, e.scrape(), fmt.Sprintf(`sealbridge_relay_envelopes_total{outcome="accepted"} %d`, workers),
 		fmt.Sprintf("sealbridge_relay_inbox_envelopes %d", workers), "sealbridge_relay_storage_ready 1")
+}
+
+// A readiness probe's file that a crash left in the inbox directory is removed
+// when the relay opens it again.
+func TestProbeLeftoverRemovedAtOpen(t *testing.T) {
+	e := newEnv(t)
+	sum := sha256.Sum256([]byte(e.relID.DID()))
+	leftover := filepath.Join(e.home, dataroot.RelayDir, hex.EncodeToString(sum[:]), fsx.TempName())
+	if err := os.WriteFile(leftover, []byte("ready\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.stop()
+	e.start()
+	if _, err := os.Lstat(leftover); !os.IsNotExist(err) {
+		t.Fatalf("the probe's leftover is still there: %v", err)
+	}
+	if status, body := e.get(relay.PathReadyz); status != 200 {
+		t.Fatalf("%d %s", status, body)
+	}
 }
