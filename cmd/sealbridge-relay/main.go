@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -30,9 +29,7 @@ import (
 	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
-	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
-	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
 
 func main() {
@@ -49,6 +46,7 @@ const usage = `usage: sealbridge-relay [--listen ADDR] [--home DIR] [--identity-
 Runs sealbridge's reference relay (docs/RELAY.md) in the foreground: it prints
 "listening http://ADDR" and "relay DID" on standard output and logs on standard
 error; SIGTERM or SIGINT stops it gracefully. "sealbridge relay" runs the same relay.
+It also serves GET /livez, /readyz and /metrics (docs/RELAY.md "Operations").
 
   --listen ADDR         address to listen on (default 127.0.0.1:8470; port 0 picks one)
   --home DIR            data root: the relay's store and inboxes (default:
@@ -66,7 +64,7 @@ Limits (docs/RELAY.md "Limits"):
 Examples:
   sealbridge-relay --home ~/sb-relay
   sealbridge-relay --listen 0.0.0.0:8470 --home /var/lib/sealbridge-relay --log-format json
-  SEALBRIDGE_NATS_CREDS=/etc/sealbridge/relay.creds sealbridge-relay --backend jetstream \
+  SEALBRIDGE_NATS_CREDS=~/sb-relay/relay.creds sealbridge-relay --backend jetstream \
       --nats-url nats://n1:4222,nats://n2:4222,nats://n3:4222
 
 Exit status:
@@ -123,6 +121,21 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Bound first: a relay that cannot listen creates nothing (no data root,
+	// key, store or stream).
+	ln, err := relay.Listen(listen, limitFlags.MaxConns)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	// Connected and checked before anything is created (a refused JetStream
+	// leaves no data root or key either).
+	ropts := relay.Options{Logger: log, Limits: limitFlags.Limits, Version: version()}
+	closeConn, err := backendFlags.Open(&ropts, "sealbridge-relay")
+	if err != nil {
+		return err
+	}
+	defer closeConn()
 	root, err := dataroot.Resolve(home)
 	if err != nil {
 		return errcode.WithHint(err, "give --home DIR")
@@ -136,32 +149,19 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if idFile == "" {
 		idFile = filepath.Join(root, "relay-identity.pem")
 	}
-	id, created, err := identity.LoadOrCreateKeyFile(idFile)
+	id, created, err := relay.LoadOrCreateIdentity(idFile)
 	if err != nil {
 		return err
 	}
 	if created {
 		log.Info("relay: created identity", "file", idFile, "did", string(id.DID()))
 	}
-	ropts := relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits}
-	closeConn, err := backendFlags.Open(&ropts, "sealbridge-relay")
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	r, err := relay.New(ropts)
-	if errors.Is(err, jsstore.ErrNotDurable) {
-		return errcode.WithHint(err, relay.NotDurableHint)
-	}
+	ropts.Identity, ropts.Home = id, root
+	r, err := relay.New(ropts) // a JetStream refusal carries its hint
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return errcode.WithHint(err, "choose another address with --listen (port 0 picks a free one)")
-	}
-	ln = relay.LimitListener(ln, limitFlags.MaxConns)
 	srv := &http.Server{
 		Handler:           r.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -5,15 +5,21 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/sealbridge/sealbridge/internal/natstest"
+	"github.com/sealbridge/sealbridge/internal/promtest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -54,6 +60,7 @@ func TestUsageErrors(t *testing.T) {
 		{"--quota-envelopes", "-1"}, {"--quota-envelopes", "many"}, {"--quota-bytes", "1000"},
 		{"--sender-rate", "-2"}, {"--sender-rate", "NaN"}, {"--sender-burst", "5"},
 		{"--expire-every", "-1s"}, {"--expire-every", "1ms"}, {"--max-conns", "-3"}, {"--allow-list=maybe"},
+		{"--held-polls-per-address", "0"}, {"--held-polls-per-address", "lots"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(ctx, append([]string{"--listen=127.0.0.1:0"}, args...), &out, &errb)
@@ -71,7 +78,7 @@ func TestLimitFlagsAccepted(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run(ctx, []string{"--listen=127.0.0.1:0", "--home", t.TempDir(), "--quota-envelopes", "1000",
 		"--quota-bytes", "67108864", "--sender-rate", "2.5", "--sender-burst", "10", "--allow-list",
-		"--expire-every", "30s", "--max-conns", "512"}, &out, &errb)
+		"--expire-every", "30s", "--max-conns", "512", "--held-polls-per-address", "16"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -161,6 +168,26 @@ func TestProcessServesAndStopsOnSIGTERM(t *testing.T) {
 	if err != nil || string(rc.RelayDID) != did {
 		t.Fatalf("post: %v", err)
 	}
+	// The operations endpoints: live, ready, and metrics promtool would accept.
+	for _, path := range []string{relay.PathLivez, relay.PathReadyz, relay.PathMetrics} {
+		resp, err := http.Get(addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, body)
+		}
+		if path == relay.PathMetrics {
+			promtest.Check(t, body)
+			for _, want := range []string{`sealbridge_relay_envelopes_total{outcome="accepted"} 1`, `sealbridge_relay_build_info{backend="file",did="` + did + `",version="`} {
+				if !strings.Contains(string(body), want) {
+					t.Errorf("/metrics lacks %q", want)
+				}
+			}
+		}
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -219,21 +246,162 @@ func TestBackendFlagUsageErrors(t *testing.T) {
 	}
 }
 
-// On a JetStream that is neither replicated nor declared synced the relay
-// exits 1 at start saying which setting to change; declared, it starts.
+// On one JetStream server the relay refuses each half of the single-node
+// recipe before anything is created, with one error line and a hint that
+// agree and name the flags to use: --jetstream-replicas 1 alone is refused
+// (exit 1) before it connects; --jetstream-sync-always alone (the default 3
+// replicas) exits 1 with no stream made and not JetStream's raw 10074. Nothing is created: no stream, no data root, no key. Both together
+// start. Fails on the old code: the R1 run created the stream, the data root
+// and the key, and named Options.SyncAlways and "nats stream edit --replicas 3".
 func TestJetStreamBackendDurability(t *testing.T) {
 	s := natstest.Node(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	base := []string{"--listen=127.0.0.1:0", "--home", t.TempDir(), "--backend", "jetstream", "--nats-url", s.ClientURL()}
-	var out, errb bytes.Buffer
-	code := run(ctx, append(base, "--jetstream-replicas", "1"), &out, &errb)
-	if code != 1 || !strings.Contains(errb.String(), "--jetstream-sync-always") || !strings.Contains(errb.String(), "--jetstream-replicas 3") {
-		t.Fatalf("unreplicated, undeclared: exit %d, stderr %q", code, errb.String())
+	parent := t.TempDir()
+	home := filepath.Join(parent, "home")
+	base := []string{"--listen=127.0.0.1:0", "--home", home, "--backend", "jetstream", "--nats-url", s.ClientURL()}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{[]string{"--jetstream-replicas", "1"}, 1, []string{"needs --jetstream-sync-always", "sync_interval: always", `"Single-node JetStream"`}},
+		{[]string{"--jetstream-sync-always"}, 1, []string{"not clustered", "hint: this NATS server is not clustered", "--jetstream-replicas 1 --jetstream-sync-always", `"Single-node JetStream"`}},
+		{nil, 1, []string{"not clustered", "--jetstream-replicas 1 --jetstream-sync-always"}},
+	} {
+		var out, errb bytes.Buffer
+		code := run(ctx, append(base, tc.args...), &out, &errb)
+		stderr := errb.String()
+		if code != tc.code {
+			t.Errorf("%q: exit %d, want %d; stderr %q", tc.args, code, tc.code, stderr)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("%q: stderr %q does not say %q", tc.args, stderr, w)
+			}
+		}
+		for _, bad := range []string{"10074", "non-clustered mode", "Options.", "nats stream edit", "; hint:"} {
+			if strings.Contains(stderr, bad) {
+				t.Errorf("%q: stderr %q says %q", tc.args, stderr, bad)
+			}
+		}
+		if st, _ := s.Jsz(nil); st.Streams != 0 {
+			t.Fatalf("%q: the refused relay created %d streams", tc.args, st.Streams)
+		}
+		if ents, _ := os.ReadDir(parent); len(ents) != 0 {
+			t.Fatalf("%q: the refused relay created its data root", tc.args)
+		}
 	}
-	errb.Reset()
+	var out, errb bytes.Buffer
 	if code := run(ctx, append(base, "--jetstream-replicas", "1", "--jetstream-sync-always"), &out, &errb); code != 0 {
 		t.Fatalf("declared sync_interval: always: exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// recipeBlock returns the code block of docs/RELAY.md after the line holding marker.
+func recipeBlock(t *testing.T, doc, marker string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(doc, marker)
+	if !ok {
+		t.Fatalf("docs/RELAY.md has no %q", marker)
+	}
+	_, rest, _ = strings.Cut(rest, "```\n")
+	block, _, ok := strings.Cut(rest, "```")
+	if !ok {
+		t.Fatalf("no code block after %q", marker)
+	}
+	return block
+}
+
+// The single-node recipe of docs/RELAY.md works as written: its nats-server
+// configuration (port and store_dir replaced by a free port and a temporary
+// directory) starts the in-process server, and the relay started with the
+// recipe's flags accepts an envelope and holds it in a one-replica stream.
+func TestSingleNodeRecipe(t *testing.T) {
+	data, err := os.ReadFile("../../docs/RELAY.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(data)
+	conf := recipeBlock(t, doc, "<!-- single-node recipe: nats-server.conf")
+	cmdLine := recipeBlock(t, doc, "<!-- single-node recipe: relay")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	for _, want := range []string{"listen: 127.0.0.1:4222", "store_dir: /var/lib/nats/jetstream", "sync_interval: always"} {
+		if !strings.Contains(conf, want) {
+			t.Fatalf("the recipe's configuration lacks %q:\n%s", want, conf)
+		}
+	}
+	conf = strings.NewReplacer("127.0.0.1:4222", "127.0.0.1:"+port, "/var/lib/nats/jetstream", t.TempDir()).Replace(conf)
+	s := natstest.NodeFromConfig(t, conf)
+	if !s.JetStreamEnabled() {
+		t.Fatal("the recipe's server has no JetStream")
+	}
+	args := strings.Fields(strings.NewReplacer("~/sb-relay", t.TempDir(), "nats://127.0.0.1:4222", "nats://127.0.0.1:"+port).Replace(cmdLine))
+	if len(args) == 0 || args[0] != "sealbridge-relay" {
+		t.Fatalf("the recipe's command %q", cmdLine)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stdout, w := io.Pipe()
+	var errb bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		code := run(ctx, append(args[1:], "--listen", "127.0.0.1:0"), w, &errb)
+		w.Close()
+		done <- code
+	}()
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() {
+		t.Fatalf("the recipe's relay exited: %d %s", <-done, errb.String())
+	}
+	addr, ok := strings.CutPrefix(sc.Text(), "listening ")
+	if !ok {
+		t.Fatalf("output %q", sc.Text())
+	}
+	go io.Copy(io.Discard, stdout)
+	alice, _ := identity.FromSeed(bytes.Repeat([]byte{1}, 32))
+	bob, _ := identity.FromSeed(bytes.Repeat([]byte{2}, 32))
+	_, env, err := envelope.NewMessage(alice, bob.DID(), uuid.NewString(), []byte("hi"), time.Now().Add(time.Hour), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := (&relayproto.Client{BaseURL: addr}).Post(context.Background(), env); err != nil {
+		t.Fatalf("post to the recipe's relay: %v", err)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	js, err := jetstream.New(natstest.Connect(t, s.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(context.Background(), "SEALBRIDGE_INBOX")
+	if err != nil {
+		t.Fatalf("no inbox stream on the recipe's server: %v", err)
+	}
+	if info := st.CachedInfo(); info.Config.Replicas != 1 || info.State.Msgs != 1 {
+		t.Fatalf("the inbox stream: %d replicas, %d messages; want 1 and 1", info.Config.Replicas, info.State.Msgs)
+	}
+}
+
+// An --identity-file the relay cannot create (its directory missing, as
+// /etc/sealbridge for a normal user) is refused with a hint naming a place that
+// works. Fails on the old code: the path only, no hint.
+func TestIdentityFileUncreatableHint(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	file := filepath.Join(t.TempDir(), "no-such-dir", "relay-identity.pem")
+	var out, errb bytes.Buffer
+	code := run(ctx, []string{"--listen=127.0.0.1:0", "--home", t.TempDir(), "--identity-file", file}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "sealbridge-relay: hint: the key file's directory "+filepath.Dir(file)+" must exist") ||
+		!strings.Contains(errb.String(), "leave out --identity-file") {
+		t.Fatalf("exit %d, stderr %q; want 1 with a hint", code, errb.String())
 	}
 }
 
@@ -259,5 +427,26 @@ func TestNATSCredsFileMustBePrivate(t *testing.T) {
 		if code != 1 || !strings.Contains(errb.String(), "NATS credentials file") || !strings.Contains(errb.String(), "chmod 600") {
 			t.Errorf("--nats-creds %s: exit %d, stderr %q; want refused, saying chmod 600", filepath.Base(creds), code, errb.String())
 		}
+	}
+}
+
+// On a busy address the relay exits 1 with the --listen hint before it creates
+// anything: no data root, no key file, no store.
+func TestBusyPortCreatesNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	parent := t.TempDir()
+	root := filepath.Join(parent, "root")
+	keyFile := filepath.Join(parent, "relay.pem")
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"--listen", busy.Addr().String(), "--home", root, "--identity-file", keyFile}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "address already in use") || !strings.Contains(errb.String(), "hint: choose another address with --listen") {
+		t.Fatalf("exit %d, stderr %q; want 1 with the --listen hint", code, errb.String())
+	}
+	if ents, err := os.ReadDir(parent); err != nil || len(ents) != 0 {
+		t.Fatalf("a relay that could not listen created %v (%v)", ents, err)
 	}
 }

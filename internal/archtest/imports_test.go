@@ -39,13 +39,17 @@ var allowed = map[string][]string{
 	"pkg/fsck":    {"pkg/record", "pkg/store", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
 	"pkg/carrier": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "internal/uuid", "golang.org/x/sys"},
 	"pkg/relay": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "internal/fsx", "internal/uuid",
-		"pkg/relay/jsstore", "github.com/nats-io/nats.go"},
+		"pkg/relay/jsstore", "internal/promx", "github.com/nats-io/nats.go", "github.com/prometheus/client_golang"},
 	// relay/jsstore: the relay's JetStream storage; it keeps bytes and fields and
 	// neither parses envelopes nor signs (pkg/envelope only for the strict decoder).
 	"pkg/relay/jsstore": {"pkg/envelope", "pkg/identity", "internal/uuid", "github.com/nats-io/nats.go"},
 	"pkg/client":        {"pkg/errcode", "internal/dataroot"},
 	"pkg/daemon": {"pkg/record", "pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "pkg/relayproto",
-		"internal/dataroot", "internal/uuid", "github.com/prometheus/client_golang"},
+		"internal/dataroot", "internal/uuid", "internal/promx", "github.com/prometheus/client_golang"},
+	// promx: the Prometheus registry and /metrics handler the daemon and the relay share.
+	"internal/promx": {"github.com/prometheus/client_golang"},
+	// promtest: the promtool-like check of a /metrics answer, for tests only.
+	"internal/promtest": {"github.com/prometheus/client_golang"},
 	// natstest: in-process NATS servers for tests and benchmarks only; no other
 	// package may import it (only _test.go files do), so nats-server stays out of
 	// every binary.
@@ -88,7 +92,7 @@ func checkEdge(pkg, imp string) string {
 		case strings.HasPrefix(target, "cmd/"):
 			return "commands never import each other"
 		case target == "fsfixtures" || target == "internal/crashtest" || target == "internal/conctest" || target == "internal/archtest" ||
-			target == "internal/natstest":
+			target == "internal/natstest" || target == "internal/promtest":
 			return "test-only packages"
 		}
 		return ""

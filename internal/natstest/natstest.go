@@ -9,6 +9,8 @@ package natstest
 import (
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +49,26 @@ func Node(t testing.TB) *server.Server {
 		ServerName: "single", Host: "127.0.0.1", Port: -1,
 		JetStream: true, StoreDir: t.TempDir(), SyncAlways: true,
 	})
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+// NodeFromConfig starts one server from the nats-server configuration conf
+// (the text of a configuration file, as an operator would write it), shut down
+// when the test ends: a documented recipe is started as written. It may be
+// called again with the same conf after the server returned by the first call
+// is shut down (a restart on the same port and store).
+func NodeFromConfig(t testing.TB, conf string) *server.Server {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "nats-server.conf")
+	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := server.ProcessConfigFile(file)
+	if err != nil {
+		t.Fatalf("nats-server configuration: %v\n%s", err, conf)
+	}
+	s := start(t, o)
 	t.Cleanup(s.Shutdown)
 	return s
 }

@@ -6,8 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sealbridge/sealbridge/internal/promx"
 	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/record"
@@ -29,7 +28,7 @@ type metrics struct {
 }
 
 func newMetrics(d *Daemon) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(),
+	m := &metrics{reg: promx.NewRegistry("sealbridge_build_info", prometheus.Labels{"version": d.opts.Version, "did": string(d.id.DID())}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sealbridge_api_requests_total",
 			Help: "Local API requests by route and HTTP status."}, []string{"route", "code"}),
 		enqueue: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sealbridge_enqueue_duration_seconds",
@@ -48,18 +47,11 @@ func newMetrics(d *Daemon) *metrics {
 		m.inboxRefused.WithLabelValues(r) // every reason shows, at 0
 	}
 	m.reg.MustRegister(m.requests, m.enqueue, m.refused, m.storeErrors, m.inboxRefused, m.refusalsNotKept,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&scrape{d: d})
-	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sealbridge_build_info", Help: "Build information.",
-		ConstLabels: prometheus.Labels{"version": d.opts.Version, "did": string(d.id.DID())}})
-	bi.Set(1)
-	m.reg.MustRegister(bi)
 	return m
 }
 
-func (m *metrics) handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: 2, Timeout: 30 * time.Second})
-}
+func (m *metrics) handler() http.Handler { return promx.Handler(m.reg) }
 
 func (m *metrics) storeError(err error) {
 	code := errcode.Of(err)

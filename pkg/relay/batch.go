@@ -28,7 +28,13 @@ func (r *Relay) serveBatch(w http.ResponseWriter, req *http.Request) (int, error
 	}
 	results, err := r.AcceptBatch(req.Context(), wires)
 	if err != nil {
+		r.countRefusals(asError(err).Code, len(wires)) // none was acknowledged
 		return 0, err
+	}
+	for _, res := range results {
+		if res.Outcome == relayproto.BatchRefused {
+			r.countRefusals(res.Code, 1)
+		}
 	}
 	data, err := json.Marshal(relayproto.BatchResponse{Results: results})
 	if err != nil {

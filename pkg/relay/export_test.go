@@ -6,3 +6,6 @@ func (r *Relay) Wakeups() int64 {
 	defer r.mu.Unlock()
 	return r.waits.wakes
 }
+
+// AddressKey is addressKey: what the per-address bound of held fetches counts.
+var AddressKey = addressKey

@@ -170,6 +170,10 @@ func (f *fileStore) load(ctx context.Context) error {
 	}
 	var loaded, completed, removed int
 	for _, d := range dirs {
+		if d.Type != fs.ModeDir && fsx.IsTempName(d.Name) {
+			_ = f.fs.Remove(d.Name) // a readiness probe (ops.go) a crash interrupted
+			continue
+		}
 		if d.Type != fs.ModeDir || len(d.Name) != 64 {
 			continue
 		}

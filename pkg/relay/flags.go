@@ -2,9 +2,12 @@ package relay
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -12,12 +15,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
 
@@ -48,6 +53,9 @@ const LimitFlagsUsage = `  --quota-envelopes N   envelopes one recipient's inbox
                         (default 1m; 0 turns the pass off, they are never served anyway)
   --max-conns N         connections served at once (default 0: no bound); more wait
                         to be accepted
+  --held-polls-per-address N  inbox fetches with wait= held at once from one client
+                        address (IPv4, or IPv6 /64; default 64); more → 503 RELAY_BUSY.
+                        Behind a reverse proxy all come from its address: raise it
 `
 
 // AddLimitFlags defines the limit flags on fs. Each flag refuses a nonsensical
@@ -93,6 +101,14 @@ func AddLimitFlags(fs *flag.FlagSet) *LimitFlags {
 		return nil
 	})
 	nonNegInt("max-conns", &f.MaxConns)
+	fs.Func("held-polls-per-address", "", func(s string) error {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			return fmt.Errorf("want a whole number, 1 or more, not %q", s)
+		}
+		f.Limits.HeldPollsPerAddress = v
+		return nil
+	})
 	return f
 }
 
@@ -102,6 +118,19 @@ func (f *LimitFlags) Check() error {
 		return fmt.Errorf("%w (see --help)", err)
 	}
 	return nil
+}
+
+// Listen listens on the TCP address addr, serving at most maxConns
+// connections at once (LimitListener). A relay command listens before it
+// creates anything (its data root, key, store or JetStream stream), so that
+// a busy address leaves nothing behind. Its error has the hint of another
+// --listen.
+func Listen(addr string, maxConns int) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, errcode.WithHint(err, "choose another address with --listen (port 0 picks a free one)")
+	}
+	return LimitListener(ln, maxConns), nil
 }
 
 // LimitListener returns ln serving at most n connections at once (n ≤ 0: ln
@@ -170,6 +199,7 @@ type BackendFlags struct {
 	SyncAlways  bool
 	replicasSet bool
 	getenv      func(string) string
+	natsOptions []nats.Option // tests: appended to the connection's options
 }
 
 // BackendFlagsUsage is the flags' part of a relay command's usage text.
@@ -261,12 +291,19 @@ func (f *BackendFlags) Check() error {
 	return nil
 }
 
-// Open connects to JetStream when the flags say so and fills o's JetStream
-// fields; the returned function closes the connection (after the Relay's
-// Close). With the file backend it changes nothing.
+// Open connects to JetStream when the flags say so, makes the durability
+// refusals of jsstore.Check (with JetStreamHint's hint) before anything is
+// created, and fills o's JetStream fields; the returned function closes the
+// connection (after the Relay's Close). With the file backend it changes
+// nothing. Call it before creating the data root or the key.
 func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err error) {
 	if f.Backend != "jetstream" {
 		return func() {}, nil
+	}
+	if f.Replicas < jsstore.MinReplicas && !f.SyncAlways { // decided before connecting
+		return nil, errcode.WithHint(fmt.Errorf("--jetstream-replicas %d needs --jetstream-sync-always: with fewer than %d replicas an acknowledged envelope is durable only when every JetStream server runs with sync_interval: always",
+			f.Replicas, jsstore.MinReplicas),
+			"configure the servers so and add --jetstream-sync-always (one server: docs/RELAY.md \"Single-node JetStream\"), or keep the default of 3 replicas on a cluster of 3 or more")
 	}
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.Timeout(10 * time.Second)}
 	creds := cmp.Or(f.NATSCreds, f.getenv(EnvNATSCreds))
@@ -279,20 +316,61 @@ func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err erro
 	case f.getenv(EnvNATSUser) != "":
 		opts = append(opts, nats.UserInfo(f.getenv(EnvNATSUser), f.getenv(EnvNATSPassword)))
 	}
+	events := &natsEvents{log: cmp.Or(o.Logger, slog.Default())}
+	opts = append(opts, events.options()...)
+	opts = append(opts, f.natsOptions...)
 	nc, err := nats.Connect(f.NATSURL, opts...)
 	if err != nil {
 		return nil, errcode.WithHint(fmt.Errorf("connect to NATS at %s: %w", f.NATSURL, err),
 			"check --nats-url and the credentials (--nats-creds, "+EnvNATSCreds+", "+EnvNATSUser+"/"+EnvNATSPassword+")")
 	}
+	events.connected(nc)
 	o.JetStream = nc
 	o.JetStreamOptions.Replicas = f.Replicas
 	o.JetStreamOptions.SyncAlways = f.SyncAlways
-	return nc.Close, nil
+	// The durability refusals, before the command creates anything (its data
+	// root and key, then New the stream and buckets).
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	if err := jsstore.Check(ctx, nc, o.JetStreamOptions); err != nil {
+		events.close(nc)
+		if h := JetStreamHint(err); h != "" {
+			err = errcode.WithHint(err, h)
+		}
+		return nil, err
+	}
+	return func() { events.close(nc) }, nil
 }
 
-// NotDurableHint is the hint of a relay command refused by
-// jsstore.ErrNotDurable: the command-line form of the setting to change.
-const NotDurableHint = "give the stream and buckets 3 replicas (--jetstream-replicas 3 when the relay creates them; nats stream edit --replicas 3 for existing ones), or run every JetStream server with sync_interval: always and say so with --jetstream-sync-always"
+// NotDurableHint is a generic hint for jsstore.ErrNotDurable.
+//
+// Deprecated: New's error carries the hint for its case (JetStreamHint);
+// wrapping it with this one hides that hint.
+const NotDurableHint = "give the stream and buckets 3 replicas on a cluster of 3 or more, or run every JetStream server with sync_interval: always and say so with --jetstream-sync-always (docs/RELAY.md \"Single-node JetStream\")"
+
+// singleNodeRecipe is the hint's pointer to the single-node recipe.
+const singleNodeRecipe = `run the server with sync_interval: always (docs/RELAY.md "Single-node JetStream") and start the relay with --jetstream-replicas 1 --jetstream-sync-always`
+
+// JetStreamHint is the command-line hint for a refusal of jsstore.Open (a
+// *jsstore.NotDurableError), "" for another error: the flags and server
+// settings that fix its case, and nothing that would not.
+func JetStreamHint(err error) string {
+	var e *jsstore.NotDurableError
+	if !errors.As(err, &e) {
+		return ""
+	}
+	switch {
+	case e.SingleServer && e.Existing:
+		return "this NATS server is not clustered, so it keeps one replica: " + singleNodeRecipe
+	case e.SingleServer:
+		return "this NATS server is not clustered, so it keeps one replica: " + singleNodeRecipe + ", or use a cluster of 3 or more"
+	case e.Existing:
+		return fmt.Sprintf("give it %d replicas (nats stream edit %s --replicas %d), or run every JetStream server with sync_interval: always and add --jetstream-sync-always",
+			jsstore.MinReplicas, e.Stream, jsstore.MinReplicas)
+	}
+	return fmt.Sprintf("use --jetstream-replicas %d on a cluster of 3 or more, or run every JetStream server with sync_interval: always and add --jetstream-sync-always",
+		jsstore.MinReplicas)
+}
 
 // checkCredsFile holds a NATS .creds file (it holds an NKey seed) to the rules of a
 // private key file (SECURITY.md): a regular file, not a symbolic link, one link,
@@ -311,4 +389,20 @@ func checkCredsFile(path string) error {
 			"it holds a secret: make it a regular file of yours with mode 0600 (chmod 600 "+abs+")")
 	}
 	return nil
+}
+
+// LoadOrCreateIdentity is identity.LoadOrCreateKeyFile for a relay command's
+// key file (--identity-file): a file or directory it cannot reach or create
+// (missing, not writable, read-only) gets a hint that names a place that
+// works. Refusals that carry a hint of their own keep it.
+func LoadOrCreateIdentity(file string) (id *identity.Identity, created bool, err error) {
+	id, created, err = identity.LoadOrCreateKeyFile(file)
+	if err == nil || errcode.HintOf(err) != "" {
+		return id, created, err
+	}
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) {
+		dir := filepath.Dir(file)
+		err = errcode.WithHint(err, fmt.Sprintf("the key file's directory %s must exist and be yours to write for the first start to create the key (mkdir -m 700 -p %s), and a key file there yours to read; or leave out --identity-file to keep the key in the data root (--home)", dir, dir))
+	}
+	return id, created, err
 }

@@ -33,6 +33,12 @@ func (r *Relay) Handler() http.Handler {
 			status, err = r.only(w, req, http.MethodPost, r.serveRegister)
 		case relayproto.PathInboxStatus:
 			status, err = r.only(w, req, http.MethodGet, r.serveStatus)
+		case PathLivez:
+			status, err = r.only(w, req, http.MethodGet, r.serveLive)
+		case PathReadyz:
+			status, err = r.only(w, req, http.MethodGet, r.serveReady)
+		case PathMetrics:
+			status, err = r.only(w, req, http.MethodGet, r.serveMetrics)
 		default:
 			err = newError(http.StatusNotFound, relayproto.CodeNotFound, "no such endpoint")
 		}
@@ -45,6 +51,7 @@ func (r *Relay) Handler() http.Handler {
 			e := asError(err)
 			status = e.Status
 			writeError(w, e)
+			r.countRequestError(e.Code)
 			level := r.log.Info
 			if e.Status >= 500 {
 				level = r.log.Error
@@ -95,10 +102,14 @@ func (r *Relay) serveEnvelope(w http.ResponseWriter, req *http.Request) (int, er
 	body, e := readBody(w, req, envelope.MaxSize, relayproto.CodeEnvelopeTooLarge)
 	if e != nil {
 		r.count(func(s *Stats) { s.Refused++ })
+		r.countRefusals(e.Code, 1)
 		return 0, e
 	}
 	receipt, err := r.Accept(req.Context(), body)
 	if err != nil {
+		if req.Context().Err() == nil {
+			r.countRefusals(asError(err).Code, 1)
+		}
 		if e := asError(err); e.Status < 500 && e.Status != http.StatusConflict {
 			r.count(func(s *Stats) { s.Refused++ })
 		}
@@ -141,7 +152,7 @@ func (r *Relay) serveInbox(w http.ResponseWriter, req *http.Request) (int, error
 		_ = rc.SetReadDeadline(end)
 		_ = rc.SetWriteDeadline(end)
 	}
-	page, err := r.FetchWait(req.Context(), did, after, limit, wait)
+	page, err := r.fetchWait(req.Context(), addressKey(req.RemoteAddr), did, after, limit, wait)
 	if err != nil {
 		if req.Context().Err() != nil && errors.Is(err, req.Context().Err()) {
 			return 0, errClientGone

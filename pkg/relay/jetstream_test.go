@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -135,16 +137,67 @@ func TestForeignCursorIsTheStart(t *testing.T) {
 }
 
 // The relay refuses a JetStream stream neither replicated nor declared synced
-// on every write, saying which setting to change.
+// on every write, and one a single server cannot keep, before it creates
+// anything; the error's hint names the flags that fix that case (and no Go
+// field, and no "nats stream edit --replicas 3" for a server that cannot keep
+// 3). Fails on the old code: no hint of its own, the R1 stream created.
 func TestJetStreamNotDurableRefused(t *testing.T) {
 	s := natstest.Node(t)
+	for _, tc := range []struct {
+		name       string
+		opts       jsstore.Options
+		wantInHint []string
+	}{
+		{"R1 undeclared, one server", jsstore.Options{Replicas: 1}, []string{"--jetstream-replicas 1 --jetstream-sync-always", "sync_interval: always"}},
+		{"R3 declared, one server", jsstore.Options{SyncAlways: true}, []string{"--jetstream-replicas 1 --jetstream-sync-always", "sync_interval: always", `"Single-node JetStream"`}},
+		{"R3 undeclared, one server", jsstore.Options{}, []string{"--jetstream-replicas 1 --jetstream-sync-always"}},
+	} {
+		o := jetStreamOptions(t, s)
+		o.Identity, o.Logger, o.JetStreamOptions = ident(t, 9), quiet, tc.opts
+		_, err := relay.New(o)
+		hint := errcode.HintOf(err)
+		if !errors.Is(err, jsstore.ErrNotDurable) || hint == "" {
+			t.Fatalf("%s: %v (hint %q), want refused with a hint", tc.name, err, hint)
+		}
+		for _, w := range tc.wantInHint {
+			if !strings.Contains(hint, w) {
+				t.Errorf("%s: hint %q does not say %q", tc.name, hint, w)
+			}
+		}
+		if strings.Contains(hint, "Options.") || strings.Contains(err.Error(), "Options.SyncAlways") ||
+			strings.Contains(hint, "nats stream edit") {
+			t.Errorf("%s: %v; hint %q: names a Go field or a fix one server cannot take", tc.name, err, hint)
+		}
+		if st, _ := s.Jsz(nil); st.Streams != 0 {
+			t.Fatalf("%s: the refused relay created %d streams", tc.name, st.Streams)
+		}
+	}
+	// The single-node way works, and its stream, found again undeclared, is
+	// refused with the same recipe.
 	o := jetStreamOptions(t, s)
 	o.Identity, o.Logger = ident(t, 9), quiet
-	o.JetStreamOptions.SyncAlways = false
-	_, err := relay.New(o)
-	if !errors.Is(err, jsstore.ErrNotDurable) || !strings.Contains(err.Error(), "sync_interval: always") ||
-		!strings.Contains(err.Error(), "replicas") {
-		t.Fatalf("New on an unreplicated, unsynced stream: %v", err)
+	r, err := relay.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	o.JetStreamOptions = jsstore.Options{}
+	_, err = relay.New(o)
+	if h := errcode.HintOf(err); !errors.Is(err, jsstore.ErrNotDurable) || !strings.Contains(h, "--jetstream-replicas 1 --jetstream-sync-always") {
+		t.Fatalf("the existing R1 stream undeclared: %v (hint %q)", err, h)
+	}
+}
+
+// On a cluster an existing under-replicated stream's hint is the nats command
+// that fixes that stream (a cluster is not started for it: the hint is a
+// function of the refusal).
+func TestJetStreamHintOnACluster(t *testing.T) {
+	err := fmt.Errorf("relay: %w", &jsstore.NotDurableError{Resource: "bucket SEALBRIDGE_RECEIPTS", Stream: "KV_SEALBRIDGE_RECEIPTS", Replicas: 1, Existing: true})
+	if h := relay.JetStreamHint(err); !strings.Contains(h, "nats stream edit KV_SEALBRIDGE_RECEIPTS --replicas 3") || !strings.Contains(h, "--jetstream-sync-always") {
+		t.Fatalf("hint %q", h)
+	}
+	if h := relay.JetStreamHint(errors.New("other")); h != "" {
+		t.Fatalf("hint of another error: %q", h)
 	}
 }
 

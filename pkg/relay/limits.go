@@ -37,6 +37,15 @@ type Limits struct {
 	// envelopes past their delivery deadline (0: no pass; an expired envelope
 	// is never served either way).
 	ExpireEvery time.Duration
+	// HeldPollsPerAddress bounds the inbox fetches held at once (GET
+	// /v1/inbox with wait=) from one client address — an IPv4 address or an
+	// IPv6 /64, as the connection shows it (no forwarding header is
+	// trusted) —, so that one client, whatever identities it makes, cannot
+	// take every held-fetch place; past it a waiting fetch gets 503
+	// RELAY_BUSY. The one limit with a bound by default: 0 is
+	// DefaultHeldPollsPerAddress. Behind a reverse proxy every fetch comes
+	// from the proxy's address: raise it to Options.MaxInboxWaiters.
+	HeldPollsPerAddress int
 }
 
 // QuotaRetryAfter is the Retry-After, in seconds, of a RELAY_QUOTA refusal:
@@ -60,6 +69,8 @@ func (l Limits) Check() error {
 		return errors.New("a sender burst needs a sender rate")
 	case l.ExpireEvery < 0:
 		return errors.New("the expiry period must be 0 (no pass) or more")
+	case l.HeldPollsPerAddress < 0:
+		return errors.New("the held polls per address must be 0 (the default) or more")
 	}
 	return nil
 }

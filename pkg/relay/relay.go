@@ -36,6 +36,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -71,7 +72,8 @@ type Options struct {
 	// and the allow-list shared by every relay process of this identity on the
 	// same stream and buckets. The connection stays the caller's (Close does
 	// not close it). New refuses a stream that is neither replicated nor
-	// declared synced on every write (jsstore.ErrNotDurable).
+	// declared synced on every write, before it creates anything
+	// (jsstore.ErrNotDurable; the error carries JetStreamHint's hint).
 	JetStream *nats.Conn
 	// JetStreamOptions configure the JetStream storage (names, replicas, the
 	// SyncAlways declaration, retention).
@@ -94,6 +96,9 @@ type Options struct {
 	// (store.Options.WrapFS) and the inbox directory of the file storage:
 	// fault injection and crash exploration in tests.
 	WrapFS func(fsx.FS) fsx.FS
+	// Version is the version of the binary, for the sealbridge_relay_build_info
+	// series of GET /metrics.
+	Version string
 	// MaxInboxWaiters bounds the inbox fetches held at once (GET /v1/inbox
 	// with wait=); past it a waiting fetch gets 503 RELAY_BUSY. Default
 	// DefaultMaxInboxWaiters.
@@ -141,6 +146,10 @@ type Relay struct {
 	waits     waitState // held fetches (wait.go)
 
 	nonces nonceCache
+
+	backendName string // "file" or "jetstream"
+	codes       counts // refusals and error answers by code (ops.go), guarded by mu
+	ops         ops    // /readyz's probe and /metrics's registry
 }
 
 // New opens the relay's storage — the files under Options.Home (openFiles),
@@ -164,12 +173,18 @@ func New(opts Options) (*Relay, error) {
 	}
 	r.started = r.now()
 	r.waits.max = cmp.Or(opts.MaxInboxWaiters, DefaultMaxInboxWaiters)
+	r.waits.maxPerAddr = cmp.Or(opts.Limits.HeldPollsPerAddress, DefaultHeldPollsPerAddress)
 	r.nonces.entries = map[string]int64{}
 	var err error
+	r.backendName = "file"
 	if opts.JetStream != nil {
+		r.backendName = "jetstream"
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		r.back, err = openJetStream(ctx, opts.JetStream, opts.JetStreamOptions, r.now, r.wake)
 		cancel()
+		if h := JetStreamHint(err); h != "" {
+			err = errcode.WithHint(err, h)
+		}
 		if err == nil {
 			r.log.Info("relay: JetStream storage opened", "relayDid", string(r.id.DID()))
 		}
@@ -179,6 +194,7 @@ func New(opts Options) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.newOps(opts.Version)
 	if opts.Limits.ExpireEvery > 0 {
 		r.stopMaint, r.maintDone = make(chan struct{}), make(chan struct{})
 		go r.maintain(opts.Limits.ExpireEvery, r.stopMaint, r.maintDone)

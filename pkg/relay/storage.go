@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -50,6 +52,12 @@ type storage interface {
 	registered(ctx context.Context, recipient identity.DID) (bool, error)
 	register(ctx context.Context, recipient identity.DID) error
 	unregister(ctx context.Context, recipient identity.DID) error
+	// probe checks that the storage answers now (Relay.Ready), depth counts
+	// the envelopes and bytes in every inbox, conn is the NATS connection (nil
+	// for the files): the operations endpoints' (ops.go).
+	probe(ctx context.Context) error
+	depth(ctx context.Context) (n, bytes int64, err error)
+	conn() *nats.Conn
 	close() error
 }
 

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -334,4 +335,78 @@ func testInboxStatus(t *testing.T, backend string) {
 	}
 	status, body = do(t, req)
 	wantCode(t, status, body, 400, relayproto.CodeBadRequest)
+}
+
+// One client address cannot take every held-fetch place, however many
+// identities it makes: with HeldPollsPerAddress 8, 40 fetches of 40 recipients
+// from 127.0.0.1, all started at once, hold exactly 8 and the other 32 get 503
+// RELAY_BUSY with Retry-After; another address still gets a place.
+func TestHeldPollsPerAddress(t *testing.T) {
+	const n, bound = 40, 8
+	e := newLimitedEnv(t, relay.Limits{HeldPollsPerAddress: bound})
+	ctx, cancel := context.WithCancel(context.Background())
+	results := make(chan error, n)
+	gate := make(chan struct{})
+	for i := range n {
+		id := ident(t, byte(20+i))
+		go func() {
+			<-gate
+			_, err := e.client.FetchWait(ctx, id, "", 0, relayproto.MaxInboxWait)
+			results <- err
+		}()
+	}
+	defer func() {
+		cancel()
+		waitFor(t, "the waiters freed", func() bool { return e.relay.Waiting() == 0 })
+	}()
+	close(gate)
+	busy := 0
+	waitFor(t, "every fetch held or refused", func() bool {
+		for {
+			select {
+			case err := <-results:
+				var re *relayproto.Error
+				if !errors.As(err, &re) || re.Status != 503 || re.Code != relayproto.CodeRelayBusy || re.RetryAfter <= 0 {
+					t.Fatalf("got %v, want 503 RELAY_BUSY with Retry-After", err)
+				}
+				busy++
+			default:
+				return e.relay.Waiting()+busy == n
+			}
+		}
+	})
+	if held := e.relay.Waiting(); held != bound || busy != n-bound {
+		t.Fatalf("%d held and %d refused, want %d held (the bound per address) and %d refused", held, busy, bound, n-bound)
+	}
+
+	// Another address (127.0.0.2 is loopback too on Linux) is held.
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	other := &relayproto.Client{BaseURL: e.srv.URL, Now: e.clock.Now, HTTP: &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}}
+	if conn, err := d.Dial("tcp", e.srv.Listener.Addr().String()); err != nil {
+		t.Logf("no second loopback address (%v): that part is skipped", err)
+		return
+	} else {
+		conn.Close()
+	}
+	longPoll(t, ctx, e, other, ident(t, 200), "", relayproto.MaxInboxWait)
+}
+
+// The per-address key: an IPv4 address, or the IPv6 /64 (a host commonly has
+// a whole /64).
+func TestAddressKey(t *testing.T) {
+	for in, want := range map[string]string{
+		"127.0.0.1:5000":             "127.0.0.1",
+		"[::ffff:10.1.2.3]:80":       "10.1.2.3",
+		"[2001:db8:1:2:3:4:5:6]:443": "2001:db8:1:2::/64",
+		"[2001:db8:1:2:ffff::1]:443": "2001:db8:1:2::/64",
+		"[fe80::1%eth0]:1":           "fe80::/64",
+		"not an address":             "not an address",
+	} {
+		if got := relay.AddressKey(in); got != want {
+			t.Errorf("addressKey(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if relay.AddressKey("[2001:db8:1:2::1]:1") == relay.AddressKey("[2001:db8:1:3::1]:1") {
+		t.Error("two /64s share a key")
+	}
 }

@@ -223,9 +223,48 @@ var (
 	// ErrCursor: the cursor is not one Fetch returned.
 	ErrCursor = errors.New("jsstore: malformed cursor")
 	// ErrNotDurable: Open refused a stream or bucket that is neither
-	// replicated nor synced on every write.
+	// replicated nor synced on every write (a *NotDurableError says which).
 	ErrNotDurable = errors.New("jsstore: JetStream would acknowledge writes it has not made durable")
 )
+
+// NotDurableError is Open's refusal of a JetStream on which acknowledged
+// writes would not be durable, or which cannot keep the replicas asked for
+// (errors.Is(err, ErrNotDurable)). Open decides it before it creates anything:
+// a refused Open leaves no stream or bucket behind. Its text names the
+// resource and the JetStream settings, not a command's flags; callers that
+// have flags say which (pkg/relay).
+type NotDurableError struct {
+	// Resource is what is refused ("stream SEALBRIDGE_INBOX", "bucket
+	// SEALBRIDGE_RECEIPTS"); "" when it is the options themselves (fewer
+	// than MinReplicas replicas without SyncAlways).
+	Resource string
+	// Stream is the JetStream stream of Resource (a bucket's is KV_<bucket>).
+	Stream string
+	// Replicas is what the resource has (Existing) or would be created with.
+	Replicas int
+	// Existing: the resource exists with Replicas (fewer than MinReplicas,
+	// and SyncAlways is not set).
+	Existing bool
+	// SingleServer: the server is not clustered, so it keeps one replica of
+	// anything: Replicas 1 with SyncAlways (and sync_interval: always on the
+	// server) is the only durable choice.
+	SingleServer bool
+}
+
+func (e *NotDurableError) Error() string {
+	switch {
+	case e.Resource == "":
+		return fmt.Sprintf("%v: %d replica(s) and the servers are not declared to sync every write (SyncAlways: sync_interval: always on every server)",
+			ErrNotDurable, e.Replicas)
+	case e.Existing:
+		return fmt.Sprintf("%v: %s has %d replica(s) and the servers are not declared to sync every write (SyncAlways: sync_interval: always on every server)",
+			ErrNotDurable, e.Resource, e.Replicas)
+	}
+	return fmt.Sprintf("jsstore: %s would be created with %d replicas, and this NATS server is not clustered: it keeps one", e.Resource, e.Replicas)
+}
+
+// Is makes errors.Is(e, ErrNotDurable) hold.
+func (e *NotDurableError) Is(target error) bool { return target == ErrNotDurable }
 
 // Options configure a Store. The zero value uses the defaults.
 type Options struct {
@@ -319,11 +358,9 @@ func (r *record) held(id string) Held {
 		Cursor: strconv.FormatUint(r.Seq, 10)}
 }
 
-// Open connects to the inbox stream and the de-duplication bucket on nc,
-// creating them on first use, and refuses them unless they are replicated at
-// least MinReplicas times or opts.SyncAlways is set (ErrNotDurable, with the
-// setting to change).
-func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
+// withDefaults returns opts with every unset field at its default, or the
+// error of a setting no default fixes.
+func (opts Options) withDefaults() (Options, error) {
 	if opts.Stream == "" {
 		opts.Stream = DefaultStream
 	}
@@ -340,7 +377,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		opts.Notify = DefaultNotify
 	}
 	if opts.Notify == opts.Subject || strings.HasPrefix(opts.Notify, opts.Subject+".") {
-		return nil, fmt.Errorf("jsstore: the notification subject %s lies in the stream's subjects %s.>; hint: choose another Notify prefix", opts.Notify, opts.Subject)
+		return opts, fmt.Errorf("jsstore: the notification subject %s lies in the stream's subjects %s.>; hint: choose another Notify prefix", opts.Notify, opts.Subject)
 	}
 	if opts.Replicas == 0 {
 		opts.Replicas = DefaultReplicas
@@ -351,9 +388,44 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
 	}
+	return opts, nil
+}
+
+// prepare applies the defaults and makes the JetStream handle.
+func prepare(nc *nats.Conn, opts Options) (Options, jetstream.JetStream, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return opts, nil, err
+	}
 	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(opts.Timeout))
 	if err != nil {
-		return nil, fmt.Errorf("jsstore: %w", err)
+		return opts, nil, fmt.Errorf("jsstore: %w", err)
+	}
+	return opts, js, nil
+}
+
+// Check makes the refusals Open would make before it creates anything (the
+// *NotDurableError cases), and creates nothing: a command runs it before it
+// creates anything of its own (its key, its data root). Open checks again.
+func Check(ctx context.Context, nc *nats.Conn, opts Options) error {
+	opts, js, err := prepare(nc, opts)
+	if err != nil {
+		return err
+	}
+	return preflight(ctx, nc, js, opts)
+}
+
+// Open connects to the inbox stream and the de-duplication bucket on nc,
+// creating them on first use, and refuses them unless they are replicated at
+// least MinReplicas times or opts.SyncAlways is set (ErrNotDurable, with the
+// setting to change).
+func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
+	opts, js, err := prepare(nc, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := preflight(ctx, nc, js, opts); err != nil {
+		return nil, err
 	}
 	s := &Store{nc: nc, js: js, subject: opts.Subject, notify: opts.Notify, retention: opts.Retention,
 		timeout: opts.Timeout}
@@ -382,13 +454,12 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	}
 	if err != nil {
 		if notClustered(err) {
-			return nil, fmt.Errorf("%w: stream %s: this JetStream is a single server, which cannot keep %d replicas; hint: run a cluster of %d or more, or run this server with sync_interval: always and declare it with Replicas 1 and SyncAlways (sealbridge-relay --jetstream-replicas 1 --jetstream-sync-always)",
-				ErrNotDurable, opts.Stream, opts.Replicas, MinReplicas)
+			return nil, &NotDurableError{Resource: "stream " + opts.Stream, Stream: opts.Stream, Replicas: opts.Replicas, SingleServer: true}
 		}
 		return nil, fmt.Errorf("jsstore: open stream %s: %w", opts.Stream, err)
 	}
 	info := s.stream.CachedInfo()
-	if err := checkDurable("stream "+opts.Stream, info.Config.Replicas, opts.SyncAlways); err != nil {
+	if err := checkDurable("stream "+opts.Stream, opts.Stream, info.Config.Replicas, opts.SyncAlways, nc); err != nil {
 		return nil, err
 	}
 	if info.Config.Discard != jetstream.DiscardNew || info.Config.AllowDirect || info.Config.Storage != jetstream.FileStorage {
@@ -406,13 +477,13 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		Storage:        jetstream.FileStorage,
 		Replicas:       opts.Replicas,
 		LimitMarkerTTL: time.Minute,
-	}, opts.SyncAlways); err != nil {
+	}, opts.SyncAlways, nc); err != nil {
 		return nil, err
 	}
 	if s.reg, err = openBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: opts.RecipientsBucket, Description: "sealbridge relay allow-list",
 		History: 1, Storage: jetstream.FileStorage, Replicas: opts.Replicas,
-	}, opts.SyncAlways); err != nil {
+	}, opts.SyncAlways, nc); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -422,13 +493,16 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 // direct gets on its stream, and checks it as Open checks the stream. nats.go
 // creates every bucket with direct gets, and buckets of older relays have them;
 // a bucket whose reads could be answered by a lagging replica is not used.
-func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, syncAlways bool) (jetstream.KeyValue, error) {
+func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, syncAlways bool, nc *nats.Conn) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, cfg)
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = js.KeyValue(ctx, cfg.Bucket)
 		}
+	}
+	if notClustered(err) {
+		return nil, &NotDurableError{Resource: "bucket " + cfg.Bucket, Stream: bucketStream(cfg.Bucket), Replicas: cfg.Replicas, SingleServer: true}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("jsstore: open bucket %s: %w", cfg.Bucket, err)
@@ -455,7 +529,7 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 				cfg.Bucket, info.Config.Name)
 		}
 	}
-	if err := checkDurable("bucket "+cfg.Bucket, info.Config.Replicas, syncAlways); err != nil {
+	if err := checkDurable("bucket "+cfg.Bucket, info.Config.Name, info.Config.Replicas, syncAlways, nc); err != nil {
 		return nil, err
 	}
 	if info.Config.Storage != jetstream.FileStorage {
@@ -480,6 +554,44 @@ func bucketInfo(ctx context.Context, kv jetstream.KeyValue) (*jetstream.StreamIn
 	}
 	return bs.StreamInfo(), nil
 }
+
+// Ready reports whether the store answers now: the connection is connected
+// (not reconnecting or closed) and the inbox stream's leader answers its info
+// request (within ctx, or Options.Timeout). Safe for concurrent use.
+func (s *Store) Ready(ctx context.Context) error {
+	if err := s.connected(); err != nil {
+		return err
+	}
+	if _, err := s.stream.Info(ctx); err != nil {
+		return fmt.Errorf("jsstore: stream info: %w", err)
+	}
+	return nil
+}
+
+// Depth returns the messages and bytes in the inbox stream (every recipient's,
+// as the stream's leader counts them: headers included, and envelopes past
+// their deadline until Expire removes them).
+func (s *Store) Depth(ctx context.Context) (msgs, bytes uint64, err error) {
+	if err := s.connected(); err != nil {
+		return 0, 0, err // not a request that would wait out its timeout
+	}
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("jsstore: stream info: %w", err)
+	}
+	return info.State.Msgs, info.State.Bytes, nil
+}
+
+// connected refuses at once while the connection is not connected.
+func (s *Store) connected() error {
+	if st := s.nc.Status(); st != nats.CONNECTED {
+		return fmt.Errorf("jsstore: the NATS connection is %s", strings.ToLower(st.String()))
+	}
+	return nil
+}
+
+// Conn is the store's NATS connection.
+func (s *Store) Conn() *nats.Conn { return s.nc }
 
 // Register adds recipient to the allow-list; on return without error it is
 // durable. Registering again changes nothing.
@@ -544,12 +656,57 @@ func notClustered(err error) bool {
 	return errors.As(err, &je) && je.APIError() != nil && je.APIError().ErrorCode == errCodeReplicasNotSupported
 }
 
-func checkDurable(what string, replicas int, syncAlways bool) error {
+// checkDurable refuses an existing resource (what, of JetStream stream
+// stream) with fewer than MinReplicas replicas unless syncAlways.
+func checkDurable(what, stream string, replicas int, syncAlways bool, nc *nats.Conn) error {
 	if replicas >= MinReplicas || syncAlways {
 		return nil
 	}
-	return fmt.Errorf("%w: %s has %d replica(s) and the servers are not declared to sync every write; hint: set replicas to %d or more (nats stream edit --replicas %d), or run every JetStream server with sync_interval: always and declare it (Options.SyncAlways)",
-		ErrNotDurable, what, replicas, MinReplicas, MinReplicas)
+	return &NotDurableError{Resource: what, Stream: stream, Replicas: replicas, Existing: true, SingleServer: !clustered(nc)}
+}
+
+// clustered reports whether the server nc is connected to is part of a
+// cluster (its INFO names one). A single server keeps one replica of
+// anything, and refuses more (errCodeReplicasNotSupported).
+func clustered(nc *nats.Conn) bool { return nc.ConnectedClusterName() != "" }
+
+// bucketStream is the JetStream stream of key-value bucket b.
+func bucketStream(b string) string { return "KV_" + b }
+
+// preflight decides Open's durability refusals before anything is created:
+// fewer than MinReplicas replicas asked for without SyncAlways; an existing
+// stream or bucket with fewer than MinReplicas without SyncAlways; a missing
+// one that would be created with more than one replica on a server that is not
+// clustered. Open's own checks after it (checkDurable, notClustered) stay for
+// resources created or changed meanwhile by another process.
+func preflight(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, opts Options) error {
+	if opts.Replicas < MinReplicas && !opts.SyncAlways {
+		return &NotDurableError{Replicas: opts.Replicas, SingleServer: !clustered(nc)}
+	}
+	var missing *NotDurableError
+	for _, r := range []struct{ what, stream string }{
+		{"stream " + opts.Stream, opts.Stream},
+		{"bucket " + opts.Bucket, bucketStream(opts.Bucket)},
+		{"bucket " + opts.RecipientsBucket, bucketStream(opts.RecipientsBucket)},
+	} {
+		st, err := js.Stream(ctx, r.stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			if missing == nil {
+				missing = &NotDurableError{Resource: r.what, Stream: r.stream, Replicas: opts.Replicas, SingleServer: true}
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("jsstore: open %s: %w", r.what, err)
+		}
+		if err := checkDurable(r.what, r.stream, st.CachedInfo().Config.Replicas, opts.SyncAlways, nc); err != nil {
+			return err
+		}
+	}
+	if missing != nil && opts.Replicas > 1 && !clustered(nc) {
+		return missing
+	}
+	return nil
 }
 
 // RecipientKey is hex SHA-256 of did: the recipient's token in subjects and

@@ -304,29 +304,72 @@ func TestExpireRemovesPastDeadlineKeepsRecord(t *testing.T) {
 	}
 }
 
+// Open's durability refusals are decided before anything is created: no
+// stream or bucket is left behind by a refused Open, and the error says what
+// is wrong in JetStream's terms (a *NotDurableError), never JetStream's bare
+// API error 10074 ("replicas > 1 not supported in non-clustered mode").
+// Fails on the old code, where an R1 Open without SyncAlways created the
+// stream before refusing it, and an Open with SyncAlways and the default R3
+// after that got the raw 10074 from the bucket it then tried to create.
 func TestOpenRefusesUnreplicatedUnsynced(t *testing.T) {
 	s := natstest.Node(t)
 	nc := natstest.Connect(t, s.ClientURL())
 	ctx := context.Background()
-	// The default, R3, on a single server: refused as not durable, saying what to do
-	// (not JetStream's bare "replicas > 1 not supported in non-clustered mode").
-	_, err := jsstore.Open(ctx, nc, jsstore.Options{})
-	if !errors.Is(err, jsstore.ErrNotDurable) || !strings.Contains(err.Error(), "--jetstream-replicas 1 --jetstream-sync-always") {
-		t.Fatalf("Open R3 on a single server: %v", err)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
 	}
-	_, err = jsstore.Open(ctx, nc, jsstore.Options{Replicas: 1})
-	if !errors.Is(err, jsstore.ErrNotDurable) || !strings.Contains(err.Error(), "sync_interval: always") ||
-		!strings.Contains(err.Error(), "replicas") {
-		t.Fatalf("Open R1 without SyncAlways: %v", err)
+	streams := func() []string {
+		t.Helper()
+		var names []string
+		l := js.StreamNames(ctx)
+		for n := range l.Name() {
+			names = append(names, n)
+		}
+		if l.Err() != nil {
+			t.Fatal(l.Err())
+		}
+		return names
 	}
-	// The R1 stream now exists: declaring sync always opens it, and without
-	// the declaration it is refused even when asking for R3.
+	refused := func(what string, opts jsstore.Options, want jsstore.NotDurableError) {
+		t.Helper()
+		before := streams()
+		_, err := jsstore.Open(ctx, nc, opts)
+		var e *jsstore.NotDurableError
+		if !errors.Is(err, jsstore.ErrNotDurable) || !errors.As(err, &e) || *e != want {
+			t.Fatalf("%s: %v (%+v), want %+v", what, err, e, want)
+		}
+		if strings.Contains(err.Error(), "10074") || strings.Contains(err.Error(), "non-clustered mode") || strings.Contains(err.Error(), "hint:") {
+			t.Fatalf("%s: %v: want the refusal in its own words, no hint of a command's", what, err)
+		}
+		if after := streams(); len(after) != len(before) {
+			t.Fatalf("%s: a refused Open created streams: %v → %v", what, before, after)
+		}
+	}
+	// The default, R3, on a single server.
+	refused("R3 on a single server", jsstore.Options{},
+		jsstore.NotDurableError{Resource: "stream SEALBRIDGE_INBOX", Stream: "SEALBRIDGE_INBOX", Replicas: 3, SingleServer: true})
+	refused("R3 declared synced on a single server", jsstore.Options{SyncAlways: true},
+		jsstore.NotDurableError{Resource: "stream SEALBRIDGE_INBOX", Stream: "SEALBRIDGE_INBOX", Replicas: 3, SingleServer: true})
+	// R1 without the declaration: refused before the server is asked anything.
+	refused("R1 without SyncAlways", jsstore.Options{Replicas: 1}, jsstore.NotDurableError{Replicas: 1, SingleServer: true})
 	if _, err := jsstore.Open(ctx, nc, jsstore.Options{Replicas: 1, SyncAlways: true}); err != nil {
 		t.Fatalf("Open R1 with SyncAlways: %v", err)
 	}
-	if _, err := jsstore.Open(ctx, nc, jsstore.Options{}); !errors.Is(err, jsstore.ErrNotDurable) {
-		t.Fatalf("Open of the existing R1 stream: %v", err)
+	if n := len(streams()); n != 3 {
+		t.Fatalf("%d streams, want the inbox and two buckets", n)
 	}
+	// The R1 stream and buckets exist: without the declaration they are refused.
+	refused("the existing R1 stream", jsstore.Options{},
+		jsstore.NotDurableError{Resource: "stream SEALBRIDGE_INBOX", Stream: "SEALBRIDGE_INBOX", Replicas: 1, Existing: true, SingleServer: true})
+	// The inbox stream exists (R1), a bucket does not: declared synced with the
+	// default R3, the bucket would be created with 3 replicas. Refused before
+	// anything is created — not JetStream's raw 10074.
+	if err := js.DeleteKeyValue(ctx, jsstore.DefaultRecipientsBucket); err != nil {
+		t.Fatal(err)
+	}
+	refused("a missing bucket at R3 on a single server", jsstore.Options{SyncAlways: true},
+		jsstore.NotDurableError{Resource: "bucket SEALBRIDGE_RECIPIENTS", Stream: "KV_SEALBRIDGE_RECIPIENTS", Replicas: 3, SingleServer: true})
 }
 
 // Two stores (two relay processes) racing on one id with two digests for two
