@@ -92,7 +92,7 @@ func targetViews(sums []store.OutboxSummary, msgs []store.MessageSummary, batche
 	for _, m := range msgs {
 		createdAt[m.MessageID] = m.CreatedAt
 	}
-	plans := buildPlan(sums, batches, messages, now, "")
+	plans := buildPlan(sums, batches, messages, now, "", nil)
 	out := make([]TargetView, 0, len(plans))
 	for _, tp := range plans {
 		v := TargetView{RelayURL: tp.url}
