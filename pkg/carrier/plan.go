@@ -13,10 +13,10 @@ import (
 // targetPlan is one target's dispatchable envelopes at one moment.
 type targetPlan struct {
 	url     string // the target's canonical relay URL (relayproto.CanonicalRelayURL)
-	due     int64 // ms: the earliest due time of its envelopes
-	waiting bool  // in a persisted unreachable wait
-	since   int64 // ms: when the wait began (waiting only)
-	probeAt int64 // ms: when the wait's next probe is due (waiting only)
+	due     int64  // ms: the earliest due time of its envelopes
+	waiting bool   // in a persisted unreachable wait
+	since   int64  // ms: when the wait began (waiting only)
+	probeAt int64  // ms: when the wait's next probe is due (waiting only)
 	envs    []store.OutboxSummary
 	dues    []int64 // ms: each envelope's effective due time
 }

@@ -157,3 +157,88 @@ func ageBucket(ms int64) int {
 	}
 	return len(AgeBuckets)
 }
+
+// What a pending envelope waits for (EnvelopeWait.WaitingFor).
+const (
+	// WaitNone: it is due now.
+	WaitNone = ""
+	// WaitTarget: its target is in an unreachable wait; DueAt is the target's next
+	// probe (an operator's retry of it, or of the target, attempts it now).
+	WaitTarget = "target"
+	// WaitBackoff: its own retry delay after a failed attempt.
+	WaitBackoff = "backoff"
+	// WaitLease: a lease: an attempt under way, or one a carrier that died left,
+	// until it ends (a daemon that starts takes its dead predecessor's leases over).
+	WaitLease = "lease"
+	// WaitHeld: an operator holds it; only its deadline closes it.
+	WaitHeld = "held"
+)
+
+// EnvelopeWait is what one pending dispatchable envelope waits for at one moment.
+// Times are Unix milliseconds.
+type EnvelopeWait struct {
+	// DueAt is when the carrier attempts it (its effective due time, the plan's:
+	// the target's next probe in a wait, the end of a live lease); for a held
+	// envelope, its own nextAttemptAt.
+	DueAt      int64
+	WaitingFor string // WaitNone, WaitTarget, WaitBackoff, WaitLease or WaitHeld
+	LeaseUntil int64  // the live lease's end, if it has one
+	// LastError is its own last error or, when it has none and its target waits
+	// (or backs off), the target's (TargetView.LastError).
+	LastError string
+}
+
+// Waits returns what every pending dispatchable envelope waits for, by envelope
+// id, as the store's indexes say at now, by the rules the carrier plans with. It
+// reads only the store (a carrier need not run); a lease of any holder counts.
+func Waits(ctx context.Context, s *store.Store, now time.Time) (map[string]EnvelopeWait, error) {
+	sums, err := s.OutboxSummaries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	batches, err := s.List(record.KindBatches)
+	if err != nil {
+		return nil, err
+	}
+	messages, err := s.List(record.KindMessages)
+	if err != nil {
+		return nil, err
+	}
+	return envelopeWaits(sums, batches, messages, now.UnixMilli()), nil
+}
+
+func envelopeWaits(sums []store.OutboxSummary, batches, messages []string, now int64) map[string]EnvelopeWait {
+	out := map[string]EnvelopeWait{}
+	for _, tp := range buildPlan(sums, batches, messages, now, "", nil) {
+		targetErr, mostTried, latest := "", -1, int64(0)
+		for i := range tp.envs {
+			if e := &tp.envs[i]; e.LastError != "" && (e.Attempts > mostTried || (e.Attempts == mostTried && tp.dues[i] > latest)) {
+				targetErr, mostTried, latest = e.LastError, e.Attempts, tp.dues[i]
+			}
+		}
+		for i := range tp.envs {
+			e := &tp.envs[i]
+			w := EnvelopeWait{DueAt: tp.dues[i], LastError: e.LastError}
+			if l := e.Lease; l != nil && l.Until > now {
+				w.LeaseUntil = l.Until
+			}
+			switch {
+			case e.Held:
+				w.WaitingFor, w.DueAt = WaitHeld, e.NextAttemptAt
+			case w.DueAt <= now:
+				w.WaitingFor = WaitNone
+			case w.LeaseUntil != 0 && w.DueAt == w.LeaseUntil:
+				w.WaitingFor = WaitLease
+			case tp.waiting:
+				w.WaitingFor = WaitTarget
+			default:
+				w.WaitingFor = WaitBackoff
+			}
+			if w.LastError == "" && w.WaitingFor != WaitNone && w.WaitingFor != WaitHeld {
+				w.LastError = targetErr
+			}
+			out[e.EnvelopeID] = w
+		}
+	}
+	return out
+}
