@@ -24,15 +24,7 @@ type targetPlan struct {
 // plan reads the outbox index, the batch markers and the message ids (a single's
 // commit, DESIGN §7) and groups the dispatchable envelopes by target.
 func (c *Carrier) plan(ctx context.Context, now time.Time, expedite map[string]bool) ([]*targetPlan, error) {
-	sums, err := c.s.OutboxSummaries(ctx)
-	if err != nil {
-		return nil, err
-	}
-	batches, err := c.s.List(record.KindBatches)
-	if err != nil {
-		return nil, err
-	}
-	messages, err := c.s.List(record.KindMessages)
+	sums, batches, messages, err := planInputs(ctx, c.s)
 	if err != nil {
 		return nil, err
 	}

@@ -58,7 +58,7 @@ type TargetView struct {
 // envelopes, ordered by relay URL, as the store's indexes say at now. It reads only
 // the store (a carrier need not run).
 func Targets(ctx context.Context, s *store.Store, now time.Time) ([]TargetView, error) {
-	sums, err := s.OutboxSummaries(ctx)
+	sums, batches, messages, err := planInputs(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -66,15 +66,37 @@ func Targets(ctx context.Context, s *store.Store, now time.Time) ([]TargetView, 
 	if err != nil {
 		return nil, err
 	}
+	return targetViews(sums, msgs, batches, messages, now.UnixMilli()), nil
+}
+
+// planInputs reads what a plan is built from: the outbox index, the batch listing
+// and the message listing (sorted).
+func planInputs(ctx context.Context, s *store.Store) ([]store.OutboxSummary, []string, []string, error) {
+	sums, err := s.OutboxSummaries(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	batches, err := s.List(record.KindBatches)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	messages, err := s.List(record.KindMessages)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	return targetViews(sums, msgs, batches, messages, now.UnixMilli()), nil
+	return sums, batches, messages, nil
+}
+
+// targetLastError is the last error of tp's pending envelope tried most often (the
+// one due latest among those on a tie); "" when none failed.
+func targetLastError(tp *targetPlan) string {
+	last, mostTried, latest := "", -1, int64(0)
+	for i := range tp.envs {
+		if e := &tp.envs[i]; e.LastError != "" && (e.Attempts > mostTried || (e.Attempts == mostTried && tp.dues[i] > latest)) {
+			last, mostTried, latest = e.LastError, e.Attempts, tp.dues[i]
+		}
+	}
+	return last
 }
 
 // targetViews builds the views from the plan of sums (buildPlan decides what is
@@ -95,9 +117,8 @@ func targetViews(sums []store.OutboxSummary, msgs []store.MessageSummary, batche
 	plans := buildPlan(sums, batches, messages, now, "", nil)
 	out := make([]TargetView, 0, len(plans))
 	for _, tp := range plans {
-		v := TargetView{RelayURL: tp.url}
+		v := TargetView{RelayURL: tp.url, LastError: targetLastError(tp)}
 		due, dueSet, ready := int64(0), false, false
-		mostTried, latest := -1, int64(0)
 		for i := range tp.envs {
 			e := &tp.envs[i]
 			v.Pending++
@@ -111,9 +132,6 @@ func targetViews(sums []store.OutboxSummary, msgs []store.MessageSummary, batche
 				v.OldestPendingAt = born
 			}
 			v.Ages[ageBucket(now-born)]++
-			if e.LastError != "" && (e.Attempts > mostTried || (e.Attempts == mostTried && tp.dues[i] > latest)) {
-				v.LastError, mostTried, latest = e.LastError, e.Attempts, tp.dues[i]
-			}
 			inFlight := e.Lease != nil && e.Lease.Until > now
 			if inFlight {
 				v.InFlight++
@@ -192,15 +210,7 @@ type EnvelopeWait struct {
 // id, as the store's indexes say at now, by the rules the carrier plans with. It
 // reads only the store (a carrier need not run); a lease of any holder counts.
 func Waits(ctx context.Context, s *store.Store, now time.Time) (map[string]EnvelopeWait, error) {
-	sums, err := s.OutboxSummaries(ctx)
-	if err != nil {
-		return nil, err
-	}
-	batches, err := s.List(record.KindBatches)
-	if err != nil {
-		return nil, err
-	}
-	messages, err := s.List(record.KindMessages)
+	sums, batches, messages, err := planInputs(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -210,12 +220,7 @@ func Waits(ctx context.Context, s *store.Store, now time.Time) (map[string]Envel
 func envelopeWaits(sums []store.OutboxSummary, batches, messages []string, now int64) map[string]EnvelopeWait {
 	out := map[string]EnvelopeWait{}
 	for _, tp := range buildPlan(sums, batches, messages, now, "", nil) {
-		targetErr, mostTried, latest := "", -1, int64(0)
-		for i := range tp.envs {
-			if e := &tp.envs[i]; e.LastError != "" && (e.Attempts > mostTried || (e.Attempts == mostTried && tp.dues[i] > latest)) {
-				targetErr, mostTried, latest = e.LastError, e.Attempts, tp.dues[i]
-			}
-		}
+		targetErr := targetLastError(tp)
 		for i := range tp.envs {
 			e := &tp.envs[i]
 			w := EnvelopeWait{DueAt: tp.dues[i], LastError: e.LastError}

@@ -25,7 +25,7 @@ import (
 // relayURLHint is the hint of a refusal of relayproto.CanonicalRelayURL: the
 // canonical form to use when there is one, else what a relay URL is.
 func relayURLHint(err error) string {
-	if h := errcode.HintOf(err); h != "" {
+	if h := relayproto.RelayURLHint(err); h != "" {
 		return h
 	}
 	return "give an http or https URL with a host and no user information, query or fragment, e.g. https://relay.example:8470"

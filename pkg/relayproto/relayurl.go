@@ -5,8 +5,6 @@ import (
 	"net"
 	"net/url"
 	"strings"
-
-	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
 // CodeRelayURLInvalid is the stable code of a relay URL CanonicalRelayURL refuses.
@@ -17,7 +15,8 @@ const MaxRelayURL = 2048
 
 // RelayURLError is CanonicalRelayURL's refusal: a stable Code
 // (CodeRelayURLInvalid), why, and Hint, which shows the canonical form the URL
-// would have without what is refused, when there is one ("" otherwise).
+// would have without what is refused ("use https://relay.example"), when there is
+// one ("" otherwise). Its message never repeats the URL (it may carry a password).
 type RelayURLError struct {
 	Code   string
 	Reason string
@@ -30,17 +29,16 @@ func (e *RelayURLError) Error() string { return "relay URL: " + e.Reason }
 // compares: scheme and host in lower case, the scheme's default port (80 for http,
 // 443 for https) and an empty port dropped, and the "/" of an empty path dropped
 // ("HTTP://Relay.Example:80/" is "http://relay.example"); any other path is kept as
-// it is. It refuses (a *RelayURLError, also carrying errcode.WithHint's hint) a URL
+// it is. It refuses (a *RelayURLError) a URL
 // that is not absolute http or https with a host, or that carries user
 // information, a query or a fragment, or is over MaxRelayURL bytes. It is pure and
 // safe for concurrent use; a canonical URL is its own canonical form.
 func CanonicalRelayURL(raw string) (string, error) {
 	refuse := func(reason, hint string) (string, error) {
-		e := &RelayURLError{Code: CodeRelayURLInvalid, Reason: reason, Hint: hint}
 		if hint != "" {
-			return "", errcode.WithHint(e, "use "+hint)
+			hint = "use " + hint
 		}
-		return "", e
+		return "", &RelayURLError{Code: CodeRelayURLInvalid, Reason: reason, Hint: hint}
 	}
 	if len(raw) > MaxRelayURL {
 		return refuse("over 2048 bytes", "")
@@ -91,8 +89,12 @@ func CanonicalRelayURL(raw string) (string, error) {
 	return canon, nil
 }
 
-// IsRelayURLError reports whether err is a refusal of CanonicalRelayURL.
-func IsRelayURLError(err error) bool {
+// RelayURLHint returns the hint of a refusal of CanonicalRelayURL in err's chain,
+// or "" (none, or no such refusal).
+func RelayURLHint(err error) string {
 	var e *RelayURLError
-	return errors.As(err, &e)
+	if errors.As(err, &e) {
+		return e.Hint
+	}
+	return ""
 }

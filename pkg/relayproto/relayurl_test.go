@@ -1,10 +1,9 @@
 package relayproto
 
 import (
+	"errors"
 	"strings"
 	"testing"
-
-	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
 func TestCanonicalRelayURL(t *testing.T) {
@@ -40,11 +39,12 @@ func TestCanonicalRelayURL(t *testing.T) {
 		"http://" + strings.Repeat("a", 2048): "",
 	} {
 		got, err := CanonicalRelayURL(raw)
-		if err == nil || !IsRelayURLError(err) {
+		var ue *RelayURLError
+		if !errors.As(err, &ue) || ue.Code != CodeRelayURLInvalid {
 			t.Errorf("CanonicalRelayURL(%q) = %q, %v; want a refusal", raw, got, err)
 			continue
 		}
-		if h := errcode.HintOf(err); h != hint {
+		if h := RelayURLHint(err); h != hint {
 			t.Errorf("CanonicalRelayURL(%q): hint %q, want %q", raw, h, hint)
 		}
 		if strings.Contains(err.Error(), "secret") {
