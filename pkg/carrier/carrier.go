@@ -324,6 +324,7 @@ func (c *Carrier) finish(r passResult) {
 		c.event(Event{Kind: EventStoreError, Target: r.target, Err: r.err})
 		return
 	}
+	delete(c.storeBlocked, r.target) // its pass ran: whatever delays it now is not the store's
 	if r.progress {
 		c.storeRecovered() // something was written: the store works
 	}
