@@ -278,7 +278,9 @@ func TestRelayBackDeliversWithoutRetry(t *testing.T) {
 		return tg.Attempts >= 2 && tg.NextProbeAt.After(first.NextProbeAt), tg.State
 	})
 	rl.up()
-	eventually(t, 60*time.Second, "every message relayed", func() (bool, string) { return allStatus(t, c, ids, record.StatusRelayed) })
+	// The next probe is at most about three times the wait's length so far away
+	// (seconds here); the old fixed interval was 300 s.
+	eventually(t, 120*time.Second, "every message relayed", func() (bool, string) { return allStatus(t, c, ids, record.StatusRelayed) })
 }
 
 // A daemon that died with an envelope in flight left its lease (180 s) on it. The
