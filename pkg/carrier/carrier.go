@@ -190,11 +190,14 @@ func (c *Carrier) Kick() {
 	}
 }
 
-// Expedite asks for an attempt of each listed pending envelope at once: it is due
-// now even while its target waits (it is then the target's probe), unless it is
-// held or leased by another live holder. It lasts until the envelope's next lease
-// step (or until it is no longer dispatchable), in memory only: the durable side of
-// an operator's retry is Apply's. Safe for concurrent use; it kicks the carrier.
+// Expedite asks for an attempt of each listed pending envelope at once, whatever
+// its target's wait: in a waiting target it is the probe. It overrides only the
+// wait (and the plan's due time): the lease step still re-reads the record and
+// skips one that is held, leased by another live holder, or whose own
+// nextAttemptAt is still to come — so it is for envelopes an operator's retry made
+// due (Apply, through Act). It lasts until the envelope's next lease step (or until
+// it is no longer dispatchable), in memory only: the durable side of a retry is
+// Apply's. Safe for concurrent use; it kicks the carrier.
 func (c *Carrier) Expedite(envelopeIDs []string) {
 	if len(envelopeIDs) == 0 {
 		return
