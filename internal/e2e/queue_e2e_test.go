@@ -355,13 +355,15 @@ func TestQueueActionsEndToEnd(t *testing.T) {
 		addr := reservePort(t) // nobody listens yet: connections are refused
 		url := "http://" + addr
 		f := n.send(url, time.Time{})
-		m := n.until(f, "an unreachable attempt", func(m *client.Message) bool { return m.Attempts >= 1 })
-		if !m.NextAttemptAt.After(time.Now().Add(time.Minute)) {
-			t.Fatalf("next probe %v: want the unreachable wait (minutes)", m.NextAttemptAt)
+		n.until(f, "an unreachable attempt", func(m *client.Message) bool { return m.Attempts >= 1 })
+		if tg := n.queue(url); tg == nil || tg.State != "unreachable" {
+			t.Fatalf("target %+v: want the unreachable wait", tg)
 		}
 		r := newScriptedRelay(t, addr, accept)
 		ans, err := n.c.Retry(context.Background(), client.Selector{Target: r.url}, "relay is back")
-		if err != nil || len(ans.Results) != 1 || ans.Results[0].MessageID != f || ans.Results[0].Changed != 1 {
+		// The wait's own next probe (1–2 s after the first attempt) may have found the
+		// relay back first: then nothing is left to retry.
+		if err != nil || len(ans.Results) > 1 || (len(ans.Results) == 1 && (ans.Results[0].MessageID != f || ans.Results[0].Changed != 1)) {
 			t.Fatalf("retry --target: %+v %v", ans, err)
 		}
 		n.until(f, "relayed after the retry", func(m *client.Message) bool { return m.Status == record.StatusRelayed })

@@ -38,11 +38,11 @@ func fillIdle(b *testing.B, n int) (*Carrier, time.Time) {
 func BenchmarkScheduleIdle10k(b *testing.B) {
 	c, now := fillIdle(b, 10_000)
 	ctx := context.Background()
-	if plans, err := c.plan(ctx, now); err != nil || len(plans) != 20 || plans[0].due <= now.UnixMilli() {
+	if plans, err := c.plan(ctx, now, nil); err != nil || len(plans) != 20 || plans[0].due <= now.UnixMilli() {
 		b.Fatalf("plan: %d targets, %v", len(plans), err)
 	}
 	for b.Loop() {
-		if _, err := c.plan(ctx, now); err != nil {
+		if _, err := c.plan(ctx, now, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -58,7 +58,7 @@ func BenchmarkBuildPlan10k(b *testing.B) {
 	batches, _ := c.s.List(record.KindBatches)
 	messages, _ := c.s.List(record.KindMessages)
 	for b.Loop() {
-		buildPlan(sums, batches, messages, now.UnixMilli(), "h")
+		buildPlan(sums, batches, messages, now.UnixMilli(), "h", nil)
 	}
 }
 

@@ -21,9 +21,11 @@ const (
 	maxTargetsDefault        = 16
 	defaultBackoffMin        = 2 * time.Second
 	defaultBackoffMax        = 300 * time.Second
+	defaultProbeMin          = time.Second
 	defaultProbeEvery        = 300 * time.Second
 	defaultOfflineLimit      = 30 * 24 * time.Hour
 	defaultSweepEvery        = 5 * time.Minute
+	defaultStoreRetryMin     = time.Second
 	defaultStoreFailureDelay = 300 * time.Second
 	defaultPollEvery         = 2 * time.Second
 	// leaseMargin is how much longer than one send a lease lasts (the settlement).
@@ -57,13 +59,22 @@ type Options struct {
 	SendTimeout, LeaseFor time.Duration
 	// BackoffMin and BackoffMax bound the retry delay of a failed attempt (2 s, 300 s).
 	BackoffMin, BackoffMax time.Duration
-	// ProbeEvery is the probe interval of an unreachable target (300 s); OfflineLimit
-	// is how long a target may stay unreachable before its envelopes expire (30 days).
-	ProbeEvery, OfflineLimit time.Duration
+	// ProbeMin is the first probe's delay after a target became unreachable (1 s);
+	// the delay grows with the wait's length (about doubling, jittered) to
+	// ProbeEvery, the longest probe interval (300 s). OfflineLimit is how long a
+	// target may stay unreachable before its envelopes expire (30 days).
+	ProbeMin, ProbeEvery, OfflineLimit time.Duration
 	// SweepEvery is the reconciliation backstop and the longest timer (5 min).
 	SweepEvery time.Duration
-	// StoreFailureDelay is how long a target waits after a store error (300 s).
-	StoreFailureDelay time.Duration
+	// StoreRetryMin is how long a target waits after a store error (1 s), doubling
+	// with each further failure in a row to StoreFailureDelay (300 s). The first
+	// store transaction that succeeds ends every such wait.
+	StoreRetryMin, StoreFailureDelay time.Duration
+	// TakeOverLeases says that no other holder of this store's leases is alive (the
+	// daemon's pid lock proves its predecessor dead): Run first releases every
+	// lease of another holder, so that an envelope a dead carrier had in flight is
+	// sent again at once (the relay de-duplicates) instead of after its lease.
+	TakeOverLeases bool
 	// Watch selects change notification; PollEvery is the stamp polling interval (2 s).
 	Watch     WatchMode
 	PollEvery time.Duration
@@ -102,9 +113,13 @@ func (o Options) withDefaults() Options {
 		o.BackoffMax = o.BackoffMin
 	}
 	def(&o.ProbeEvery, defaultProbeEvery)
+	def(&o.ProbeMin, min(defaultProbeMin, o.ProbeEvery))
+	o.ProbeMin = min(o.ProbeMin, o.ProbeEvery)
 	def(&o.OfflineLimit, defaultOfflineLimit)
 	def(&o.SweepEvery, defaultSweepEvery)
 	def(&o.StoreFailureDelay, defaultStoreFailureDelay)
+	def(&o.StoreRetryMin, min(defaultStoreRetryMin, o.StoreFailureDelay))
+	o.StoreRetryMin = min(o.StoreRetryMin, o.StoreFailureDelay)
 	def(&o.PollEvery, defaultPollEvery)
 	if o.MaxPerPass <= 0 {
 		o.MaxPerPass = 64
@@ -137,10 +152,18 @@ type Carrier struct {
 	onLease func(envelopeID string, leased bool)
 
 	// Loop-owned state (only Run's goroutine touches these).
-	inflight map[string]bool      // targets with a pass running
-	blocked  map[string]time.Time // targets delayed (store failure, no progress)
-	timer    Timer
-	timerAt  time.Time
+	inflight     map[string]bool      // targets with a pass running
+	blocked      map[string]time.Time // targets delayed (store failure, no progress)
+	storeBlocked map[string]bool      // of blocked, those delayed by a store failure
+	storeFails   int                  // store failures in a row (the delay's exponent)
+	tookOver     bool                 // TakeOverLeases is done
+	timer        Timer
+	timerAt      time.Time
+
+	// expMu guards expedite: the envelopes an operator's retry asked to attempt
+	// at once, whatever their target's wait (Expedite).
+	expMu    sync.Mutex
+	expedite map[string]bool
 
 	// mu guards the observation fields below (tests and Stats).
 	mu        sync.Mutex
@@ -154,7 +177,8 @@ type Carrier struct {
 func New(s *store.Store, t Transport, opts Options) *Carrier {
 	o := opts.withDefaults()
 	return &Carrier{s: s, t: t, o: o, kick: make(chan struct{}, 1), done: make(chan passResult, o.MaxTargets),
-		inflight: map[string]bool{}, blocked: map[string]time.Time{}, st: newStats()}
+		inflight: map[string]bool{}, blocked: map[string]time.Time{}, storeBlocked: map[string]bool{},
+		expedite: map[string]bool{}, st: newStats()}
 }
 
 // Kick tells the carrier that the store changed (the daemon calls it after Enqueue).
@@ -166,11 +190,54 @@ func (c *Carrier) Kick() {
 	}
 }
 
+// Expedite asks for an attempt of each listed pending envelope at once, whatever
+// its target's wait: in a waiting target it is the probe. It overrides only the
+// wait (and the plan's due time): the lease step still re-reads the record and
+// skips one that is held, leased by another live holder, or whose own
+// nextAttemptAt is still to come — so it is for envelopes an operator's retry made
+// due (Apply, through Act). It lasts until the envelope's next lease step (or until
+// it is no longer dispatchable), in memory only: the durable side of a retry is
+// Apply's. Safe for concurrent use; it kicks the carrier.
+func (c *Carrier) Expedite(envelopeIDs []string) {
+	if len(envelopeIDs) == 0 {
+		return
+	}
+	c.expMu.Lock()
+	for _, id := range envelopeIDs {
+		c.expedite[id] = true
+	}
+	c.expMu.Unlock()
+	c.Kick()
+}
+
+// expedited returns a copy of the expedite set (nil if empty).
+func (c *Carrier) expedited() map[string]bool {
+	c.expMu.Lock()
+	defer c.expMu.Unlock()
+	if len(c.expedite) == 0 {
+		return nil
+	}
+	out := make(map[string]bool, len(c.expedite))
+	for id := range c.expedite {
+		out[id] = true
+	}
+	return out
+}
+
+// unexpedite forgets envelope ids (their lease step came, or they left the plan).
+func (c *Carrier) unexpedite(ids ...string) {
+	c.expMu.Lock()
+	for _, id := range ids {
+		delete(c.expedite, id)
+	}
+	c.expMu.Unlock()
+}
+
 // passResult is what one target's pass reports to the loop.
 type passResult struct {
 	target   string
 	progress bool  // something was attempted, closed or expired
-	err      error // a store error: the target waits StoreFailureDelay
+	err      error // a store error: the target waits storeDelay
 }
 
 // Run delivers until ctx is done, then waits for the attempts in flight to settle
@@ -253,10 +320,18 @@ func (c *Carrier) finish(r passResult) {
 	switch {
 	case r.err != nil:
 		c.storeError(r.err)
-		c.storeWarn("carrier: store failure, target delayed", "target", r.target, "delay", c.o.StoreFailureDelay, "err", r.err)
-		c.blocked[r.target] = now.Add(c.o.StoreFailureDelay)
+		delay := c.storeDelay()
+		c.storeWarn("carrier: store failure, target delayed", "target", r.target, "delay", delay, "err", r.err)
+		c.blocked[r.target] = now.Add(delay)
+		c.storeBlocked[r.target] = true
 		c.event(Event{Kind: EventStoreError, Target: r.target, Err: r.err})
 		return
+	}
+	delete(c.storeBlocked, r.target) // its pass ran: whatever delays it now is not the store's
+	if r.progress {
+		c.storeRecovered() // something was written: the store works
+	}
+	switch {
 	case !r.progress:
 		// Due by the index but nothing could be done (another process holds it, or
 		// the index lagged): never spin.
@@ -265,6 +340,30 @@ func (c *Carrier) finish(r passResult) {
 		delete(c.blocked, r.target)
 	}
 	c.event(Event{Kind: EventStoreOK, Target: r.target})
+}
+
+// storeDelay counts a store failure and returns how long to wait before the store
+// is tried again: StoreRetryMin doubling per failure in a row, jittered by [1, 1.5),
+// at most StoreFailureDelay. A store failure is the store's, not the relay's: it
+// never starts a target wait.
+func (c *Carrier) storeDelay() time.Duration {
+	c.storeFails++
+	d := c.o.StoreRetryMin
+	for i := 1; i < c.storeFails && d < c.o.StoreFailureDelay; i++ {
+		d *= 2
+	}
+	d = time.Duration(float64(d) * (1 + 0.5*c.o.Jitter()))
+	return min(max(d, c.o.StoreRetryMin), c.o.StoreFailureDelay)
+}
+
+// storeRecovered ends every delay a store failure caused: a pass just ended
+// without a store error, so nothing waits on a failure that has cleared.
+func (c *Carrier) storeRecovered() {
+	c.storeFails = 0
+	for t := range c.storeBlocked {
+		delete(c.blocked, t)
+		delete(c.storeBlocked, t)
+	}
 }
 
 // storeWarn logs a store failure: a warning, or at debug level when Events
@@ -293,18 +392,51 @@ func (c *Carrier) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 	}
 	c.st.reconciles.Add(1)
 	now := c.o.Clock.Now()
-	plans, err := c.plan(ctx, now)
+	if c.o.TakeOverLeases && !c.tookOver {
+		n, err := c.takeOverLeases(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			c.storeError(err)
+			delay := c.storeDelay()
+			c.storeWarn("carrier: the leases of a dead carrier could not be taken over", "delay", delay, "err", err)
+			c.arm(now, now.Add(delay))
+			c.event(Event{Kind: EventStoreError, Err: err})
+			return
+		}
+		c.tookOver = true
+		if n > 0 {
+			c.o.Logger.Info("carrier: took over the leases of a dead carrier", "envelopes", n)
+		}
+	}
+	exp := c.expedited()
+	plans, err := c.plan(ctx, now, exp)
 	if err != nil {
 		if ctx.Err() != nil {
 			return
 		}
 		c.storeError(err)
-		c.storeWarn("carrier: the schedule could not be read", "err", err)
-		c.arm(now, now.Add(c.o.StoreFailureDelay))
+		delay := c.storeDelay()
+		c.storeWarn("carrier: the schedule could not be read", "delay", delay, "err", err)
+		c.arm(now, now.Add(delay))
 		c.event(Event{Kind: EventStoreError, Err: err})
 		return
 	}
 	c.event(Event{Kind: EventStoreOK})
+	if exp != nil {
+		// Forget what is no longer dispatchable: it will never reach a lease step.
+		for _, tp := range plans {
+			for i := range tp.envs {
+				delete(exp, tp.envs[i].EnvelopeID)
+			}
+		}
+		gone := make([]string, 0, len(exp))
+		for id := range exp {
+			gone = append(gone, id)
+		}
+		c.unexpedite(gone...)
+	}
 	var next time.Time
 	waiting := 0
 	for _, tp := range plans {

@@ -256,8 +256,10 @@ func TestSlowTargetDoesNotDelayOthers(t *testing.T) {
 	}
 }
 
-// An unreachable target gets exactly one probe per 300 s carrying one envelope; its
-// other envelopes keep attempts = 0; an answer clears the wait.
+// An unreachable target gets one probe at a time carrying one envelope, the first
+// 1.5 s (nominal jitter) after it stopped answering and each next one 1.5 times the
+// wait's length so far further, up to one per 300 s; its other envelopes keep
+// attempts = 0; an answer clears the wait.
 func TestUnreachableProbe(t *testing.T) {
 	h := newHarness(t, Options{}, store.Options{})
 	var up atomic.Bool
@@ -273,21 +275,31 @@ func TestUnreachableProbe(t *testing.T) {
 	h.start()
 	h.runUntil(t0.Add(3600 * time.Second))
 	sends := h.tr.log()
-	if len(sends) != 13 {
-		t.Fatalf("%d probes in an hour, want 13", len(sends))
+	var want []time.Time
+	for at := t0; !at.After(t0.Add(3600 * time.Second)); {
+		want = append(want, at)
+		gap := min(time.Duration(1.5*float64(max(at.Sub(t0), time.Second))), 300*time.Second)
+		at = at.Add(gap.Truncate(time.Millisecond))
+	}
+	if len(want) != 18 || want[1].Sub(t0) != 1500*time.Millisecond || want[17].Sub(want[16]) != 300*time.Second {
+		t.Fatalf("the test's schedule: %v", want)
+	}
+	if len(sends) != len(want) {
+		t.Fatalf("%d probes in an hour, want %d", len(sends), len(want))
 	}
 	for i, s := range sends {
-		if s.at != t0.Add(time.Duration(i)*300*time.Second) || s.envelopeID != sends[0].envelopeID {
-			t.Fatalf("probe %d: %+v (first %+v)", i, s, sends[0])
+		if !s.at.Equal(want[i]) || s.envelopeID != sends[0].envelopeID {
+			t.Fatalf("probe %d at +%v, want +%v: %+v (first %+v)", i, s.at.Sub(t0), want[i].Sub(t0), s, sends[0])
 		}
 	}
+	probes := len(sends)
 	// A message enqueued during the wait does not trigger an extra probe.
 	r3 := h.enqueue(relayA, 1, 24*time.Hour)
 	h.kick()
-	if h.tr.count() != 13 {
+	if h.tr.count() != probes {
 		t.Fatalf("an enqueue during the wait sent at once")
 	}
-	if st := h.c.Stats(); st.TargetsWaiting != 1 || st.Attempts["unreachable"] != 13 {
+	if st := h.c.Stats(); st.TargetsWaiting != 1 || st.Attempts["unreachable"] != uint64(probes) {
 		t.Fatalf("stats %+v", st)
 	}
 	probed := sends[0].envelopeID
@@ -296,7 +308,7 @@ func TestUnreachableProbe(t *testing.T) {
 			o := h.outbox(e.EnvelopeID)
 			wantAttempts := 0
 			if e.EnvelopeID == probed {
-				wantAttempts = 13
+				wantAttempts = probes
 			}
 			if o.Attempts != wantAttempts || o.UnreachableSince != t0.UnixMilli() || o.State != record.StatePending {
 				t.Fatalf("envelope %s: attempts %d since %d, want %d since %d", e.EnvelopeID, o.Attempts, o.UnreachableSince, wantAttempts, t0.UnixMilli())
@@ -305,8 +317,8 @@ func TestUnreachableProbe(t *testing.T) {
 	}
 	up.Store(true)
 	h.runUntil(h.clock.Now().Add(300 * time.Second))
-	if n := h.tr.count(); n != 13+4 {
-		t.Fatalf("%d sends after the relay came back, want 17", n)
+	if n := h.tr.count(); n != probes+4 {
+		t.Fatalf("%d sends after the relay came back, want %d", n, probes+4)
 	}
 	for _, r := range []store.SendRequest{r1, r2, r3} {
 		for _, e := range r.Envelopes {
@@ -437,7 +449,9 @@ func TestDeadlineCloses(t *testing.T) {
 	}
 }
 
-// A failing store causes no more than one attempt per 300 s.
+// A failing store is tried again after 1 s, the delay doubling (jittered) per
+// failure in a row up to 300 s: never a tight loop, never a 300 s wait for a first
+// failure. Once it works again the next try delivers.
 func TestStoreFailureDelaysTarget(t *testing.T) {
 	var failing atomic.Bool
 	var faulty *fsx.Faulty
@@ -479,16 +493,19 @@ func TestStoreFailureDelaysTarget(t *testing.T) {
 	}
 	st := h.c.Stats()
 	errs := st.StoreErrors[errcode.OutboxStoreUnwritable.String()]
-	// The failed settlement at 0, then one lease attempt per 300 s: 1 + 12.
-	if errs < 12 || errs > 13 {
-		t.Fatalf("%d store errors in an hour, want 1 + 12: %+v", errs, st)
+	// The failed settlement at 0, then lease attempts 1.25 s, 2.5 s, … 160 s apart (8),
+	// then 300 s apart (10): 19.
+	if errs != 19 {
+		t.Fatalf("%d store errors in an hour, want 19: %+v", errs, st)
 	}
 	mu.Lock()
 	times := slices.Compact(slices.Clone(failedAt)) // one transaction may fail two writes
 	mu.Unlock()
 	for i := 1; i < len(times); i++ {
-		if gap := times[i].Sub(times[i-1]); gap < 300*time.Second {
-			t.Fatalf("store attempts %v apart", gap)
+		gap := times[i].Sub(times[i-1])
+		want := min(1250*time.Millisecond<<(i-1), 300*time.Second)
+		if gap != want {
+			t.Fatalf("store attempts %d and %d %v apart, want %v", i-1, i, gap, want)
 		}
 	}
 	failing.Store(false)

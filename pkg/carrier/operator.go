@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/record"
@@ -24,6 +26,50 @@ type ActionResult struct {
 	Changed   int    // envelopes this call changed (0: already so — idempotent)
 	Code      string // "" when applied or already so; else a stable errcode code
 	Message   string // the refusal's reason, or a note such as "1 envelope already relayed is not recalled"
+	// Effect, for a retry that applied, is what happens now (EffectAttempting,
+	// EffectProbing, EffectInFlight, EffectHeld), whether or not a record changed.
+	Effect string
+	// InFlight counts the message's envelopes with an attempt under way (a live
+	// lease) when the action ran: a cancel does not recall them, so they may still
+	// be delivered; Message says so.
+	InFlight int
+
+	expedite []string // a retry's envelopes to attempt at once (Carrier.Act)
+}
+
+// Effects of a retry (ActionResult.Effect).
+const (
+	// EffectAttempting: an attempt of the message is made now.
+	EffectAttempting = "attempting"
+	// EffectProbing: its target is in an unreachable wait; an attempt of the
+	// message is made now as the target's probe, and an answer ends the wait.
+	EffectProbing = "probing-target"
+	// EffectInFlight: an attempt is already under way (a live lease); its outcome
+	// decides what comes next.
+	EffectInFlight = "in-flight"
+	// EffectHeld: every pending envelope is held: nothing is attempted until a release.
+	EffectHeld = "held"
+)
+
+// Act is Apply with this carrier: a retry's messages are attempted at once
+// (Expedite), as their target's probe if it waits, and — the carrier's
+// TakeOverLeases proving every other lease holder dead — a retry also ends a dead
+// holder's lease on them. The carrier is kicked after a release or a retry.
+func (c *Carrier) Act(ctx context.Context, sel Selector, a record.Action) ([]ActionResult, error) {
+	dead := func(string) bool { return false }
+	if c.o.TakeOverLeases {
+		dead = func(holder string) bool { return holder != c.o.HolderID }
+	}
+	results, err := apply(ctx, c.s, sel, a, dead)
+	var ids []string
+	for _, r := range results {
+		ids = append(ids, r.expedite...)
+	}
+	c.Expedite(ids)
+	if a.Op == record.ActionRelease || a.Op == record.ActionRetry {
+		c.Kick()
+	}
+	return results, err
 }
 
 // actionChunk bounds the envelopes one transaction of a target's action changes, so
@@ -38,8 +84,15 @@ const actionChunk = record.MaxBatchMembers
 // decision from the carrier's. Repeating an action changes nothing (Changed 0). The
 // error is for a bad action or selector, or the store's; a refusal for one message
 // (MESSAGE_NOT_FOUND, MESSAGE_CLOSED) is in its result. The carrier, if running,
-// should be kicked after a release or retry.
+// should be kicked after a release or retry (Carrier.Act does that, and more). A
+// target is compared by its canonical form (relayproto.CanonicalRelayURL).
 func Apply(ctx context.Context, s *store.Store, sel Selector, a record.Action) ([]ActionResult, error) {
+	return apply(ctx, s, sel, a, func(string) bool { return false })
+}
+
+// apply is Apply; dead reports whether a lease holder is known to be dead (a retry
+// ends its lease).
+func apply(ctx context.Context, s *store.Store, sel Selector, a record.Action, dead func(holder string) bool) ([]ActionResult, error) {
 	if err := checkAction(a); err != nil {
 		return nil, err
 	}
@@ -50,20 +103,37 @@ func Apply(ctx context.Context, s *store.Store, sel Selector, a record.Action) (
 	if err != nil {
 		return nil, err
 	}
+	canon := canonicalizer()
+	target := ""
+	if sel.Target != "" {
+		target = canon(sel.Target)
+	}
+	selected := map[string]bool{}
+	for _, id := range sel.MessageIDs {
+		selected[id] = true
+	}
 	batchOf := map[string]string{} // message id → its batch id
 	var order []string             // the target's messages with pending envelopes, in order
 	count := map[string]int{}      // message id → its envelopes
+	waiting := map[string]bool{}   // targets in a wait kept by messages not selected
 	for i := range sums {
 		e := &sums[i]
 		if _, ok := batchOf[e.MessageID]; !ok {
 			batchOf[e.MessageID] = e.BatchID
 		}
 		count[e.MessageID]++
-		if sel.Target != "" && e.RelayURL == sel.Target && e.State == record.StatePending &&
-			(len(order) == 0 || order[len(order)-1] != e.MessageID) {
+		if e.State != record.StatePending {
+			continue
+		}
+		u := canon(e.RelayURL)
+		if target != "" && u == target && (len(order) == 0 || order[len(order)-1] != e.MessageID) {
 			order = append(order, e.MessageID)
 		}
+		if e.UnreachableSince > 0 && !e.Held && !selected[e.MessageID] {
+			waiting[u] = true
+		}
 	}
+	env := actionEnv{a: a, dead: dead, probing: func(url string) bool { return target == "" && waiting[canon(url)] }}
 	var results []ActionResult
 	if sel.Target == "" {
 		seen := map[string]bool{}
@@ -75,7 +145,7 @@ func Apply(ctx context.Context, s *store.Store, sel Selector, a record.Action) (
 			var r ActionResult
 			err := s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 				var err error
-				r, err = applyTx(tx, id, batchOf[id], a)
+				r, err = applyTx(tx, id, batchOf[id], env)
 				return err
 			})
 			if err != nil {
@@ -98,7 +168,7 @@ func Apply(ctx context.Context, s *store.Store, sel Selector, a record.Action) (
 		err := s.PreparedTransaction(ctx, func(tx *store.Tx) error {
 			rs = rs[:0]
 			for _, id := range chunk {
-				r, err := applyTx(tx, id, batchOf[id], a)
+				r, err := applyTx(tx, id, batchOf[id], env)
 				if err != nil {
 					return err
 				}
@@ -128,10 +198,20 @@ func checkAction(a record.Action) error {
 	return nil
 }
 
-// applyTx performs a on message id (whose envelopes are batch batchID, "" if it has
-// none) inside tx, on the records as they are now: the members first, the message
-// last, so that a crash between them leaves a state the same action completes.
-func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, error) {
+// actionEnv is what applyTx knows besides the action: which lease holders are
+// dead, and whether a message's target stays in a wait after a retry of it.
+type actionEnv struct {
+	a       record.Action
+	dead    func(holder string) bool
+	probing func(relayURL string) bool
+}
+
+// applyTx performs env.a on message id (whose envelopes are batch batchID, "" if it
+// has none) inside tx, on the records as they are now: the members first, the
+// message last, so that a crash between them leaves a state the same action
+// completes.
+func applyTx(tx *store.Tx, id, batchID string, env actionEnv) (ActionResult, error) {
+	a := env.a
 	r := ActionResult{MessageID: id}
 	m, err := store.TxGet[*record.Message](tx, id)
 	if err != nil {
@@ -181,6 +261,8 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 	}
 	act := func() *record.Action { c := a; return &c }
 	pending, relayed, heldSkipped := 0, 0, 0
+	var leaseUntil int64 // the latest live lease of a retried envelope
+	var url string       // the message's target
 	for _, o := range members {
 		if o.State == record.StateRelayed {
 			relayed++
@@ -189,7 +271,12 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 			continue
 		}
 		pending++
+		url = o.RelayURL
 		change := false
+		live := o.Lease != nil && o.Lease.Until > a.At
+		if live && !env.dead(o.Lease.Holder) {
+			r.InFlight++
+		}
 		switch a.Op {
 		case record.ActionHold:
 			if o.Held == nil {
@@ -212,8 +299,22 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 				if o.UnreachableSince != 0 { // the target's wait is cleared even so
 					o.UnreachableSince, o.Operator, change = 0, act(), true
 				}
-			} else if o.NextAttemptAt > a.At || o.UnreachableSince != 0 {
-				o.NextAttemptAt, o.UnreachableSince, o.Operator, change = min(o.NextAttemptAt, a.At), 0, act(), true
+				break
+			}
+			if o.Lease != nil && env.dead(o.Lease.Holder) {
+				// A dead carrier's lease (TakeOverLeases): nothing is in flight.
+				o.Lease, change = nil, true
+			}
+			if o.NextAttemptAt > a.At || o.UnreachableSince != 0 {
+				o.NextAttemptAt, o.UnreachableSince, change = min(o.NextAttemptAt, a.At), 0, true
+			}
+			if change {
+				o.Operator = act()
+			}
+			if o.Lease != nil && o.Lease.Until > a.At {
+				leaseUntil = max(leaseUntil, o.Lease.Until)
+			} else {
+				r.expedite = append(r.expedite, o.EnvelopeID)
 			}
 		}
 		if change {
@@ -241,16 +342,37 @@ func applyTx(tx *store.Tx, id, batchID string, a record.Action) (ActionResult, e
 		// store's one rule for an ending message (closed retention, hold cleared).
 		tx.EndMessage(m, record.StatusClosed, record.ClosedByCancelled, cancelReason(a), a.At)
 		m.Operator, mchange = act(), true
+		var notes []string
 		if relayed > 0 {
-			r.Message = plural(relayed, "envelope") + " already relayed " + isAre(relayed) + " not recalled"
+			notes = append(notes, plural(relayed, "envelope")+" already relayed "+isAre(relayed)+" not recalled")
 		}
+		if r.InFlight > 0 {
+			notes = append(notes, "in flight: "+plural(r.InFlight, "envelope")+" may still be delivered (a send under way is not recalled)")
+		}
+		r.Message = strings.Join(notes, "; ")
 	case record.ActionRetry:
 		if r.Changed > 0 {
 			m.Operator, mchange = act(), true
 		}
-		if heldSkipped > 0 {
-			r.Message = plural(heldSkipped, "held envelope") + " " + isAre(heldSkipped) + " not retried (release first)"
+		var notes []string
+		switch {
+		case len(r.expedite) > 0 && env.probing(url):
+			r.Effect = EffectProbing
+			notes = append(notes, "probing its target now (the target is in an unreachable wait)")
+		case len(r.expedite) > 0:
+			r.Effect = EffectAttempting
+			notes = append(notes, "attempting now")
+		case leaseUntil > 0:
+			r.Effect = EffectInFlight
+			notes = append(notes, "in flight: an attempt is under way (leased until "+
+				time.UnixMilli(leaseUntil).UTC().Format(time.RFC3339)+")")
+		case heldSkipped > 0:
+			r.Effect = EffectHeld
 		}
+		if heldSkipped > 0 {
+			notes = append(notes, plural(heldSkipped, "held envelope")+" "+isAre(heldSkipped)+" not retried (release first)")
+		}
+		r.Message = strings.Join(notes, "; ")
 	}
 	if mchange {
 		m.UpdatedAt = max(m.UpdatedAt, a.At)

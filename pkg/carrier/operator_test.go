@@ -308,7 +308,7 @@ func TestHeldNotSentUntilReleased(t *testing.T) {
 func TestLeaseSkipsHeld(t *testing.T) {
 	h := newHarness(t, Options{}, store.Options{})
 	req := h.enqueue(relayA, 1, time.Hour)
-	plans, err := h.c.plan(context.Background(), h.clock.Now())
+	plans, err := h.c.plan(context.Background(), h.clock.Now(), nil)
 	if err != nil || len(plans) != 1 {
 		t.Fatalf("plan: %v %v", plans, err)
 	}

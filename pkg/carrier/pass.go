@@ -143,6 +143,13 @@ func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, bat
 		}
 		return nil
 	})
+	if err == nil {
+		ids := make([]string, 0, rr.consumed)
+		for _, i := range run[:rr.consumed] {
+			ids = append(ids, tp.envs[i].EnvelopeID)
+		}
+		c.unexpedite(ids...) // an operator's retry ends at the lease step it asked for
+	}
 	if c.onLease != nil {
 		for k, i := range run[:max(rr.consumed, 1)] {
 			c.onLease(tp.envs[i].EnvelopeID, err == nil && k < len(verdicts) && verdicts[k] == sent)
@@ -227,10 +234,14 @@ func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, bat
 	}
 	if rr.unreachable {
 		settled := map[string]bool{}
-		for k := range results {
+		probeAt := int64(0)
+		for k, res := range results {
 			settled[taken[k].e.EnvelopeID] = true
+			if res.Outcome == Unreachable {
+				probeAt = max(probeAt, nexts[k])
+			}
 		}
-		err = c.markWaiting(sctx, tp, now, settled)
+		err = c.markWaiting(sctx, tp, now, probeAt, settled)
 	}
 	return rr, err
 }
@@ -376,11 +387,28 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res R
 	if o.UnreachableSince == 0 {
 		o.UnreachableSince = c.waitSince(tp, now)
 	}
-	o.NextAttemptAt, o.LastError = now+c.o.ProbeEvery.Milliseconds(), clip("relay unreachable: "+why)
+	since := o.UnreachableSince
+	if tp.waiting {
+		since = min(since, tp.since)
+	}
+	o.NextAttemptAt, o.LastError = now+c.probeDelay(since, now).Milliseconds(), clip("relay unreachable: "+why)
 	if err := tx.Put(o); err != nil {
 		return false, 0, err
 	}
 	return false, o.NextAttemptAt, c.messageTx(tx, o, now, "", "", "", batches)
+}
+
+// probeDelay is how long after now a target waiting since since (ms) is probed
+// next: the wait's length so far, kept within [ProbeMin, ProbeEvery], times a jitter
+// factor in [1, 2), kept within the same bounds. The first probe comes 1–2 s after
+// the target stopped answering, and each next one about two to three times as far
+// into the wait as the last, up to ProbeEvery; the wait is persisted (since), so a
+// restart keeps its place in the sequence.
+func (c *Carrier) probeDelay(since, now int64) time.Duration {
+	base := time.Duration(max(now-since, 0)) * time.Millisecond
+	base = min(max(base, c.o.ProbeMin), c.o.ProbeEvery)
+	d := time.Duration(float64(base) * (1 + c.o.Jitter()))
+	return min(max(d, c.o.ProbeMin), c.o.ProbeEvery)
 }
 
 // waitSince is when tp's wait began: now, unless it was waiting already.
@@ -392,11 +420,12 @@ func (c *Carrier) waitSince(tp *targetPlan, now int64) int64 {
 }
 
 // markWaiting tells tp's other pending envelopes (all but settled) that do not know
-// of the target's wait yet, without an attempt, in transactions of at most
+// of the target's wait yet, without an attempt, that they wait for the next probe at
+// probeAt (ms; the probe's own next attempt), in transactions of at most
 // expireChunk envelopes: no lock hold grows with the target's backlog. A crash
 // between two leaves some unmarked; the wait still holds them back (the plan sees
 // the target waiting), and the next probe marks them.
-func (c *Carrier) markWaiting(ctx context.Context, tp *targetPlan, now int64, settled map[string]bool) error {
+func (c *Carrier) markWaiting(ctx context.Context, tp *targetPlan, now, probeAt int64, settled map[string]bool) error {
 	since := c.waitSince(tp, now)
 	var ids []string
 	for i := range tp.envs {
@@ -408,7 +437,7 @@ func (c *Carrier) markWaiting(ctx context.Context, tp *targetPlan, now int64, se
 		if x.UnreachableSince != 0 || x.Held != nil {
 			return false, nil
 		}
-		x.UnreachableSince, x.NextAttemptAt = since, now+c.o.ProbeEvery.Milliseconds()
+		x.UnreachableSince, x.NextAttemptAt = since, max(probeAt, now)
 		return true, nil
 	})
 }
@@ -430,6 +459,29 @@ func (c *Carrier) clearWait(ctx context.Context, tp *targetPlan) error {
 		}
 		o.UnreachableSince = 0
 		o.NextAttemptAt = min(o.NextAttemptAt, now)
+		return true, nil
+	})
+}
+
+// takeOverLeases releases the lease of every pending envelope held by another
+// holder (Options.TakeOverLeases: they are all dead), in transactions of at most
+// expireChunk records. It returns how many leases the index showed.
+func (c *Carrier) takeOverLeases(ctx context.Context) (int, error) {
+	sums, err := c.s.OutboxSummaries(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var ids []string
+	for i := range sums {
+		if e := &sums[i]; e.State == record.StatePending && e.Lease != nil && e.Lease.Holder != c.o.HolderID {
+			ids = append(ids, e.EnvelopeID)
+		}
+	}
+	return len(ids), c.inChunks(ctx, ids, func(tx *store.Tx, o *record.Outbox) (bool, error) {
+		if o.Lease == nil || o.Lease.Holder == c.o.HolderID {
+			return false, nil
+		}
+		o.Lease = nil
 		return true, nil
 	})
 }

@@ -6,36 +6,29 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // targetPlan is one target's dispatchable envelopes at one moment.
 type targetPlan struct {
-	url     string
-	due     int64 // ms: the earliest due time of its envelopes
-	waiting bool  // in a persisted unreachable wait
-	since   int64 // ms: when the wait began (waiting only)
-	probeAt int64 // ms: when the wait's next probe is due (waiting only)
+	url     string // the target's canonical relay URL (relayproto.CanonicalRelayURL)
+	due     int64  // ms: the earliest due time of its envelopes
+	waiting bool   // in a persisted unreachable wait
+	since   int64  // ms: when the wait began (waiting only)
+	probeAt int64  // ms: when the wait's next probe is due (waiting only)
 	envs    []store.OutboxSummary
 	dues    []int64 // ms: each envelope's effective due time
 }
 
 // plan reads the outbox index, the batch markers and the message ids (a single's
 // commit, DESIGN §7) and groups the dispatchable envelopes by target.
-func (c *Carrier) plan(ctx context.Context, now time.Time) ([]*targetPlan, error) {
-	sums, err := c.s.OutboxSummaries(ctx)
+func (c *Carrier) plan(ctx context.Context, now time.Time, expedite map[string]bool) ([]*targetPlan, error) {
+	sums, batches, messages, err := planInputs(ctx, c.s)
 	if err != nil {
 		return nil, err
 	}
-	batches, err := c.s.List(record.KindBatches)
-	if err != nil {
-		return nil, err
-	}
-	messages, err := c.s.List(record.KindMessages)
-	if err != nil {
-		return nil, err
-	}
-	return buildPlan(sums, batches, messages, now.UnixMilli(), c.o.HolderID), nil
+	return buildPlan(sums, batches, messages, now.UnixMilli(), c.o.HolderID, expedite), nil
 }
 
 // buildPlan groups sums (sorted by message and ordinal, as OutboxSummaries returns
@@ -48,10 +41,14 @@ func (c *Carrier) plan(ctx context.Context, now time.Time) ([]*targetPlan, error
 // the wait's next probe (the latest nextAttemptAt among the waiting envelopes: each
 // probe pushes only the probed envelope forward); never after its deadline (so the
 // deadline closes it on time); and never before a live lease of another holder ends.
-// A held envelope is due only at its deadline, which still closes it, and takes no
-// part in a target wait: an operator's hold never makes the timer fire earlier.
-func buildPlan(sums []store.OutboxSummary, batches, messages []string, now int64, holder string) []*targetPlan {
+// An expedited envelope (an operator's retry, Carrier.Expedite) is due now, whatever
+// the wait. A held envelope is due only at its deadline, which still closes it, and
+// takes no part in a target wait: an operator's hold never makes the timer fire
+// earlier. Envelopes are grouped by their relay URL's canonical form, so that two
+// spellings of one relay are one target.
+func buildPlan(sums []store.OutboxSummary, batches, messages []string, now int64, holder string, expedite map[string]bool) []*targetPlan {
 	byURL := map[string]*targetPlan{}
+	canon := canonicalizer()
 	var order []*targetPlan
 	for i := range sums {
 		e := &sums[i]
@@ -66,10 +63,11 @@ func buildPlan(sums []store.OutboxSummary, batches, messages []string, now int64
 				continue
 			}
 		}
-		tp := byURL[e.RelayURL]
+		u := canon(e.RelayURL)
+		tp := byURL[u]
 		if tp == nil {
-			tp = &targetPlan{url: e.RelayURL}
-			byURL[e.RelayURL] = tp
+			tp = &targetPlan{url: u}
+			byURL[u] = tp
 			order = append(order, tp)
 		}
 		tp.envs = append(tp.envs, *e)
@@ -84,7 +82,7 @@ func buildPlan(sums []store.OutboxSummary, batches, messages []string, now int64
 	for _, tp := range order {
 		tp.dues = make([]int64, len(tp.envs))
 		for i := range tp.envs {
-			d := effectiveDue(&tp.envs[i], tp, now, holder)
+			d := effectiveDue(&tp.envs[i], tp, now, holder, expedite[tp.envs[i].EnvelopeID])
 			tp.dues[i] = d
 			if i == 0 || d < tp.due {
 				tp.due = d
@@ -103,11 +101,14 @@ func buildPlan(sums []store.OutboxSummary, batches, messages []string, now int64
 	return order
 }
 
-func effectiveDue(e *store.OutboxSummary, tp *targetPlan, now int64, holder string) int64 {
+func effectiveDue(e *store.OutboxSummary, tp *targetPlan, now int64, holder string, expedited bool) int64 {
 	d := e.NextAttemptAt
-	if e.Held {
+	switch {
+	case e.Held:
 		d = e.DeliveryDeadline
-	} else if tp.waiting {
+	case expedited:
+		d = min(d, now)
+	case tp.waiting:
 		d = max(d, tp.probeAt)
 	}
 	d = min(d, e.DeliveryDeadline)
@@ -115,4 +116,21 @@ func effectiveDue(e *store.OutboxSummary, tp *targetPlan, now int64, holder stri
 		d = max(d, l.Until)
 	}
 	return d
+}
+
+// canonicalizer returns a memoizing relayproto.CanonicalRelayURL for one plan: a URL
+// it refuses (a record written before URLs were canonical) stays as it is.
+func canonicalizer() func(string) string {
+	memo := map[string]string{}
+	return func(raw string) string {
+		if u, ok := memo[raw]; ok {
+			return u
+		}
+		u, err := relayproto.CanonicalRelayURL(raw)
+		if err != nil {
+			u = raw
+		}
+		memo[raw] = u
+		return u
+	}
 }

@@ -24,7 +24,7 @@ func TestBuildPlanSingles(t *testing.T) {
 		sum("e-half", "m-3", "e-half"),     // a single without its message record
 		sum("e-nomarker", "m-4", "b-4"),    // its marker is missing
 	}
-	plans := buildPlan(sums, []string{"b-1"}, []string{"m-1", "m-2", "m-4"}, 0, "h")
+	plans := buildPlan(sums, []string{"b-1"}, []string{"m-1", "m-2", "m-4"}, 0, "h", nil)
 	var got []string
 	for _, tp := range plans {
 		for _, e := range tp.envs {

@@ -58,7 +58,7 @@ type TargetView struct {
 // envelopes, ordered by relay URL, as the store's indexes say at now. It reads only
 // the store (a carrier need not run).
 func Targets(ctx context.Context, s *store.Store, now time.Time) ([]TargetView, error) {
-	sums, err := s.OutboxSummaries(ctx)
+	sums, batches, messages, err := planInputs(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -66,15 +66,37 @@ func Targets(ctx context.Context, s *store.Store, now time.Time) ([]TargetView, 
 	if err != nil {
 		return nil, err
 	}
+	return targetViews(sums, msgs, batches, messages, now.UnixMilli()), nil
+}
+
+// planInputs reads what a plan is built from: the outbox index, the batch listing
+// and the message listing (sorted).
+func planInputs(ctx context.Context, s *store.Store) ([]store.OutboxSummary, []string, []string, error) {
+	sums, err := s.OutboxSummaries(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	batches, err := s.List(record.KindBatches)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	messages, err := s.List(record.KindMessages)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	return targetViews(sums, msgs, batches, messages, now.UnixMilli()), nil
+	return sums, batches, messages, nil
+}
+
+// targetLastError is the last error of tp's pending envelope tried most often (the
+// one due latest among those on a tie); "" when none failed.
+func targetLastError(tp *targetPlan) string {
+	last, mostTried, latest := "", -1, int64(0)
+	for i := range tp.envs {
+		if e := &tp.envs[i]; e.LastError != "" && (e.Attempts > mostTried || (e.Attempts == mostTried && tp.dues[i] > latest)) {
+			last, mostTried, latest = e.LastError, e.Attempts, tp.dues[i]
+		}
+	}
+	return last
 }
 
 // targetViews builds the views from the plan of sums (buildPlan decides what is
@@ -92,12 +114,11 @@ func targetViews(sums []store.OutboxSummary, msgs []store.MessageSummary, batche
 	for _, m := range msgs {
 		createdAt[m.MessageID] = m.CreatedAt
 	}
-	plans := buildPlan(sums, batches, messages, now, "")
+	plans := buildPlan(sums, batches, messages, now, "", nil)
 	out := make([]TargetView, 0, len(plans))
 	for _, tp := range plans {
-		v := TargetView{RelayURL: tp.url}
+		v := TargetView{RelayURL: tp.url, LastError: targetLastError(tp)}
 		due, dueSet, ready := int64(0), false, false
-		mostTried, latest := -1, int64(0)
 		for i := range tp.envs {
 			e := &tp.envs[i]
 			v.Pending++
@@ -111,9 +132,6 @@ func targetViews(sums []store.OutboxSummary, msgs []store.MessageSummary, batche
 				v.OldestPendingAt = born
 			}
 			v.Ages[ageBucket(now-born)]++
-			if e.LastError != "" && (e.Attempts > mostTried || (e.Attempts == mostTried && tp.dues[i] > latest)) {
-				v.LastError, mostTried, latest = e.LastError, e.Attempts, tp.dues[i]
-			}
 			inFlight := e.Lease != nil && e.Lease.Until > now
 			if inFlight {
 				v.InFlight++
@@ -156,4 +174,76 @@ func ageBucket(ms int64) int {
 		}
 	}
 	return len(AgeBuckets)
+}
+
+// What a pending envelope waits for (EnvelopeWait.WaitingFor).
+const (
+	// WaitNone: it is due now.
+	WaitNone = ""
+	// WaitTarget: its target is in an unreachable wait; DueAt is the target's next
+	// probe (an operator's retry of it, or of the target, attempts it now).
+	WaitTarget = "target"
+	// WaitBackoff: its own retry delay after a failed attempt.
+	WaitBackoff = "backoff"
+	// WaitLease: a lease: an attempt under way, or one a carrier that died left,
+	// until it ends (a daemon that starts takes its dead predecessor's leases over).
+	WaitLease = "lease"
+	// WaitHeld: an operator holds it; only its deadline closes it.
+	WaitHeld = "held"
+)
+
+// EnvelopeWait is what one pending dispatchable envelope waits for at one moment.
+// Times are Unix milliseconds.
+type EnvelopeWait struct {
+	// DueAt is when the carrier attempts it (its effective due time, the plan's:
+	// the target's next probe in a wait, the end of a live lease); for a held
+	// envelope, its own nextAttemptAt.
+	DueAt      int64
+	WaitingFor string // WaitNone, WaitTarget, WaitBackoff, WaitLease or WaitHeld
+	LeaseUntil int64  // the live lease's end, if it has one
+	// LastError is its own last error or, when it has none and its target waits
+	// (or backs off), the target's (TargetView.LastError).
+	LastError string
+}
+
+// Waits returns what every pending dispatchable envelope waits for, by envelope
+// id, as the store's indexes say at now, by the rules the carrier plans with. It
+// reads only the store (a carrier need not run); a lease of any holder counts.
+func Waits(ctx context.Context, s *store.Store, now time.Time) (map[string]EnvelopeWait, error) {
+	sums, batches, messages, err := planInputs(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	return envelopeWaits(sums, batches, messages, now.UnixMilli()), nil
+}
+
+func envelopeWaits(sums []store.OutboxSummary, batches, messages []string, now int64) map[string]EnvelopeWait {
+	out := map[string]EnvelopeWait{}
+	for _, tp := range buildPlan(sums, batches, messages, now, "", nil) {
+		targetErr := targetLastError(tp)
+		for i := range tp.envs {
+			e := &tp.envs[i]
+			w := EnvelopeWait{DueAt: tp.dues[i], LastError: e.LastError}
+			if l := e.Lease; l != nil && l.Until > now {
+				w.LeaseUntil = l.Until
+			}
+			switch {
+			case e.Held:
+				w.WaitingFor, w.DueAt = WaitHeld, e.NextAttemptAt
+			case w.DueAt <= now:
+				w.WaitingFor = WaitNone
+			case w.LeaseUntil != 0 && w.DueAt == w.LeaseUntil:
+				w.WaitingFor = WaitLease
+			case tp.waiting:
+				w.WaitingFor = WaitTarget
+			default:
+				w.WaitingFor = WaitBackoff
+			}
+			if w.LastError == "" && w.WaitingFor != WaitNone && w.WaitingFor != WaitHeld {
+				w.LastError = targetErr
+			}
+			out[e.EnvelopeID] = w
+		}
+	}
+	return out
 }

@@ -101,8 +101,9 @@ func TestTargetsStates(t *testing.T) {
 		t.Fatalf("failing target at now: %+v", v)
 	}
 	v := viewOf(t, views, down)
-	if v.State != TargetUnreachable || v.UnreachableSince != t0.UnixMilli() || v.NextProbeAt != t0.Add(300*time.Second).UnixMilli() ||
-		v.Pending != 2 || v.Attempts != 1 || v.LastError == "" {
+	// down: probes at t0, t0+1.5 s, t0+3.75 s; the next at t0+9.375 s.
+	if v.State != TargetUnreachable || v.UnreachableSince != t0.UnixMilli() || v.NextProbeAt != t0.Add(9375*time.Millisecond).UnixMilli() ||
+		v.Pending != 2 || v.Attempts != 3 || v.LastError == "" {
 		t.Fatalf("unreachable target: %+v", v)
 	}
 	v = viewOf(t, views, fresh)

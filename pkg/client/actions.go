@@ -28,11 +28,20 @@ type ActionRequest struct {
 // the action was refused on this message (errcode.MessageClosed, MessageNotFound);
 // Message is the refusal's reason or a note, such as that envelopes already relayed
 // are not recalled.
+//
+// Effect, for a retry, is what happens now, whether or not a record changed:
+// "attempting" (an attempt is made now), "probing-target" (made now as the probe of
+// its target's unreachable wait), "in-flight" (an attempt is already under way) or
+// "held" (nothing is attempted until a release). InFlight counts the envelopes
+// with an attempt under way when the action ran: after a cancel they may still be
+// delivered (a send under way is not recalled; Message says so too).
 type ActionResult struct {
 	MessageID string `json:"messageId"`
 	Changed   int    `json:"changed"`
 	Code      string `json:"code,omitempty"`
 	Message   string `json:"message,omitempty"`
+	Effect    string `json:"effect,omitempty"`
+	InFlight  int    `json:"inFlight,omitempty"`
 }
 
 // ActionAnswer is the answer to an action: the action and one result per message.

@@ -90,9 +90,16 @@ type Message struct {
 	RelayURL      string    `json:"relayUrl"`
 	Attempts      int       `json:"attempts"`
 	NextAttemptAt time.Time `json:"nextAttemptAt,omitzero"`
-	CreatedAt     time.Time `json:"createdAt"`
-	UpdatedAt     time.Time `json:"updatedAt"`
-	Deadline      time.Time `json:"deadline"`
+	// WaitingFor, for a queued message not due now, is what its next attempt waits
+	// for: "target" (its relay is in an unreachable wait: NextAttemptAt is the
+	// target's next probe, LastError the target's last error if the message has
+	// none; `retry` attempts it now), "backoff" (its own retry delay), "lease" (an
+	// attempt is under way until LeaseUntil) or "held".
+	WaitingFor string    `json:"waitingFor,omitempty"`
+	LeaseUntil time.Time `json:"leaseUntil,omitzero"`
+	CreatedAt  time.Time `json:"createdAt"`
+	UpdatedAt  time.Time `json:"updatedAt"`
+	Deadline   time.Time `json:"deadline"`
 
 	// Held is an operator's hold in force, Operator the last operator action on the
 	// message.

@@ -28,6 +28,9 @@ type Target struct {
 	Attempts         int       `json:"attempts"`
 	LastError        string    `json:"lastError,omitempty"`
 	Ages             []int     `json:"ages"`
+	// Hint, when the target waits (unreachable or backing off), is what an
+	// operator can do about it, e.g. "attempt now: sealbridge retry --target URL".
+	Hint string `json:"hint,omitempty"`
 }
 
 // TargetList is the answer of GET /v1/targets: the targets with pending envelopes by

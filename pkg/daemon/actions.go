@@ -20,6 +20,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 // Limits of an action request.
@@ -66,24 +67,31 @@ func (d *Daemon) serveAction(op string) http.HandlerFunc {
 		if !readBody(w, r, maxActionBytes, &req, "{messageIds | target, reason}") {
 			return
 		}
+		if req.Target != "" {
+			canon, err := relayproto.CanonicalRelayURL(req.Target)
+			if err != nil {
+				writeErrorHint(w, http.StatusBadRequest, relayproto.CodeRelayURLInvalid, "target: "+err.Error(), relayURLHint(err))
+				return
+			}
+			req.Target = canon
+		}
 		sel, msg := actionSelector(req)
 		if msg != "" {
 			writeError(w, http.StatusBadRequest, codeBadRequest, msg)
 			return
 		}
 		a := record.Action{Op: op, By: caller(r), At: time.Now().UnixMilli(), Reason: req.Reason}
-		results, err := carrier.Apply(r.Context(), d.st, sel, a)
+		// Act kicks the carrier after a release or a retry, and has a retry's
+		// messages attempted at once.
+		results, err := d.car.Act(r.Context(), sel, a)
 		if err != nil {
 			d.writeStoreError(w, err)
 			return
 		}
-		if op == record.ActionRelease || op == record.ActionRetry {
-			d.car.Kick()
-		}
 		out := client.ActionAnswer{Action: op, Results: make([]client.ActionResult, 0, len(results))}
 		for _, res := range results {
 			out.Results = append(out.Results, client.ActionResult{MessageID: res.MessageID, Changed: res.Changed,
-				Code: res.Code, Message: res.Message})
+				Code: res.Code, Message: res.Message, Effect: res.Effect, InFlight: res.InFlight})
 			if res.Changed > 0 {
 				d.actionChange(res.MessageID)
 			}

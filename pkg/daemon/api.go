@@ -12,13 +12,24 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
+
+// relayURLHint is the hint of a refusal of relayproto.CanonicalRelayURL: the
+// canonical form to use when there is one, else what a relay URL is.
+func relayURLHint(err error) string {
+	if h := relayproto.RelayURLHint(err); h != "" {
+		return h
+	}
+	return "give an http or https URL with a host and no user information, query or fragment, e.g. https://relay.example:8470"
+}
 
 // API limits.
 const (
@@ -123,24 +134,48 @@ func (d *Daemon) serveMessage(w http.ResponseWriter, r *http.Request) {
 			d.writeStoreError(w, err)
 			return
 		}
-		withDelivery(&cm, envs)
+		waits, err := carrier.Waits(r.Context(), d.st, d.now())
+		if err != nil {
+			d.writeStoreError(w, err)
+			return
+		}
+		withDelivery(&cm, envs, waits)
 	}
 	writeJSON(w, http.StatusOK, cm)
 }
 
 // withDelivery adds what a queued message's pending envelopes (in ordinal order)
-// record about its delivery: the last attempt's error and the next attempt's time.
-func withDelivery(cm *client.Message, envs []*record.Outbox) {
-	var next int64
+// say about its delivery, as the carrier plans it (waits, carrier.Waits): when its
+// next attempt is due — the target's next probe if the target waits, the end of a
+// lease — what it waits for, and the last error (the target's, when the message
+// has none of its own and waits on its target). An envelope the plan does not
+// know (not dispatchable yet) counts with its own record.
+func withDelivery(cm *client.Message, envs []*record.Outbox, waits map[string]carrier.EnvelopeWait) {
+	var next, lease int64
+	waiting, allHeld := "", len(envs) > 0
 	for _, o := range envs {
-		if cm.LastError == "" {
-			cm.LastError = o.LastError
+		w, ok := waits[o.EnvelopeID]
+		if !ok {
+			w = carrier.EnvelopeWait{DueAt: o.NextAttemptAt, LastError: o.LastError}
 		}
-		if o.NextAttemptAt > 0 && (next == 0 || o.NextAttemptAt < next) {
-			next = o.NextAttemptAt
+		if cm.LastError == "" {
+			cm.LastError = w.LastError
+		}
+		held := w.WaitingFor == carrier.WaitHeld
+		if allHeld && !held {
+			allHeld, next, waiting, lease = false, 0, "", 0 // an unheld envelope decides
+		}
+		if held && !allHeld {
+			continue
+		}
+		if w.DueAt > 0 && (next == 0 || w.DueAt < next) {
+			next, waiting, lease = w.DueAt, w.WaitingFor, w.LeaseUntil
 		}
 	}
-	cm.NextAttemptAt = msTime(next)
+	if allHeld {
+		waiting = carrier.WaitHeld
+	}
+	cm.NextAttemptAt, cm.WaitingFor, cm.LeaseUntil = msTime(next), waiting, msTime(lease)
 }
 
 // serveMessages lists messages from the messages index. A queued message is read
@@ -187,12 +222,17 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 			sums[i] = store.MessageSummary{MessageID: id}
 		}
 	}
-	// The pending envelopes of queued messages, read once for the page.
+	// The pending envelopes of queued messages and what they wait for, read once
+	// for the page.
+	var waits map[string]carrier.EnvelopeWait
 	var pending map[string][]store.OutboxSummary
 	pendingOf := func(id string) ([]*record.Outbox, error) {
 		if pending == nil {
 			all, err := d.st.OutboxSummaries(ctx)
 			if err != nil {
+				return nil, err
+			}
+			if waits, err = carrier.Waits(ctx, d.st, d.now()); err != nil {
 				return nil, err
 			}
 			pending = map[string][]store.OutboxSummary{}
@@ -246,7 +286,7 @@ func (d *Daemon) serveMessages(w http.ResponseWriter, r *http.Request) {
 				continue
 			}
 			cm = toClient(m)
-			withDelivery(&cm, envs)
+			withDelivery(&cm, envs, waits)
 		}
 		out.Messages = append(out.Messages, cm)
 	}
@@ -282,10 +322,13 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 	if req.DeadlineMs != 0 {
 		deadline = time.UnixMilli(req.DeadlineMs)
 	}
-	if code, msg := validate(req, deadline, now); code != "" {
-		writeError(w, http.StatusBadRequest, code, msg)
+	if code, msg, hint := validate(req, deadline, now); code != "" {
+		writeErrorHint(w, http.StatusBadRequest, code, msg, hint)
 		return
 	}
+	// Validated: the relay URL is kept in its one canonical form (the request's
+	// digest, taken above, is of the request as sent).
+	req.RelayURL, _ = relayproto.CanonicalRelayURL(req.RelayURL)
 	if key == "" {
 		if len(req.To) > 1 {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"code": codeBadRequest,
@@ -506,30 +549,30 @@ func (d *Daemon) sendOne(ctx context.Context, msgID string, to identity.DID, req
 	return m, nil
 }
 
-func validate(req client.SendRequest, deadline, now time.Time) (code, msg string) {
+func validate(req client.SendRequest, deadline, now time.Time) (code, msg, hint string) {
 	if len(req.To) == 0 || len(req.To) > client.MaxRecipients {
-		return codeBadRequest, fmt.Sprintf("to must be a did:key or a list of 1 to %d of them", client.MaxRecipients)
+		return codeBadRequest, fmt.Sprintf("to must be a did:key or a list of 1 to %d of them", client.MaxRecipients), ""
 	}
 	seen := make(map[string]bool, len(req.To))
 	for i, to := range req.To {
 		if _, err := identity.ParseDID(to); err != nil {
 			if len(req.To) == 1 {
-				return codeBadRequest, "to must be a did:key of an Ed25519 key"
+				return codeBadRequest, "to must be a did:key of an Ed25519 key", ""
 			}
-			return codeBadRequest, fmt.Sprintf("to[%d] must be a did:key of an Ed25519 key", i)
+			return codeBadRequest, fmt.Sprintf("to[%d] must be a did:key of an Ed25519 key", i), ""
 		}
 		if seen[to] {
-			return codeBadRequest, fmt.Sprintf("to[%d] names a recipient twice", i)
+			return codeBadRequest, fmt.Sprintf("to[%d] names a recipient twice", i), ""
 		}
 		seen[to] = true
 	}
-	if !record.ValidRelayURL(req.RelayURL) {
-		return codeBadRequest, "relayUrl must be an http(s) URL"
+	if _, err := relayproto.CanonicalRelayURL(req.RelayURL); err != nil {
+		return relayproto.CodeRelayURLInvalid, "relayUrl: " + err.Error(), relayURLHint(err)
 	}
 	if !deadline.After(now) {
-		return errcode.OutboxDeadlineExpired.String(), "deadline is not in the future"
+		return errcode.OutboxDeadlineExpired.String(), "deadline is not in the future", ""
 	}
-	return "", ""
+	return "", "", ""
 }
 
 func toClient(m *record.Message) client.Message {
@@ -686,6 +729,15 @@ func (d *Daemon) classify(w http.ResponseWriter, err error) (int, string, string
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {
 	writeJSON(w, status, map[string]string{"code": code, "message": msg})
+}
+
+// writeErrorHint is writeError with the daemon's advice (client.Error.Hint), if any.
+func writeErrorHint(w http.ResponseWriter, status int, code, msg, hint string) {
+	if hint == "" {
+		writeError(w, status, code, msg)
+		return
+	}
+	writeJSON(w, status, map[string]string{"code": code, "message": msg, "hint": hint})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

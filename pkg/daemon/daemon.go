@@ -24,6 +24,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/carrier"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -111,6 +112,9 @@ func New(opts Options) (*Daemon, error) {
 	if err := checkOptions(opts); err != nil {
 		return nil, err
 	}
+	if u, err := relayproto.CanonicalRelayURL(opts.InboxRelay); err == nil {
+		opts.InboxRelay = u // one form of a relay URL everywhere
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -177,6 +181,10 @@ func New(opts Options) (*Daemon, error) {
 		tr = carrier.NewHTTPTransport(carrier.HTTPOptions{SendTimeout: opts.Carrier.SendTimeout})
 	}
 	co := opts.Carrier
+	// The pid lock is ours: no other carrier of this store is alive, so the
+	// leases a dead predecessor left are taken back at once (the relay
+	// de-duplicates a second send) instead of waited out.
+	co.TakeOverLeases = true
 	if co.Logger == nil {
 		co.Logger = d.log
 	}

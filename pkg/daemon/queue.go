@@ -32,7 +32,20 @@ func toClientTarget(v carrier.TargetView) client.Target {
 	return client.Target{RelayURL: v.RelayURL, State: v.State, Pending: v.Pending, Held: v.Held, Bytes: v.Bytes,
 		InFlight: v.InFlight, OldestPendingAt: msTime(v.OldestPendingAt), BackoffUntil: msTime(v.BackoffUntil),
 		UnreachableSince: msTime(v.UnreachableSince), NextProbeAt: msTime(v.NextProbeAt), Attempts: v.Attempts,
-		LastError: v.LastError, Ages: v.Ages[:]}
+		LastError: v.LastError, Ages: v.Ages[:], Hint: targetHint(v)}
+}
+
+// targetHint is what an operator can do about a target that waits: attempt its
+// messages now (its next probe or attempt would come at NextProbeAt or
+// BackoffUntil).
+func targetHint(v carrier.TargetView) string {
+	switch v.State {
+	case carrier.TargetUnreachable:
+		return "probe it now: sealbridge retry --target " + v.RelayURL
+	case carrier.TargetBackingOff:
+		return "attempt now: sealbridge retry --target " + v.RelayURL
+	}
+	return ""
 }
 
 // ageBucketLabels names the buckets of client.Target.Ages: "5m" … "160m", "older".

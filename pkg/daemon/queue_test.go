@@ -89,7 +89,7 @@ func TestTargetsAndOperatorViews(t *testing.T) {
 	want := client.Target{RelayURL: "http://127.0.0.1:9", State: carrier.TargetUnreachable, Pending: 2, Held: 1,
 		Bytes: tg.Bytes, OldestPendingAt: time.UnixMilli(m.CreatedAt).UTC(), UnreachableSince: time.UnixMilli(since).UTC(),
 		NextProbeAt: time.UnixMilli(since + 300_000).UTC(), Attempts: 3, LastError: "relay unreachable: connection refused",
-		Ages: []int{0, 0, 2, 0, 0, 0, 0}}
+		Ages: []int{0, 0, 2, 0, 0, 0, 0}, Hint: "probe it now: sealbridge retry --target http://127.0.0.1:9"}
 	if tg.Bytes <= 0 || fmt.Sprint(tg) != fmt.Sprint(want) {
 		t.Fatalf("target\n got %+v\nwant %+v", tg, want)
 	}
