@@ -177,7 +177,7 @@ func sharedFaulty(f **fsx.Faulty, inject func(fsx.Op) error) func(fsx.FS) fsx.FS
 // details), crashed at every point of the take-over and of the write after it:
 // covered by the stale-lock-break workload of TestCrashStates.
 func staleLockWorkload() workload {
-	return workload{name: "stale-lock-break", setup: func(t *testing.T, s *store.Store, c *clock) {
+	return workload{name: "stale-lock-break", remount: true, setup: func(t *testing.T, s *store.Store, c *clock) {
 		// A lock left by a process that died: its pid no longer exists.
 		lock := fmt.Sprintf(`{"pid":%d,"host":"gone","time":%q}`, 1<<22+7, time.Unix(0, 0).UTC().Format(time.RFC3339Nano))
 		if err := os.WriteFile(filepath.Join(s.Dir(), ".lock"), []byte(lock), 0o600); err != nil {
