@@ -170,34 +170,41 @@ func TestSIGINTDuringCheck(t *testing.T) {
 // in lost+found with its note, and the next repair finishes the job.
 func TestSIGINTDuringRepair(t *testing.T) {
 	dir := fsfixtures.Build(t, "valid-large", fsfixtures.Records(900))
-	// Remove every batch marker: 300 orphan members to move, one by one.
+	// Break every batch marker (a second line): 300 unusable markers and their 300
+	// orphan members to move, one by one.
+	const total = 600
 	ents, err := os.ReadDir(filepath.Join(dir, string(record.KindBatches)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		if err := os.Remove(filepath.Join(dir, string(record.KindBatches), e.Name())); err != nil {
+		f, err := os.OpenFile(filepath.Join(dir, string(record.KindBatches), e.Name()), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
 			t.Fatal(err)
 		}
+		if _, err := f.WriteString("{}\n"); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
 	}
 	files := fsfixtures.Files(t, dir)
-	r := interruptAfter(t, regexp.MustCompile(`^sealbridge-fsck: repaired [1-9][0-9]*/300 problems$`), "--progress", "--repair", dir)
+	r := interruptAfter(t, regexp.MustCompile(`^sealbridge-fsck: repaired [1-9][0-9]*/600 problems$`), "--progress", "--repair", dir)
 	if r.code != exitCancelled || !regexp.MustCompile(`cancelled; the store is intact \(\d+ changes? made\)`).MatchString(r.stderr) {
 		t.Fatalf("exit %d\n%s", r.code, r.stderr)
 	}
 	fsfixtures.AssertKept(t, dir, files, func(string) bool { return false })
 	moved := len(fsfixtures.LostFound(t, dir))
-	if moved == 0 || moved == 300 {
-		t.Fatalf("interrupted after %d of 300 moves: not during the repair", moved)
+	if moved == 0 || moved == total {
+		t.Fatalf("interrupted after %d of %d moves: not during the repair", moved, total)
 	}
-	t.Logf("interrupted after %d of 300 moves", moved)
+	t.Logf("interrupted after %d of %d moves", moved, total)
 	rr := runArgs(t, "--repair", "--json", dir)
 	if rr.code != exitRepaired {
 		t.Fatalf("the next repair: exit %d\n%s", rr.code, rr.stdout)
 	}
 	var d document
-	if err := json.Unmarshal([]byte(rr.stdout), &d); err != nil || len(*d.Repairs) != 300-moved {
-		t.Fatalf("the next repair made %d moves, want %d (%v)", len(*d.Repairs), 300-moved, err)
+	if err := json.Unmarshal([]byte(rr.stdout), &d); err != nil || len(*d.Repairs) != total-moved {
+		t.Fatalf("the next repair made %d moves, want %d (%v)", len(*d.Repairs), total-moved, err)
 	}
 	if again := runArgs(t, dir); again.code != exitClean {
 		t.Fatalf("then: exit %d", again.code)

@@ -57,14 +57,15 @@ func repairConverges(t *testing.T, dir string, valid map[string][]byte) []string
 
 // repairFixtures are the damaged stores whose repair is explored crash state by crash
 // state: the combined fixture (most kinds of damage at once), then single kinds of
-// damage alone, among them those the combined one lacks (a half-done single, which is an
-// orphan; a batch missing a member; a flipped byte; an oversize record; a wrong id),
-// and the state repairs (records rewritten by a store transaction: message-status,
-// held-flags), so every repair action — quarantine, orphan removal, mode fixes, lock
-// and temp cleanup, state rewrites — is cut at every call on its own as well as among
-// the others.
+// damage alone, among them those the combined one lacks (a batch missing a member; a
+// flipped byte; an oversize record; a wrong id), and the state repairs (records
+// rewritten by a store transaction: message-status, held-flags), so every repair
+// action — quarantine, the unwinding of a broken batch, mode fixes, lock and temp
+// cleanup, state rewrites — is cut at every call on its own as well as among the
+// others. (The single-member fixture's half-done single is a note, which repair
+// leaves to maintenance: it has no repair to explore.)
 var repairFixtures = []string{
-	"combined", "single-member", "wrong-mode", "stale-lock",
+	"combined", "wrong-mode", "stale-lock",
 	"flipped-byte", "batch-missing-member", "leftover-temps", "oversize-record", "wrong-id",
 	"message-status", "held-flags",
 }
