@@ -122,6 +122,9 @@ func newChecker(dir string, opts Options) (*checker, error) {
 func (c *checker) check(ctx context.Context) (*Report, error) {
 	start := time.Now()
 	if err := c.checkRoot(); err != nil {
+		if c.absentStore() {
+			return c.absentReport(start)
+		}
 		return nil, err
 	}
 	if err := c.checkLayout(); err != nil {
@@ -147,6 +150,16 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 	if err := c.checkForeign(); err != nil {
 		return nil, err
 	}
+	c.sortFindings()
+	if c.rep.Findings == nil {
+		c.rep.Findings = []Finding{}
+	}
+	c.rep.Duration = time.Since(start)
+	return c.rep, nil
+}
+
+// sortFindings sorts the findings by path, then code.
+func (c *checker) sortFindings() {
 	sort.SliceStable(c.rep.Findings, func(i, j int) bool {
 		a, b := c.rep.Findings[i], c.rep.Findings[j]
 		if a.Path != b.Path {
@@ -154,11 +167,6 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 		}
 		return a.Code < b.Code
 	})
-	if c.rep.Findings == nil {
-		c.rep.Findings = []Finding{}
-	}
-	c.rep.Duration = time.Since(start)
-	return c.rep, nil
 }
 
 func (c *checker) add(f Finding) { c.rep.Findings = append(c.rep.Findings, f) }
@@ -179,6 +187,33 @@ func problem(code Code, p, explanation, action string, fx *fix) Finding {
 
 func note(code Code, p, explanation string) Finding {
 	return Finding{Code: code, Severity: Note, Path: p, Explanation: explanation, Action: "none"}
+}
+
+// absentStore reports whether the store directory does not exist and Options say that
+// this means a store with nothing in it yet (Options.MayBeAbsent): the directory is
+// the one its owner's store would have in its data root.
+func (c *checker) absentStore() bool {
+	if !c.opts.MayBeAbsent || c.opts.Owner == "" {
+		return false
+	}
+	if _, err := c.fs.Lstat("."); !fsx.IsNotExist(err) {
+		return false
+	}
+	root := filepath.Dir(filepath.Dir(c.dir))
+	return c.dir == dataroot.StoreDir(root, string(c.opts.Owner))
+}
+
+// absentReport is the report of an absent store (absentStore): the data root's
+// rules, and the note that nothing is stored yet.
+func (c *checker) absentReport(start time.Time) (*Report, error) {
+	c.rep.Owner, c.rep.OwnerSource = c.opts.Owner, OwnerGiven
+	if err := c.checkDataRoot(); err != nil {
+		return nil, err
+	}
+	c.add(note(CodeStoreAbsent, ".", "the store directory does not exist: its owner has stored nothing yet (the store is made at the first write), so there is nothing to check"))
+	c.sortFindings()
+	c.rep.Duration = time.Since(start)
+	return c.rep, nil
 }
 
 // checkRoot checks the store directory itself.

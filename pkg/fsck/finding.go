@@ -130,6 +130,9 @@ const (
 	CodeRecordExpired Code = "record-expired"
 	// CodeMessageMissing: an intact batch whose message record is absent.
 	CodeMessageMissing Code = "message-missing"
+	// CodeStoreAbsent: the store directory does not exist, and Options.MayBeAbsent
+	// says that its owner's identity does: nothing is stored yet. The only finding.
+	CodeStoreAbsent Code = "store-absent"
 	// CodeOutboxUncommitted: an outbox record that nothing commits because its send
 	// was interrupted before it committed: no batch marker exists for it (nor an
 	// unusable one), its marker does not list it (the message was sent again with
@@ -294,6 +297,16 @@ type Options struct {
 	Tool string
 	// WrapFS, if set, wraps the file system fsck uses (fault injection in tests).
 	WrapFS func(fsx.FS) fsx.FS
+	// MayBeAbsent says that the store directory was named from its owner's identity
+	// (dataroot.StoreDir of a data root and Owner, as sealbridge-fsck --identity NAME
+	// names it) and that the identity exists: a store directory that does not exist
+	// then means an identity that has stored nothing yet (the store makes its
+	// directory at its first write). Check reports such a store as healthy — no
+	// records, the note CodeStoreAbsent, and the data root's rules checked as always —
+	// and Repair has nothing to do. It needs Owner, and the directory to be
+	// <data root>/delivery/<hex sha256(Owner)>; otherwise, or without it, a missing
+	// store directory is ErrNotStore.
+	MayBeAbsent bool
 }
 
 // Errors of Check and Repair; test with errors.Is.
