@@ -185,10 +185,12 @@ func holderGone(h *Holder) bool {
 	return false
 }
 
-// whole reports whether h is holder details as this package writes them: a pid and a
-// time (every holder record carries both). Anything else that is not the free record
-// — an empty file, a torn record, a file of another kind — names no holder.
-func (h *Holder) whole() bool { return h != nil && h.Pid > 0 && !h.Time.IsZero() }
+// whole reports whether h is holder details as this package writes them, with a pid
+// (every holder record carries one, and a time). Anything else that is not the free
+// record — an empty file, a torn record, a file of another kind — names no holder.
+// Details with a pid and no time are not refused here: their age, from the zero time,
+// makes them stale at once by the age rule.
+func (h *Holder) whole() bool { return h != nil && h.Pid > 0 }
 
 // isStale applies the staleness rule to a probed lock whose flock we hold.
 func isStale(p probed, o Options) bool {

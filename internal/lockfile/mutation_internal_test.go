@@ -62,7 +62,10 @@ func TestIsStaleBoundaries(t *testing.T) {
 		{"exactly Stale old", lockAt(&Holder{Pid: 1, Host: "other", Time: now.Add(-time.Minute)}, now), o, false},
 		{"just past Stale", lockAt(&Holder{Pid: 1, Host: "other", Time: now.Add(-time.Minute - 1)}, now), o, true},
 		// No recorded time: the age is the file's.
-		{"holder without a time, fresh file: no holder (torn)", lockAt(&Holder{Pid: 1, Host: "other"}, now), o, true},
+		{"holder without a time, fresh file: as old as the zero time", lockAt(&Holder{Pid: 1, Host: "other"}, now), o, true},
+		// Pid 0 names no holder even on another host, where no pid rule applies.
+		{"pid 0 on another host, fresh: no holder (torn)", lockAt(&Holder{Pid: 0, Host: "other", Time: now}, now), o, true},
+		{"pid 1 on another host, fresh: a holder", lockAt(&Holder{Pid: 1, Host: "other", Time: now}, now), o, false},
 		// A recorded time wins over the file's.
 		{"old holder time, fresh file", lockAt(&Holder{Pid: 1, Host: "other", Time: now.Add(-2 * time.Minute)}, now), o, true},
 		{"fresh holder time, old file", lockAt(&Holder{Pid: 1, Host: "other", Time: now}, now.Add(-2*time.Minute)), o, false},
