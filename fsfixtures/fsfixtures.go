@@ -495,8 +495,9 @@ func (b *builder) symlinkedDir(k record.Kind) {
 	}
 }
 
-// orphans writes outbox records that no marker lists: a half-done enqueue (members
-// and message, no marker) and a member of msg-b's batch that its marker does not list.
+// orphans writes outbox records that no marker lists, as interrupted sends leave them
+// (outbox-uncommitted notes): a half-done enqueue (members and message, no marker) and
+// a member of msg-b's batch that its marker does not list.
 func (b *builder) orphans() {
 	members, msg, _ := message("msg-half", 2, Far, Far.Add(week))
 	extra, _, _ := message("msg-b", 2, Far, Far.Add(week))
@@ -507,7 +508,7 @@ func (b *builder) orphans() {
 
 // singles writes one-envelope messages as the store enqueues them (DESIGN §7): a
 // committed one (its member, a single, then the message record that commits it; no
-// marker) and a half-done one (the single only), which is an orphan.
+// marker) and a half-done one (the single only), left uncommitted (a note).
 func (b *builder) singles() {
 	members, msg, _ := message("msg-single", 1, Far, Far.Add(week))
 	members[0].BatchID = members[0].EnvelopeID

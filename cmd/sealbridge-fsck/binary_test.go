@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/sealbridge/sealbridge/fsfixtures"
+	"github.com/sealbridge/sealbridge/internal/dataroot"
+	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
@@ -170,37 +172,89 @@ func TestSIGINTDuringCheck(t *testing.T) {
 // in lost+found with its note, and the next repair finishes the job.
 func TestSIGINTDuringRepair(t *testing.T) {
 	dir := fsfixtures.Build(t, "valid-large", fsfixtures.Records(900))
-	// Remove every batch marker: 300 orphan members to move, one by one.
+	// Break every batch marker (a second line): 300 unusable markers and their 300
+	// orphan members to move, one by one.
+	const total = 600
 	ents, err := os.ReadDir(filepath.Join(dir, string(record.KindBatches)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		if err := os.Remove(filepath.Join(dir, string(record.KindBatches), e.Name())); err != nil {
+		f, err := os.OpenFile(filepath.Join(dir, string(record.KindBatches), e.Name()), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
 			t.Fatal(err)
 		}
+		if _, err := f.WriteString("{}\n"); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
 	}
 	files := fsfixtures.Files(t, dir)
-	r := interruptAfter(t, regexp.MustCompile(`^sealbridge-fsck: repaired [1-9][0-9]*/300 problems$`), "--progress", "--repair", dir)
+	r := interruptAfter(t, regexp.MustCompile(`^sealbridge-fsck: repaired [1-9][0-9]*/600 problems$`), "--progress", "--repair", dir)
 	if r.code != exitCancelled || !regexp.MustCompile(`cancelled; the store is intact \(\d+ changes? made\)`).MatchString(r.stderr) {
 		t.Fatalf("exit %d\n%s", r.code, r.stderr)
 	}
 	fsfixtures.AssertKept(t, dir, files, func(string) bool { return false })
 	moved := len(fsfixtures.LostFound(t, dir))
-	if moved == 0 || moved == 300 {
-		t.Fatalf("interrupted after %d of 300 moves: not during the repair", moved)
+	if moved == 0 || moved == total {
+		t.Fatalf("interrupted after %d of %d moves: not during the repair", moved, total)
 	}
-	t.Logf("interrupted after %d of 300 moves", moved)
+	t.Logf("interrupted after %d of %d moves", moved, total)
 	rr := runArgs(t, "--repair", "--json", dir)
 	if rr.code != exitRepaired {
 		t.Fatalf("the next repair: exit %d\n%s", rr.code, rr.stdout)
 	}
 	var d document
-	if err := json.Unmarshal([]byte(rr.stdout), &d); err != nil || len(*d.Repairs) != 300-moved {
-		t.Fatalf("the next repair made %d moves, want %d (%v)", len(*d.Repairs), 300-moved, err)
+	if err := json.Unmarshal([]byte(rr.stdout), &d); err != nil || len(*d.Repairs) != total-moved {
+		t.Fatalf("the next repair made %d moves, want %d (%v)", len(*d.Repairs), total-moved, err)
 	}
 	if again := runArgs(t, dir); again.code != exitClean {
 		t.Fatalf("then: exit %d", again.code)
 	}
 	fsfixtures.AssertKept(t, dir, files, func(string) bool { return false })
+}
+
+// TestIdentityWithNoStoreYet: right after `sealbridge init` (daemon.InitIdentity: the
+// key file, no store yet), --identity NAME checks a healthy identity with nothing
+// stored: exit 0 with the note store-absent, for a check and a repair alike, and
+// nothing is created. On the code before, it exited 8 ("does not exist"). A STORE-DIR
+// given by path that does not exist is still an operational error.
+func TestIdentityWithNoStoreYet(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "data")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	id, err := daemon.InitIdentity(root, "new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	storeDir := dataroot.StoreDir(root, string(id.DID()))
+	r := execBin(t, "--home", root, "--identity", "new")
+	if r.code != exitClean || !strings.Contains(r.stdout, ": 0 records checked, 0 problems (0 repairable), 1 note") ||
+		!strings.Contains(r.stdout, "store-absent") || !strings.Contains(r.stdout, "its owner has stored nothing yet") {
+		t.Fatalf("check: exit %d\nstdout:\n%sstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = execBin(t, "--home", root, "--identity", "new", "--json")
+	d := doc(t, r)
+	if r.code != exitClean || d.ExitCode != exitClean || d.Owner != string(id.DID()) || len(d.Findings) != 1 ||
+		d.Findings[0].Code != "store-absent" || d.Findings[0].Severity != "note" || d.Error != "" {
+		t.Fatalf("--json: exit %d\n%s", r.code, r.stdout)
+	}
+	if r := execBin(t, "--home", root, "--identity", "new", "--repair"); r.code != exitClean {
+		t.Fatalf("--repair: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if _, err := os.Lstat(storeDir); !os.IsNotExist(err) {
+		t.Fatalf("fsck created the store directory: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, dataroot.DeliveryDir)); !os.IsNotExist(err) {
+		t.Fatalf("fsck created delivery/: %v", err)
+	}
+	// Named by its path, a missing directory is still what it was: exit 8.
+	if r := execBin(t, storeDir); r.code != exitOperational || !strings.Contains(r.stderr, "does not exist") {
+		t.Fatalf("STORE-DIR that does not exist: exit %d\n%s", r.code, r.stderr)
+	}
+	// An identity that does not exist is not an empty store either.
+	if r := execBin(t, "--home", root, "--identity", "other"); r.code != exitOperational {
+		t.Fatalf("--identity of no identity: exit %d\n%s", r.code, r.stderr)
+	}
 }

@@ -349,7 +349,10 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if testOnlyRepair != nil {
 			testOnlyRepair(a)
 		}
-	}, DaemonLive: daemonLive}
+	}, DaemonLive: daemonLive,
+		// A store named by an identity whose key file was read, and not there yet:
+		// nothing stored (exit 0, said so), not a missing directory.
+		MayBeAbsent: cfg.viaHome && !isDID(cfg.identityArg)}
 	var before, after *fsck.Report
 	var repairs []fsck.ActionResult
 	if cfg.repair {

@@ -284,7 +284,8 @@ func TestIdentityByName(t *testing.T) {
 	}{
 		{args: []string{"--json", "--identity", "default", dir}, code: exitProblems, want: `"ownerSource": "given"`},
 		{args: []string{"--identity", "other", dir}, code: exitOperational, want: "store directory of another identity"},
-		{args: []string{"--json", "--home", root}, env: "other", code: exitOperational, want: "does not exist"},
+		// An identity whose key file exists and that has stored nothing yet.
+		{args: []string{"--json", "--home", root}, env: "other", code: exitClean, want: `"code": "store-absent"`},
 		{args: []string{"--json", "--home", root}, env: "default", code: exitProblems, want: `"store": "` + dir + `"`},
 		{args: []string{"--home", root, "--identity", "nobody"}, code: exitOperational, want: "no identity nobody at " + root + "/identities/nobody.key"},
 	} {

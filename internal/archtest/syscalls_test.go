@@ -35,6 +35,10 @@ var fileCallExceptions = map[string]string{
 	// fsck's chmod is made on a descriptor fsx opened (fsx.File), so the Sync is
 	// fsx's own method; fsx has no chmod yet.
 	"pkg/fsck/chmod.go: .Sync()": "fsx.File.Sync after fchmod on an fsx descriptor",
+	// The lock file's first contents are fsynced in its temp before the link that
+	// makes it .lock (lockfile's create): fsx.File.Sync on a file fsx created, under
+	// the lock temp's own name (.lock-<uuid>.tmp, which the lock sweeps), not fsx's.
+	"internal/lockfile/lockfile.go: .Sync()": "fsx.File.Sync of the lock temp before its link",
 	// Flushing the relay command's stdout (an *os.File) so a parent reading its
 	// listening address sees it.
 	"cmd/sealbridge-relay/main.go: .Sync()": "stdout, not a file the relay keeps",

@@ -57,14 +57,15 @@ func repairConverges(t *testing.T, dir string, valid map[string][]byte) []string
 
 // repairFixtures are the damaged stores whose repair is explored crash state by crash
 // state: the combined fixture (most kinds of damage at once), then single kinds of
-// damage alone, among them those the combined one lacks (a half-done single, which is an
-// orphan; a batch missing a member; a flipped byte; an oversize record; a wrong id),
-// and the state repairs (records rewritten by a store transaction: message-status,
-// held-flags), so every repair action — quarantine, orphan removal, mode fixes, lock
-// and temp cleanup, state rewrites — is cut at every call on its own as well as among
-// the others.
+// damage alone, among them those the combined one lacks (a batch missing a member; a
+// flipped byte; an oversize record; a wrong id), and the state repairs (records
+// rewritten by a store transaction: message-status, held-flags), so every repair
+// action — quarantine, the unwinding of a broken batch, mode fixes, lock and temp
+// cleanup, state rewrites — is cut at every call on its own as well as among the
+// others. (The single-member fixture's half-done single is a note, which repair
+// leaves to maintenance: it has no repair to explore.)
 var repairFixtures = []string{
-	"combined", "single-member", "wrong-mode", "stale-lock",
+	"combined", "wrong-mode", "stale-lock",
 	"flipped-byte", "batch-missing-member", "leftover-temps", "oversize-record", "wrong-id",
 	"message-status", "held-flags",
 }
@@ -177,7 +178,7 @@ func sharedFaulty(f **fsx.Faulty, inject func(fsx.Op) error) func(fsx.FS) fsx.FS
 // details), crashed at every point of the take-over and of the write after it:
 // covered by the stale-lock-break workload of TestCrashStates.
 func staleLockWorkload() workload {
-	return workload{name: "stale-lock-break", setup: func(t *testing.T, s *store.Store, c *clock) {
+	return workload{name: "stale-lock-break", remount: true, setup: func(t *testing.T, s *store.Store, c *clock) {
 		// A lock left by a process that died: its pid no longer exists.
 		lock := fmt.Sprintf(`{"pid":%d,"host":"gone","time":%q}`, 1<<22+7, time.Unix(0, 0).UTC().Format(time.RFC3339Nano))
 		if err := os.WriteFile(filepath.Join(s.Dir(), ".lock"), []byte(lock), 0o600); err != nil {

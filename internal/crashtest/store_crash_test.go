@@ -68,6 +68,10 @@ type workload struct {
 	setup func(t *testing.T, s *store.Store, c *clock)
 	arm   func(f *fsx.Faulty) // if set, called with the recording FS before run (to inject)
 	run   func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string))
+	// remount: each state is also checked as a file-system shutdown and remount
+	// leaves it, without a reboot (files dated now, so the boot rule frees no lock):
+	// the first write must take the lock at its first attempt (checkRemount).
+	remount bool
 }
 
 // result of exploring one workload.
@@ -165,6 +169,7 @@ func explore(t *testing.T, w workload, weaken func(*fsx.Faulty)) result {
 	}
 	versions := attemptedVersions(t, initial, log)
 	res := result{states: len(states)}
+	_, lockBefore := initial.Names[".lock"]
 	for i, st := range states {
 		// Where the store lives in a data root: fsck checks only a directory laid
 		// out so.
@@ -175,13 +180,48 @@ func explore(t *testing.T, w workload, weaken func(*fsx.Faulty)) result {
 		if err := st.Tree.Materialize(sdir); err != nil {
 			t.Fatal(err)
 		}
+		var bad []string
+		if w.remount {
+			bad = checkRemount(t, st.Tree, c)
+		}
+		// 8. A ".lock" the operation made is never empty: its first contents are
+		// durable before its name (lockfile's create).
+		if ino, ok := st.Tree.Names[".lock"]; ok && !lockBefore && len(st.Tree.Inodes[ino]) == 0 {
+			bad = append(bad, ".lock is empty: its first contents were not durable before its name")
+		}
 		ageTree(t, sdir)
-		for _, v := range checkState(t, sdir, c, st, exps, versions) {
+		bad = append(bad, checkState(t, sdir, c, st, exps, versions)...)
+		for _, v := range bad {
 			res.violations = append(res.violations, fmt.Sprintf("state %d (%s): %s", i, st.Desc, v))
 		}
 		os.RemoveAll(sdir)
 	}
 	return res
+}
+
+// checkRemount opens a crash state as a file-system shutdown and remount leaves it —
+// no reboot, so its files are dated now and the boot rule frees no lock — and checks
+// that the first write takes the lock at its first attempt (LockWait -1: any wait is
+// OUTBOX_STORE_BUSY), with a stale bound of an hour that no age rule can meet: a lock
+// the crash left (empty, torn, or a dead holder's) never holds the store. It writes
+// into a copy of the state, so that the other checks see the state itself.
+func checkRemount(t *testing.T, tree *crashtest.Tree, c *clock) []string {
+	cp := dataroot.StoreDir(t.TempDir(), string(owner(t).DID()))
+	if err := os.MkdirAll(cp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(cp)
+	if err := tree.Materialize(cp); err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(owner(t).Signer(), store.Options{Dir: cp, Now: c.Now, LockWait: -1, LockStale: time.Hour})
+	if err != nil {
+		return []string{fmt.Sprintf("after a remount the store does not open: %v", err)}
+	}
+	if _, err := s.Enqueue(context.Background(), sendRequest(c.Now(), 1)); err != nil {
+		return []string{fmt.Sprintf("after a remount the first write does not take the lock at once: %v", err)}
+	}
+	return nil
 }
 
 // ageTree dates every file of a crash state before this host's boot, as a power cut
@@ -650,15 +690,25 @@ func workloads() []workload {
 		releaseWorkload(),
 		cancelWorkload(),
 		retryWorkload(),
-		{name: "lock-acquire-release", run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
-			// The first hold makes .lock (temp with the free record, link, unlink);
-			// the second only writes the holder's details and the free record over it.
+		{name: "lock-acquire-release", remount: true, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+			// The first hold makes .lock (temp with the free record, fsync, link,
+			// unlink, directory fsync); the second only writes the holder's details and
+			// the free record over it.
 			for range 2 {
 				if err := s.Transaction(ctx, func(tx *store.Tx) error { return nil }); err != nil {
 					t.Fatal(err)
 				}
 			}
 		}},
+		cutLockWorkload("lock-empty-after-cut", func(*testing.T) []byte { return nil }),
+		cutLockWorkload("lock-torn-after-cut", func(t *testing.T) []byte {
+			// The first half of a holder's details (a dead pid of this host) over
+			// the free record: a pwrite a power cut tore.
+			h := fmt.Sprintf(`{"pid":%d,"host":%q,"time":%q}`, 1<<22+7, hostname(t), time.Now().UTC().Format(time.RFC3339Nano))
+			rec := []byte(`{"free":true,"time":"1970-01-01T00:00:00Z"}` + strings.Repeat(" ", 512-44) + "\n")
+			copy(rec, h[:len(h)/2])
+			return rec
+		}),
 		{name: "generation-compaction", setup: compactionSetup, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
 			// The first publication finds .generation at its bound and replaces it
 			// (temp, fsync, rename, directory fsync) before its own rename; the
@@ -688,6 +738,35 @@ func workloads() []workload {
 			ack(b)
 		}},
 	}
+}
+
+// cutLockWorkload is a write to a store whose .lock a power cut left as content makes
+// it (empty: its first contents never reached the disk, as on the code before the lock
+// file was made durably; or torn), dated now: the write takes it over at once, and so
+// does the first write of every crash state after a remount (remount).
+func cutLockWorkload(name string, content func(*testing.T) []byte) workload {
+	return workload{name: name, remount: true, setup: func(t *testing.T, s *store.Store, c *clock) {
+		if err := put(context.Background(), s, newMessage(c.Now())); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(s.Dir(), ".lock"), content(t), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}, run: func(t *testing.T, s *store.Store, c *clock, ack func(record.Record, ...record.Record), gone func(record.Kind, string)) {
+		m := newMessage(c.Now())
+		if err := put(context.Background(), s, m); err != nil {
+			t.Fatal(err)
+		}
+		ack(m)
+	}}
+}
+
+func hostname(t *testing.T) string {
+	h, err := os.Hostname()
+	if err != nil {
+		t.Skipf("no host name: %v", err)
+	}
+	return h
 }
 
 // generationHeader matches the start of a generation file (docs/FORMAT.md §7).
@@ -872,7 +951,8 @@ func TestCrashStates(t *testing.T) {
 }
 
 // The test of the test: a write path without the directory fsync, or without the
-// file fsync, must be caught — also in the compaction of .generation.
+// file fsync, must be caught — also in the compaction of .generation, and, without the
+// file fsync, in the making of .lock (an empty .lock after a power cut).
 func TestCrashExplorerCatchesWeakenedProtocol(t *testing.T) {
 	t.Parallel() // sequential inside; independent of the other explorations
 	single := workloads()[0]
@@ -882,6 +962,11 @@ func TestCrashExplorerCatchesWeakenedProtocol(t *testing.T) {
 	if compact.name != "generation-compaction" || enq.name != "enqueue-3-envelopes" || enq1.name != "enqueue-1-envelope" {
 		t.Fatalf("the workloads are not in the order this test expects: %s, %s, %s", enq.name, enq1.name, compact.name)
 	}
+	i := slices.IndexFunc(workloads(), func(w workload) bool { return w.name == "lock-acquire-release" })
+	if i < 0 {
+		t.Fatal("no lock-acquire-release workload")
+	}
+	lock := workloads()[i]
 	for _, c := range []struct {
 		name   string
 		weaken func(*fsx.Faulty)
@@ -890,7 +975,12 @@ func TestCrashExplorerCatchesWeakenedProtocol(t *testing.T) {
 		{"no-file-fsync", func(f *fsx.Faulty) { f.DropSync = true }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			for _, w := range []workload{single, enq, enq1, compact} {
+			ws := []workload{single, enq, enq1, compact}
+			if c.name == "no-file-fsync" {
+				// Without the directory fsync a .lock may vanish, which is harmless.
+				ws = append(ws, lock)
+			}
+			for _, w := range ws {
 				res := explore(t, w, c.weaken)
 				if len(res.violations) == 0 {
 					t.Errorf("%s: %d states explored and no violation found: the explorer is too weak", w.name, res.states)
@@ -898,6 +988,10 @@ func TestCrashExplorerCatchesWeakenedProtocol(t *testing.T) {
 					return strings.Contains(v, ".generation has no whole header")
 				}) {
 					t.Errorf("%s: without the fsync of the compacted file no state lost its header: the explorer misses it", w.name)
+				} else if w.name == lock.name && !slices.ContainsFunc(res.violations, func(v string) bool {
+					return strings.Contains(v, ".lock is empty")
+				}) {
+					t.Errorf("%s: without the fsync of the lock file's temp no state has an empty .lock: the explorer misses it", w.name)
 				} else {
 					t.Logf("%s: caught (%d violations), e.g. %s", w.name, len(res.violations), res.violations[0])
 				}

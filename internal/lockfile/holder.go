@@ -185,19 +185,33 @@ func holderGone(h *Holder) bool {
 	return false
 }
 
+// whole reports whether h is holder details as this package writes them, with a pid
+// (every holder record carries one, and a time). Anything else that is not the free
+// record — an empty file, a torn record, a file of another kind — names no holder.
+// Details with a pid and no time are not refused here: their age, from the zero time,
+// makes them stale at once by the age rule.
+func (h *Holder) whole() bool { return h != nil && h.Pid > 0 }
+
 // isStale applies the staleness rule to a probed lock whose flock we hold.
 func isStale(p probed, o Options) bool {
 	if p.live || !p.present {
 		return false
 	}
 	h := p.holder
-	if h != nil && h.Pid > 0 && h.Host != "" && h.Host == o.Host && holderGone(h) {
+	if !h.whole() {
+		// Empty, torn or not ours, and nobody holds its flock: no holder of this
+		// package is there. Every holder holds the flock for as long as it holds the
+		// store, and ".lock" never appears before its first contents (create), so
+		// this is what a crash left — typically a power cut, after which a record
+		// never fsynced may read empty or torn. Waiting would only delay every
+		// writer by Options.Stale.
+		return true
+	}
+	if h.Host != "" && h.Host == o.Host && holderGone(h) {
 		return true
 	}
 	if predatesBoot(p.info.MtimeNs) {
-		// Written before this host last booted: whoever made it is gone. This is what
-		// frees a lock after a power cut, when its holder information (never fsynced:
-		// the lock need not survive a crash) may be empty or torn.
+		// Written before this host last booted: whoever made it is gone.
 		return true
 	}
 	return age(p, o) > o.Stale
@@ -215,11 +229,5 @@ func predatesBoot(ns int64) bool {
 	return time.Unix(0, ns).Before(boot.Add(-time.Minute))
 }
 
-// age is the lock's age: from the recorded time, else from the file's mtime.
-func age(p probed, o Options) time.Duration {
-	ref := time.Unix(0, p.info.MtimeNs)
-	if p.holder != nil && !p.holder.Time.IsZero() {
-		ref = p.holder.Time
-	}
-	return o.Now().Sub(ref)
-}
+// age is the age of a lock with whole holder details: from the recorded time.
+func age(p probed, o Options) time.Duration { return o.Now().Sub(p.holder.Time) }

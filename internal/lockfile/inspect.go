@@ -139,10 +139,12 @@ type State struct {
 	Live bool
 	// Stale: present, not live, and stale by the rule of the package documentation —
 	// BreakStale (and any Acquire) would take it back. Present && !Live && !Stale means
-	// a lock without a flock holder that is not stale yet (for instance an O_EXCL lock
-	// of another implementation): Acquire waits for it.
+	// a lock without a flock holder that is not stale yet (the whole details of a
+	// holder on another host, younger than Options.Stale): Acquire waits for it.
 	Stale bool
-	// Holder is the parsed holder info; nil if the file is free, empty or not ours.
+	// Holder is the parsed holder info; nil if the file is free, empty or not
+	// parseable (a torn record may parse to details that are not whole: no pid or no
+	// time).
 	Holder *Holder
 	// Info is the fstat of ".lock" (its Lstat when it is invalid).
 	Info fsx.Info

@@ -9,10 +9,11 @@
 // holds the store, or the holder's details (a JSON Holder: pid, host, boot id, process
 // start time, time). Every write of it covers the whole file in one pwrite(2) at offset
 // 0. It is made the first time a writer finds no ".lock": a private temp
-// ".lock-<uuid>.tmp" (O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW, 0600) gets the free record and
-// is link(2)ed to ".lock" — so ".lock" never appears empty, and two first writers make
-// one file between them (the second link fails with EEXIST) — and the temp is unlinked.
-// From then on no lock hold creates or removes a file.
+// ".lock-<uuid>.tmp" (O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW, 0600) gets the free record,
+// is fsynced, and is link(2)ed to ".lock" — so ".lock" never appears without its first
+// contents, not even after a power cut, and two first writers make one file between
+// them (the second link fails with EEXIST) — then the temp is unlinked and the root
+// directory fsynced. From then on no lock hold creates or removes a file.
 //
 // # Protocol
 //
@@ -23,7 +24,8 @@
 // it writes its holder details: it holds the store. Release is: check, write the free
 // record, close (which releases the flock). A holder therefore holds the flock of the
 // inode that ".lock" names for as long as it holds the store, and the record is only
-// ever written by whoever holds that flock.
+// ever written by whoever holds that flock (or, before ".lock" exists, by its creator,
+// into the temp that becomes it).
 //
 // A contender refuses (ErrInvalid) a ".lock" that is a symbolic link, not a regular
 // file, or owned by another user; it never follows, opens for writing, or removes such
@@ -32,23 +34,26 @@
 //   - the flock is held by someone: the lock is live. It is never broken, whatever its
 //     age or its record.
 //   - the flock is free and the record is free: the lock is the contender's.
-//   - the flock is free and the record is not free (holder details left by a holder
-//     that crashed, an empty or other file made with O_CREAT|O_EXCL by another
-//     implementation, a torn record): nobody of this implementation holds it. The lock
-//     is stale when
+//   - the flock is free and the record names no holder — the file is empty, or torn,
+//     or holds anything but whole holder details (a pid and a time), as a crash leaves
+//     it (after a power cut the record, never fsynced, may read empty or torn): the
+//     lock is stale at once. The free flock proves that no holder is there: every
+//     holder holds it, and no ".lock" is ever seen before its first contents are
+//     written. Two contenders that find it so at the same moment are serialised by
+//     the flock, and each reads the record only once it holds the flock.
+//   - the flock is free and the record holds whole holder details (left by a holder
+//     that crashed): the lock is stale when
 //     (a) its holder info names this host (Options.Host) and that holder is gone: its pid
 //     does not exist (kill(pid, 0) = ESRCH), is a zombie, was reused (its start time in
 //     /proc/<pid>/stat differs from the recorded one), the host rebooted since (the
 //     recorded boot id differs), or the pid is this very process (which holds the flock
 //     of every lock it holds, so a free flock means a leaked lock); or
-//     (b) it is older than Options.Stale — age from the recorded time, or from the
-//     file's mtime when there is no parseable holder info (an empty ".lock" made with
-//     O_CREAT|O_EXCL by another implementation is honoured until then); or
-//     (c) its mtime lies before this host's last boot: after a power cut the record —
-//     never fsynced — may be empty or torn, and no holder survives a reboot.
+//     (b) its recorded time is older than Options.Stale; or
+//     (c) its mtime lies before this host's last boot: no holder survives a reboot.
 //     A lock that is not stale is waited for like a live one. Rule (a) trusts host
 //     names to be unique among the hosts that share a store; it never overrides a
-//     held flock.
+//     held flock. Details naming another host are honoured until (b) or (c), as a
+//     file system whose flocks do not reach across hosts needs.
 //
 // A stale lock is taken over in place: still holding its flock and having confirmed
 // that ".lock" names the inode it holds, the contender writes the free record and then
@@ -57,7 +62,8 @@
 // 4 KiB, which no write of this package makes, cannot be overwritten whole; it is
 // unlinked instead and made afresh. A writer killed with SIGKILL releases its flock in
 // the kernel, so its lock is taken over at once on the same host (rule a) and after
-// Options.Stale anywhere (rule b): the store never wedges.
+// Options.Stale anywhere (rule b); a lock a power cut left empty or torn is taken over
+// at once everywhere: the store never wedges.
 //
 // Waiting is bounded: retries back off from about 1 ms, doubling to about 50 ms, with
 // jitter, for at most Options.Wait (default 2 s, measured on the monotonic clock) and
@@ -65,18 +71,20 @@
 //
 // # Torn records
 //
-// The record is not fsynced, so a power cut may leave any prefix of the last write
-// over the record before it. Every write is the free record over holder details (or
-// over anything else, when a stale lock is taken over), or holder details over the
-// free record. The free record over anything reads as the free record (the whole
-// write), as not parseable, or as holder info whose time is the recorded one or none;
-// holder details over the free record read as those details (the whole write), as not
-// parseable, or as holder info without a time or with the epoch's (the free record
-// holds no other time, and a prefix of the holder's own time followed by the free
-// record's is too short to be a time). None of these is held for longer than
-// Options.Stale, and a file torn by a power cut is stale at once by rule (c): its
-// mtime predates the boot. A free record that reads as free is what the crash
-// left: nobody holds the flock after a crash, so nobody holds the store.
+// The record is not fsynced after its first contents, so a power cut may leave any
+// prefix of the last write over the record before it. Every write is the free record
+// over holder details (or over anything else, when a stale lock is taken over), or
+// holder details over the free record. The free record over holder details reads as
+// the free record (the whole write), as those holder details (a prefix of at most
+// two bytes: the same "{\"" begins both), or as no whole holder details (a longer
+// prefix replaces the "pid" key, or the JSON no longer parses); holder details over
+// the free record read as those details (the whole write), as no whole holder details
+// (not parseable, or without a pid: the free record holds none), or as a pid with the
+// free record's time, the epoch (stale at once by rule b). So a torn record is taken
+// over at once, or is the whole holder details of a holder that is gone (the flock is
+// free), stale by rules (a) to (c) as any crashed holder's. A free record that
+// reads as free is what the crash left: nobody holds the flock after a crash, so nobody
+// holds the store.
 //
 // # What a caller may rely on
 //
@@ -90,11 +98,13 @@
 //
 // # Durability
 //
-// Nothing here is fsynced: neither the record nor the root directory. A lock is a
-// property of running processes, and a lock that does not survive a crash is correct.
-// After a power cut ".lock" may be missing (its creation did not persist), empty, or
-// hold a torn record; the latter two are stale at once by the boot rule. Removals of
-// orphan temps are likewise not durable, which is harmless.
+// ".lock" is made durably (create: the temp fsynced before the link, the directory
+// after it), so after a power cut it is missing or holds a record this package wrote
+// — possibly torn, never empty unless an earlier version made it. Its later writes (the
+// holder's details, the free record) are not fsynced: a lock is a property of running
+// processes, and what a crash leaves of its record is read by the rules above, never
+// waited for longer than a dead holder's. Removals of orphan temps are not durable
+// either, which is harmless.
 //
 // # Orphans
 //
@@ -349,9 +359,14 @@ func tryOnce(fsys fsx.FS, o Options) (*Lock, result, *Holder, error) {
 	return &Lock{fsys: fsys, f: p.f, dev: p.info.Dev, ino: p.info.Ino, size: int64(len(rec)), holder: holder, tookOver: tookOver}, resAcquired, nil, nil
 }
 
-// create makes ".lock", saying free: a temp with the free record, linked to ".lock",
-// then unlinked. It reports whether our link made ".lock" (false with a nil error: it
-// was made by someone else meanwhile, or our temp vanished — try again).
+// create makes ".lock", saying free: a temp with the free record, fsynced, linked to
+// ".lock", then unlinked, and the root directory fsynced. So ".lock" never appears
+// without its first contents, not even after a power cut: the inode any surviving
+// ".lock" names holds the free record on disk before the name exists. It reports
+// whether our link made ".lock" (false with a nil error: it was made by someone else
+// meanwhile, or our temp vanished — try again). A failed fsync is reported, never
+// retried (the temp is removed); a failed directory fsync is reported too, though
+// ".lock" is then in place (its contents are durable, its name may not be).
 func create(fsys fsx.FS) (bool, error) {
 	name := newTempName()
 	f, err := fsys.OpenFile(name, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, 0o600)
@@ -363,6 +378,9 @@ func create(fsys fsx.FS) (bool, error) {
 	}
 	rec, _ := encodeRecord(freeRecord, 0) // cannot fail
 	_, err = f.Write(rec)
+	if err == nil {
+		err = f.Sync()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -389,7 +407,11 @@ func create(fsys fsx.FS) (bool, error) {
 	if err := fsys.Remove(name); err != nil && !fsx.IsNotExist(err) {
 		return made, err
 	}
-	return made, nil
+	if !made {
+		return false, nil // whoever made ".lock" fsyncs it
+	}
+	// The name (and the temp's removal) durable: ".lock" survives a power cut.
+	return true, fsys.SyncDir(".")
 }
 
 // writeFree writes the free record over the first size bytes of f.

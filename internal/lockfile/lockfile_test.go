@@ -214,14 +214,15 @@ func TestAcquireUnlockBasics(t *testing.T) {
 		t.Fatalf("Check after Unlock: %v", err)
 	}
 	// Faulty records exactly the protocol's mutating calls: the first Acquire of a
-	// store makes ".lock" (temp with the free record, link, unlink); every hold then
-	// writes the holder's details and the free record over it, and closes it.
+	// store makes ".lock" durably (temp with the free record, fsynced before the link,
+	// unlink, the directory fsynced: after a power cut ".lock" is never empty); every
+	// hold then writes the holder's details and the free record over it, and closes it.
 	for _, tc := range []struct {
 		name string
 		dir  string
 		want string
 	}{
-		{"first", t.TempDir(), "create .lock-* ; write .lock-* free; close .lock-* ; link .lock-* .lock; unlink .lock-* ; write .lock holder; write .lock free; close .lock "},
+		{"first", t.TempDir(), "create .lock-* ; write .lock-* free; fsync .lock-* ; close .lock-* ; link .lock-* .lock; unlink .lock-* ; syncdir . ; write .lock holder; write .lock free; close .lock "},
 		{"next", dir, "write .lock holder; write .lock free; close .lock "},
 	} {
 		fa := fsx.NewFaulty(fsx.NewOS(tc.dir))
@@ -528,37 +529,65 @@ func TestMutualExclusionGoroutines(t *testing.T) {
 	t.Logf("the lock changed hands %d times", handovers(lines))
 }
 
-// 4. An empty O_EXCL lock of another implementation is honoured until older than Stale.
-func TestForeignExclLock(t *testing.T) {
+// 4. A ".lock" that names no holder (empty, as a power cut leaves a lock file whose
+// first contents were never fsynced, or torn, or not ours) and whose flock is free is
+// taken at once: no wait, however young it is and however long the stale bound.
+func TestEmptyLockTakenAtOnce(t *testing.T) {
+	for _, content := range []string{"", `{"pid":`, `{"fid":12,"host":"h","time":"2026-12-02T01:02:03Z"}`, "\x00\x00\x00", "not a lock"} {
+		t.Run(fmt.Sprintf("%q", content), func(t *testing.T) {
+			dir := t.TempDir()
+			fsys := fsx.NewOS(dir)
+			p := filepath.Join(dir, lockfile.LockName)
+			if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ino := lstat(t, p).Ino
+			// The clock stands at the file's mtime and the stale bound is an hour: no
+			// age rule can free it. Wait -1 is a single attempt: any wait is ErrBusy.
+			mtime := time.Unix(0, lstat(t, p).Mtim.Nano())
+			o := lockfile.Options{Wait: -1, Stale: time.Hour, Now: func() time.Time { return mtime }}
+			st, err := lockfile.Inspect(fsys, o)
+			if err != nil || !st.Present || st.Live || !st.Stale || st.Holder != nil && st.Holder.Pid > 0 {
+				t.Fatalf("Inspect = %+v, %v; want present, not live, stale", st, err)
+			}
+			l, err := lockfile.Acquire(bg, fsys, o)
+			if err != nil {
+				t.Fatalf("Acquire of a lock naming no holder, flock free: %v, want it at once", err)
+			}
+			if h := readHolder(t, dir); h.Pid != os.Getpid() || !h.Time.Equal(mtime) {
+				t.Fatalf("holder %+v", h)
+			}
+			if lstat(t, p).Ino != ino {
+				t.Fatal(".lock replaced: it is taken over in place")
+			}
+			mustUnlock(t, l)
+			checkFree(t, dir)
+		})
+	}
+}
+
+// An empty ".lock" whose flock someone holds is live: never taken, whatever it says.
+func TestEmptyLockWithHeldFlockIsLive(t *testing.T) {
 	dir := t.TempDir()
 	fsys := fsx.NewOS(dir)
-	writeLock(t, dir, nil)
-	ino := lstat(t, filepath.Join(dir, lockfile.LockName)).Ino
-
-	o := lockfile.Options{Wait: 20 * time.Millisecond, Stale: 30 * time.Second}
-	if _, err := lockfile.Acquire(bg, fsys, o); !errors.Is(err, lockfile.ErrBusy) {
+	p := filepath.Join(dir, lockfile.LockName)
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fl := flock.New(p, flock.SetFlag(os.O_RDONLY))
+	if ok, err := fl.TryLock(); !ok || err != nil {
+		t.Fatalf("flock: %v %v", ok, err)
+	}
+	defer fl.Unlock()
+	if _, err := lockfile.Acquire(bg, fsys, lockfile.Options{Wait: -1}); !errors.Is(err, lockfile.ErrBusy) {
 		t.Fatalf("Acquire: %v, want ErrBusy", err)
 	}
-	o.Now = func() time.Time { return time.Now().Add(29 * time.Second) }
-	if _, err := lockfile.Acquire(bg, fsys, o); !errors.Is(err, lockfile.ErrBusy) {
-		t.Fatalf("Acquire at +29s: %v, want ErrBusy", err)
-	}
-	st, err := lockfile.Inspect(fsys, o)
-	if err != nil || !st.Present || st.Live || st.Stale || st.Holder != nil {
+	if st, err := lockfile.Inspect(fsys, lockfile.Options{}); err != nil || !st.Live || st.Stale {
 		t.Fatalf("Inspect = %+v, %v", st, err)
 	}
-	if lstat(t, filepath.Join(dir, lockfile.LockName)).Ino != ino {
-		t.Fatal(".lock replaced while not stale")
+	if b, err := os.ReadFile(p); err != nil || len(b) != 0 {
+		t.Fatalf(".lock = %q, %v: written while its flock was held", b, err)
 	}
-	o.Now = func() time.Time { return time.Now().Add(31 * time.Second) }
-	if st, err := lockfile.Inspect(fsys, o); err != nil || !st.Stale {
-		t.Fatalf("Inspect at +31s = %+v, %v", st, err)
-	}
-	l := mustAcquire(t, fsys, o)
-	if h := readHolder(t, dir); h.Pid != os.Getpid() {
-		t.Fatalf("holder %+v", h)
-	}
-	mustUnlock(t, l)
 }
 
 // Staleness rules for an unflocked lock with holder info on this host.
@@ -583,7 +612,8 @@ func TestStaleRules(t *testing.T) {
 		{"dead pid, contender elsewhere", lockfile.Holder{Pid: dead, Host: host, Time: now}, "elsewhere.invalid", false},
 		{"this process, leaked", lockfile.Holder{Pid: os.Getpid(), Host: host, Time: now}, "", true},
 		{"old", lockfile.Holder{Pid: 1, Host: "elsewhere.invalid", Time: now.Add(-31 * time.Second)}, "", true},
-		{"non-positive pid: age rule only", lockfile.Holder{Pid: -1, Host: host, Time: now}, "", false},
+		{"non-positive pid: no holder (torn), stale at once", lockfile.Holder{Pid: -1, Host: host, Time: now}, "", true},
+		{"no time: no holder (torn), stale at once", lockfile.Holder{Pid: 1, Host: "elsewhere.invalid"}, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -984,26 +1014,23 @@ func TestOrphanTemp(t *testing.T) {
 	checkFree(t, dir)
 }
 
-// After a power cut the lock's holder info may be empty or torn (it is never
-// fsynced); a lock file written before this host's last boot is stale at once.
+// Whole holder details of another host, dated before this host's last boot, are
+// stale at once (no holder survives a reboot); the same details dated now are waited
+// for (another host's flocks may not reach us).
 func TestLockFromBeforeBootIsStale(t *testing.T) {
 	dir := t.TempDir()
 	fsys := fsx.NewOS(dir)
-	for _, content := range [][]byte{nil, []byte(`{"pid":`)} {
-		p := filepath.Join(dir, lockfile.LockName)
-		if err := os.WriteFile(p, content, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		o := lockfile.Options{Wait: 20 * time.Millisecond, Stale: time.Hour}
-		if _, err := lockfile.Acquire(bg, fsys, o); !errors.Is(err, lockfile.ErrBusy) {
-			t.Fatalf("a fresh unparseable lock: %v, want ErrBusy", err)
-		}
-		long := time.Unix(86400, 0) // long before any boot of this host
-		if err := os.Chtimes(p, long, long); err != nil {
-			t.Fatal(err)
-		}
-		mustUnlock(t, mustAcquire(t, fsys, o))
+	writeLock(t, dir, &lockfile.Holder{Pid: 1, Host: "elsewhere.invalid", Time: time.Now()})
+	o := lockfile.Options{Wait: -1, Stale: time.Hour}
+	if _, err := lockfile.Acquire(bg, fsys, o); !errors.Is(err, lockfile.ErrBusy) {
+		t.Fatalf("another host's fresh lock: %v, want ErrBusy", err)
 	}
+	long := time.Unix(86400, 0) // long before any boot of this host
+	if err := os.Chtimes(filepath.Join(dir, lockfile.LockName), long, long); err != nil {
+		t.Fatal(err)
+	}
+	mustUnlock(t, mustAcquire(t, fsys, o))
+	checkFree(t, dir)
 }
 
 // pad pads a record as the package does: spaces and a final newline, to size bytes.
@@ -1015,11 +1042,13 @@ func pad(rec []byte, size int) []byte {
 	return append(out, '\n')
 }
 
-// A crash in the middle of a write of ".lock" (its record is never fsynced) may leave
-// any prefix of the write over the record before it. Every such torn record, for every
-// write the protocol makes, reads as free, as a lock stale once Options.Stale has
-// passed, or — dated before this boot, as a power cut leaves it — as a lock stale at
-// once: never as a lock held for longer.
+// A crash in the middle of a write of ".lock" (its record is never fsynced after its
+// first contents) may leave any prefix of the write over the record before it. Every
+// such torn record, for every write the protocol makes, is taken at once with its
+// flock free — even dated now, as a file-system shutdown and remount without a reboot
+// leaves it — unless it reads as the whole details of one of the two holders (then it
+// is a crashed holder's lock, stale once Options.Stale has passed or, dated before
+// this boot, at once): never as a lock held for longer.
 func TestTornRecordIsRecoverable(t *testing.T) {
 	now := time.Now().UTC()
 	holder, err := json.Marshal(lockfile.Holder{Pid: 1, Host: "elsewhere.invalid", Boot: "0f8fad5b-d9cb-469f-a165-70867728950e", ProcStart: 4242, Time: now})
@@ -1047,8 +1076,27 @@ func TestTornRecordIsRecoverable(t *testing.T) {
 				if err := os.WriteFile(p, torn, 0o600); err != nil {
 					t.Fatal(err)
 				}
+				at := lockfile.Options{Wait: -1, Now: func() time.Time { return now }}
+				st, err := lockfile.Inspect(fsys, at)
+				switch {
+				case err != nil || st.Live:
+					t.Fatalf("torn at %d (%q): Inspect = %+v, %v", k, torn, st, err)
+				case st.Present && !st.Stale:
+					if h := st.Holder; h == nil || !(h.Pid == 1 && h.Time.Equal(now)) && !(h.Pid == 7 && h.Time.Equal(now.Add(-time.Second))) {
+						t.Fatalf("torn at %d (%q), dated now: waited for as %+v, which is neither holder's details", k, torn, st.Holder)
+					}
+				default:
+					l, err := lockfile.Acquire(bg, fsys, at)
+					if err != nil {
+						t.Fatalf("torn at %d (%q), dated now: Acquire: %v, want it at once", k, torn, err)
+					}
+					mustUnlock(t, l)
+					if err := os.WriteFile(p, torn, 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
 				later := lockfile.Options{Wait: -1, Now: func() time.Time { return time.Now().Add(lockfile.DefaultStale + time.Second) }}
-				st, err := lockfile.Inspect(fsys, later)
+				st, err = lockfile.Inspect(fsys, later)
 				if err != nil || st.Live || st.Present && !st.Stale {
 					t.Fatalf("torn at %d (%q): Inspect once Stale has passed = %+v, %v", k, torn, st, err)
 				}

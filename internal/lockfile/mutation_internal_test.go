@@ -56,18 +56,20 @@ func TestIsStaleBoundaries(t *testing.T) {
 		o    Options
 		want bool
 	}{
-		// Pid 0 is no process: the pid rule does not apply (kill(0, 0) would ask
-		// about our own process group).
-		{"pid 0 on this host, fresh", lockAt(&Holder{Pid: 0, Host: host, Time: now}, now), o, false},
+		// Pid 0 is no process (kill(0, 0) would ask about our own process group): no
+		// holder writes it, so it is a torn record.
+		{"pid 0 on this host, fresh: no holder (torn)", lockAt(&Holder{Pid: 0, Host: host, Time: now}, now), o, true},
 		{"exactly Stale old", lockAt(&Holder{Pid: 1, Host: "other", Time: now.Add(-time.Minute)}, now), o, false},
 		{"just past Stale", lockAt(&Holder{Pid: 1, Host: "other", Time: now.Add(-time.Minute - 1)}, now), o, true},
 		// No recorded time: the age is the file's.
-		{"holder without a time, fresh file", lockAt(&Holder{Pid: 1, Host: "other"}, now), o, false},
-		{"holder without a time, old file", lockAt(&Holder{Pid: 1, Host: "other"}, now.Add(-2*time.Minute)), o, true},
+		{"holder without a time, fresh file: as old as the zero time", lockAt(&Holder{Pid: 1, Host: "other"}, now), o, true},
+		// Pid 0 names no holder even on another host, where no pid rule applies.
+		{"pid 0 on another host, fresh: no holder (torn)", lockAt(&Holder{Pid: 0, Host: "other", Time: now}, now), o, true},
+		{"pid 1 on another host, fresh: a holder", lockAt(&Holder{Pid: 1, Host: "other", Time: now}, now), o, false},
 		// A recorded time wins over the file's.
 		{"old holder time, fresh file", lockAt(&Holder{Pid: 1, Host: "other", Time: now.Add(-2 * time.Minute)}, now), o, true},
 		{"fresh holder time, old file", lockAt(&Holder{Pid: 1, Host: "other", Time: now}, now.Add(-2*time.Minute)), o, false},
-		{"no holder, exactly Stale old", lockAt(nil, now.Add(-time.Minute)), o, false},
+		{"no holder (empty or torn), fresh file", lockAt(nil, now), o, true},
 		{"live", probed{present: true, live: true, info: fsx.Info{MtimeNs: 1}}, o, false},
 		{"absent", probed{}, o, false},
 	} {

@@ -58,6 +58,9 @@ type checker struct {
 	present map[string]fsx.Fingerprint
 	// foreign lists the names at the top that the store never makes (unknownTop).
 	foreign []string
+	// quarantined holds the paths that an earlier repair moved into lost+found
+	// (movedFrom of its entries).
+	quarantined map[string]bool
 }
 
 // job is one "<kind>/<id>.json" name to verify.
@@ -113,12 +116,15 @@ func newChecker(dir string, opts Options) (*checker, error) {
 		fsys = opts.WrapFS(fsys)
 	}
 	return &checker{dir: abs, fs: fsys, opts: opts, now: opts.Now(),
-		rep: &Report{Dir: abs, OwnerSource: OwnerNone, Lock: "absent"}, present: map[string]fsx.Fingerprint{}}, nil
+		rep: &Report{Dir: abs, OwnerSource: OwnerNone, Lock: "absent"}, present: map[string]fsx.Fingerprint{}, quarantined: map[string]bool{}}, nil
 }
 
 func (c *checker) check(ctx context.Context) (*Report, error) {
 	start := time.Now()
 	if err := c.checkRoot(); err != nil {
+		if c.absentStore() {
+			return c.absentReport(start)
+		}
 		return nil, err
 	}
 	if err := c.checkLayout(); err != nil {
@@ -144,6 +150,16 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 	if err := c.checkForeign(); err != nil {
 		return nil, err
 	}
+	c.sortFindings()
+	if c.rep.Findings == nil {
+		c.rep.Findings = []Finding{}
+	}
+	c.rep.Duration = time.Since(start)
+	return c.rep, nil
+}
+
+// sortFindings sorts the findings by path, then code.
+func (c *checker) sortFindings() {
 	sort.SliceStable(c.rep.Findings, func(i, j int) bool {
 		a, b := c.rep.Findings[i], c.rep.Findings[j]
 		if a.Path != b.Path {
@@ -151,11 +167,6 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 		}
 		return a.Code < b.Code
 	})
-	if c.rep.Findings == nil {
-		c.rep.Findings = []Finding{}
-	}
-	c.rep.Duration = time.Since(start)
-	return c.rep, nil
 }
 
 func (c *checker) add(f Finding) { c.rep.Findings = append(c.rep.Findings, f) }
@@ -176,6 +187,33 @@ func problem(code Code, p, explanation, action string, fx *fix) Finding {
 
 func note(code Code, p, explanation string) Finding {
 	return Finding{Code: code, Severity: Note, Path: p, Explanation: explanation, Action: "none"}
+}
+
+// absentStore reports whether the store directory does not exist and Options say that
+// this means a store with nothing in it yet (Options.MayBeAbsent): the directory is
+// the one its owner's store would have in its data root.
+func (c *checker) absentStore() bool {
+	if !c.opts.MayBeAbsent || c.opts.Owner == "" {
+		return false
+	}
+	if _, err := c.fs.Lstat("."); !fsx.IsNotExist(err) {
+		return false
+	}
+	root := filepath.Dir(filepath.Dir(c.dir))
+	return c.dir == dataroot.StoreDir(root, string(c.opts.Owner))
+}
+
+// absentReport is the report of an absent store (absentStore): the data root's
+// rules, and the note that nothing is stored yet.
+func (c *checker) absentReport(start time.Time) (*Report, error) {
+	c.rep.Owner, c.rep.OwnerSource = c.opts.Owner, OwnerGiven
+	if err := c.checkDataRoot(); err != nil {
+		return nil, err
+	}
+	c.add(note(CodeStoreAbsent, ".", "the store directory does not exist: its owner has stored nothing yet (the store is made at the first write), so there is nothing to check"))
+	c.sortFindings()
+	c.rep.Duration = time.Since(start)
+	return c.rep, nil
 }
 
 // checkRoot checks the store directory itself.
@@ -455,8 +493,22 @@ func (c *checker) checkLostFound() {
 			}
 		case !isNote:
 			c.rep.LostFound++
+			if from := movedFrom(e.Name); from != "" {
+				c.quarantined[from] = true
+			}
 		}
 	}
+}
+
+// movedFrom returns the path that a lost+found entry was moved from, read from its
+// name as move makes it ("<time>-<8 hex>-<path with / as _>"), or "" if the name is
+// not of that shape. Record paths hold one slash and no other "_".
+func movedFrom(entry string) string {
+	parts := strings.SplitN(entry, "-", 3)
+	if len(parts) != 3 || len(parts[0]) != len("20060102T150405Z") || len(parts[1]) != 8 {
+		return ""
+	}
+	return strings.Replace(parts[2], "_", "/", 1)
 }
 
 // checkTemp checks a staged write's temp: its age decides.
@@ -733,6 +785,9 @@ func retainUntil(r record.Record) int64 {
 	return 0
 }
 
+// uncommitted ends the explanation of an outbox record a send left uncommitted.
+const uncommitted = "that send was never acknowledged and this envelope is never dispatched; store maintenance removes it"
+
 // relate collects the verification results and checks what involves more than one
 // record: batches, orphans, messages, receipts and observations, expiry.
 func (c *checker) relate(results []result) {
@@ -833,7 +888,13 @@ func (c *checker) relate(results []result) {
 
 	// Orphans: outbox records that no intact marker lists, or singles (DESIGN §7)
 	// that no message record commits (the store's rule for dispatchable members;
-	// maintenance removes such records).
+	// maintenance removes such records). What an interrupted send leaves — members
+	// without their marker, a single without its message record, members a marker
+	// written by a later send of the message does not list — is normal: never
+	// acknowledged, never dispatched, removed by maintenance (a note). An orphan made
+	// by damage — a member of a broken batch, one whose marker or message record is
+	// unusable, or one whose marker or message record an earlier (interrupted) repair
+	// already moved to lost+found — is a problem, moved with the batch it belonged to.
 	for _, id := range sortedKeys(outbox) {
 		o := outbox[id]
 		mp := record.Path(record.KindBatches, o.BatchID)
@@ -849,26 +910,34 @@ func (c *checker) relate(results []result) {
 				continue
 			}
 			gfp, gpresent := c.present[msgPath]
-			why := "a one-envelope member whose message record " + msgPath + " is missing (an enqueue that never committed); it can never be dispatched"
 			switch {
+			case !gpresent && c.quarantined[msgPath]:
+				c.add(problem(CodeOrphanOutbox, p, "a one-envelope member whose message record "+msgPath+" an earlier repair moved to lost+found; it can never be dispatched", actionMove,
+					moveFix(phaseRecords, true, dep{path: p, fp: fps[p]}, dep{path: mp, fp: mfp, absent: !mpresent, orAbsent: true},
+						dep{path: msgPath, fp: gfp, absent: true, orAbsent: true})))
 			case m != nil:
-				why = "a one-envelope member that its message record " + msgPath + " does not commit (another envelope); it can never be dispatched"
-			case gpresent:
-				why = "a one-envelope member whose message record " + msgPath + " is unusable and is moved away; it can never be dispatched"
+				c.add(note(CodeOutboxUncommitted, p, "a one-envelope member that its message record "+msgPath+" does not commit (an earlier send of the message, with another envelope, was interrupted): "+uncommitted))
+			case !gpresent:
+				c.add(note(CodeOutboxUncommitted, p, "a one-envelope member whose message record "+msgPath+" is absent (a send interrupted before it committed): "+uncommitted))
+			default:
+				c.add(problem(CodeOrphanOutbox, p, "a one-envelope member whose message record "+msgPath+" is unusable and is moved away; it can never be dispatched", actionMove,
+					moveFix(phaseRecords, true, dep{path: p, fp: fps[p]}, dep{path: mp, fp: mfp, absent: !mpresent, orAbsent: true},
+						dep{path: msgPath, fp: gfp, absent: !gpresent, orAbsent: true})))
 			}
-			c.add(problem(CodeOrphanOutbox, p, why, actionMove,
-				moveFix(phaseRecords, true, dep{path: p, fp: fps[p]}, dep{path: mp, fp: mfp, absent: !mpresent, orAbsent: true},
-					dep{path: msgPath, fp: gfp, absent: !gpresent, orAbsent: true})))
 			continue
 		}
 		var why string
 		switch {
+		case b == nil && !mpresent && c.quarantined[mp]:
+			why = "its batch marker " + mp + " was moved to lost+found by an earlier repair (its batch is being unwound)"
 		case b == nil && !mpresent:
-			why = "no batch marker lists it (an enqueue that never committed); it can never be dispatched"
+			c.add(note(CodeOutboxUncommitted, p, "no batch marker lists it (a send interrupted before it committed): "+uncommitted))
+			continue
 		case b == nil:
 			why = "its batch marker " + mp + " is unusable and is moved away"
 		case !slices.Contains(b.EnvelopeIDs, id):
-			why = "its batch marker " + mp + " does not list it"
+			c.add(note(CodeOutboxUncommitted, p, "its batch marker "+mp+" does not list it (an earlier send of the message, with other envelopes, was interrupted): "+uncommitted))
+			continue
 		case broken[o.BatchID]:
 			why = "its batch " + mp + " is broken and is unwound"
 		default:

@@ -68,8 +68,10 @@ const (
 	// CodeBatchInconsistent: every member is present but record.CheckBatch refuses the
 	// batch. Unwound like a missing member.
 	CodeBatchInconsistent Code = "batch-inconsistent"
-	// CodeOrphanOutbox: an outbox record that no intact marker lists (a half-done
-	// enqueue, or a member of an unwound batch). Moved, after its marker.
+	// CodeOrphanOutbox: an outbox record left without a batch by damage: a member of
+	// a broken batch (unwound), a member whose marker is unusable, or a single whose
+	// message record is unusable. Moved, after its marker. (An outbox record that a
+	// send left uncommitted is CodeOutboxUncommitted, a note.)
 	CodeOrphanOutbox Code = "orphan-outbox"
 	// CodeReceiptUnacknowledged (a note): a receipt still "persisted" while the
 	// observation of the same envelope exists. The daemon's inbox follower writes both
@@ -128,6 +130,16 @@ const (
 	CodeRecordExpired Code = "record-expired"
 	// CodeMessageMissing: an intact batch whose message record is absent.
 	CodeMessageMissing Code = "message-missing"
+	// CodeStoreAbsent: the store directory does not exist, and Options.MayBeAbsent
+	// says that its owner's identity does: nothing is stored yet. The only finding.
+	CodeStoreAbsent Code = "store-absent"
+	// CodeOutboxUncommitted: an outbox record that nothing commits because its send
+	// was interrupted before it committed: no batch marker exists for it (nor an
+	// unusable one), its marker does not list it (the message was sent again with
+	// other envelopes), or — a single — its message record is absent or commits
+	// another envelope. Such a send was never acknowledged and the record is never
+	// dispatched; store maintenance removes it. Kept.
+	CodeOutboxUncommitted Code = "outbox-uncommitted"
 	// CodeUnknownTop: a name at the top of the store directory that is not part of the
 	// layout. The store ignores it; repair never moves it (nothing at the top of the
 	// store directory that the store did not make is moved).
@@ -285,6 +297,16 @@ type Options struct {
 	Tool string
 	// WrapFS, if set, wraps the file system fsck uses (fault injection in tests).
 	WrapFS func(fsx.FS) fsx.FS
+	// MayBeAbsent says that the store directory was named from its owner's identity
+	// (dataroot.StoreDir of a data root and Owner, as sealbridge-fsck --identity NAME
+	// names it) and that the identity exists: a store directory that does not exist
+	// then means an identity that has stored nothing yet (the store makes its
+	// directory at its first write). Check reports such a store as healthy — no
+	// records, the note CodeStoreAbsent, and the data root's rules checked as always —
+	// and Repair has nothing to do. It needs Owner, and the directory to be
+	// <data root>/delivery/<hex sha256(Owner)>; otherwise, or without it, a missing
+	// store directory is ErrNotStore.
+	MayBeAbsent bool
 }
 
 // Errors of Check and Repair; test with errors.Is.

@@ -95,6 +95,14 @@ func Repair(ctx context.Context, dir string, opts Options) (*RepairReport, error
 		return nil, err
 	}
 	if err := probe.checkRoot(); err != nil {
+		if probe.absentStore() {
+			// Nothing stored yet (Options.MayBeAbsent): nothing to repair.
+			before, err := Check(ctx, dir, opts)
+			if err != nil {
+				return nil, err
+			}
+			return &RepairReport{Before: before, After: before}, nil
+		}
 		return nil, err
 	}
 	if err := probe.checkLayout(); err != nil {
