@@ -33,7 +33,7 @@ func TestVersionAndUsage(t *testing.T) {
 		if code != 0 || !strings.HasPrefix(out.String(), "usage: sealbridge-relay") {
 			t.Fatalf("%s: %d %q", h, code, out.String())
 		}
-		for _, want := range []string{"Exit status:", "  0 ", "  1 ", "  2 ", "(default " + relay.DefaultListen + ";", "$SEALBRIDGE_HOME", "--log-format"} {
+		for _, want := range []string{"Exit status:", "  0 ", "  1 ", "  2 ", "(default " + relay.DefaultListen + ")", "$SEALBRIDGE_HOME", "--log-format"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("%s does not say %q", h, want)
 			}

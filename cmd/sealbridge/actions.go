@@ -2,24 +2,18 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
+
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
-
-// The operator's actions on the queue: hold, release, cancel, retry.
-func init() {
-	for _, op := range actionOps {
-		commands = append(commands, command{op.name, op.run})
-		commandUsage[op.name] = op.usage()
-	}
-}
 
 // actionOp is one action command.
 type actionOp struct {
@@ -48,45 +42,33 @@ unreachable wait are cleared, and one attempt is made at once. Held envelopes ar
 not retried (release them first).`, (*client.Client).Retry},
 }
 
-func (op actionOp) usage() string {
-	return `usage: sealbridge ` + op.name + ` [--reason R] [--json] (MESSAGE… | --target URL)
-                       [--home DIR] [--identity NAME]
-
-` + op.about + `
+func (op actionOp) command() *cobra.Command {
+	c := &cobra.Command{
+		Use:   op.name + " [--reason R] [--json] (MESSAGE… | --target URL) [--home DIR] [--identity NAME]",
+		Short: op.what,
+		Long: op.about + `
 
 Prints one line per message: ID ` + op.done + ` (N envelopes), ID already ` + op.done + `
 or unchanged (nothing to do), or ID refused CODE: why, with the daemon's note if any. Refusal
 codes: MESSAGE_CLOSED (delivered or closed), MESSAGE_NOT_FOUND (no such message).
-Exits 1 if any message refused the action. Each change is recorded in the message's
-and its envelopes' records with who (uid:N), when and --reason.
-
-  MESSAGE…           message ids, as send printed them
-  --target URL       every message with envelopes pending to this relay URL now
-  --reason R         why (at most 256 bytes, one line), kept in the records
-  --json             print the daemon's JSON
-` + identityFlagsUsage + `
-Examples:
-  sealbridge ` + op.name + ` --home ~/sb --identity alice 0190b6a4-…
-  sealbridge ` + op.name + ` --target http://127.0.0.1:8470 --reason "relay maintenance"
-`
+Each change is recorded in the message's and its envelopes' records with who
+(uid:N), when and --reason.`,
+		Example: `  sealbridge ` + op.name + ` --home ~/sb --identity alice 0190b6a4-…
+  sealbridge ` + op.name + ` --target http://127.0.0.1:8470 --reason "relay maintenance"`,
+	}
+	w := identityFlags(c)
+	fl := c.Flags()
+	reason := fl.String("reason", "", "why (`R`: at most 256 bytes, one line), kept in the records")
+	target := fl.String("target", "", "every message with envelopes pending to this relay `URL` now")
+	asJSON := fl.Bool("json", false, "print the daemon's JSON")
+	c.RunE = func(c *cobra.Command, ids []string) error {
+		return op.run(c.Context(), w, ids, *reason, *target, fl.Changed("target"), *asJSON, c.OutOrStdout(), c.ErrOrStderr())
+	}
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit, daemonExit("a message refused the action, or another failure"))
 }
 
-func (op actionOp) run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet(op.name)
-	w := identityFlags(fs)
-	reason := fs.String("reason", "", "")
-	target := fs.String("target", "", "")
-	asJSON := fs.Bool("json", false, "")
-	ids, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	targetSet := false
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "target" {
-			targetSet = true
-		}
-	})
+func (op actionOp) run(ctx context.Context, w *who, ids []string, reasonv, targetv string, targetSet, asJSONv bool, stdout, stderr io.Writer) error {
+	reason, target, asJSON := &reasonv, &targetv, &asJSONv
 	switch {
 	case targetSet && *target == "":
 		return usageErrorf("%s: --target is empty", op.name)

@@ -12,6 +12,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
@@ -31,15 +34,30 @@ const (
 	demoStopTimeout  = 30 * time.Second       // daemons' drain (their own bound is 10 s)
 )
 
-// cmdDemo: sealbridge demo [--messages N] [--keep] [--timeout 2m]
-func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("demo")
-	n := fs.Int("messages", 100, "")
-	keep := fs.Bool("keep", false, "")
-	timeout := fs.Duration("timeout", 2*time.Minute, "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+func demoCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "demo [--messages 100] [--keep] [--timeout 2m]",
+		Short: "run two daemons and a relay in a temp home, send messages, check the stores",
+		Long: `Runs two daemons (alice and bob) and a relay in a temporary home, sends messages
+from alice to bob and checks the three stores (alice's, bob's and the relay's) with
+fsck; it succeeds only if every message was relayed and delivered and fsck finds no
+problem.`,
+		Example: "  sealbridge demo --messages 20 --keep",
+		Args:    cli.NoArgs,
 	}
+	fl := c.Flags()
+	n := fl.Int("messages", 100, "how many messages to send (`N`)")
+	keep := fl.Bool("keep", false, "keep the temporary home and its logs")
+	timeout := fl.Duration("timeout", 2*time.Minute, "give up after `D`")
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		return runDemo(c.Context(), *n, *keep, *timeout, c.OutOrStdout())
+	}
+	return cli.Annotate(c, cli.AnnotExit, exitLineOK+
+		"  1   failure: not every message was relayed and delivered, or fsck found problems\n"+exitLineUsage)
+}
+
+func runDemo(ctx context.Context, nv int, keepv bool, timeoutv time.Duration, stdout io.Writer) error {
+	n, keep, timeout := &nv, &keepv, &timeoutv
 	if *n < 1 || *n > demoMaxMessages {
 		return usageErrorf("demo: --messages must be between 1 and %d", demoMaxMessages)
 	}

@@ -3,7 +3,11 @@ package main
 import (
 	"cmp"
 	"context"
+
+	"github.com/spf13/cobra"
+
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"io"
 	"strconv"
 	"text/tabwriter"
@@ -12,17 +16,40 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/client"
 )
 
-// cmdInbox: sealbridge inbox [--limit N] [--after ID] [--json]
-func cmdInbox(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("inbox")
-	w := identityFlags(fs)
-	limit := fs.Int("limit", 0, "")
-	after := fs.String("after", "", "")
-	asJSON := fs.Bool("json", false, "")
-	refused := fs.Bool("refused", false, "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+// inboxFlags are inbox's flags.
+type inboxFlags struct {
+	limit         int
+	after         string
+	json, refused bool
+}
+
+func inboxCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "inbox [--limit N] [--after ID] [--refused] [--json] [--home DIR] [--identity NAME]",
+		Short: "list received messages (--refused: the envelopes the daemon refused)",
+		Long: `Lists received messages. The daemon receives only when it runs with --inbox-relay.
+With --refused, lists the inbound envelopes the daemon refused instead (bad
+signature, wrong recipient, oversize, expired, …): evidence, never delivered; kept
+for the daemon's --closed-retention.`,
+		Example: `  sealbridge inbox --home ~/sb --identity bob
+  sealbridge inbox --refused --json`,
+		Args: cli.NoArgs,
 	}
+	w := identityFlags(c)
+	var f inboxFlags
+	fl := c.Flags()
+	fl.IntVar(&f.limit, "limit", 0, "at most `N` messages (default: the daemon's page size)")
+	fl.StringVar(&f.after, "after", "", "start after message `ID` (the \"more:\" line names it)")
+	fl.BoolVar(&f.refused, "refused", false, "list the inbound envelopes the daemon refused instead")
+	fl.BoolVar(&f.json, "json", false, "print the daemon's JSON")
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		return runInbox(c.Context(), w, f, c.OutOrStdout(), c.ErrOrStderr())
+	}
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit, daemonExit("failure"))
+}
+
+func runInbox(ctx context.Context, w *who, f inboxFlags, stdout, stderr io.Writer) error {
+	limit, after, asJSON, refused := &f.limit, &f.after, &f.json, &f.refused
 	if *limit < 0 {
 		return usageErrorf("inbox: --limit must not be negative")
 	}

@@ -59,7 +59,7 @@ func TestUsageErrorsAndExitCodes(t *testing.T) {
 		{"help", []string{"--help"}, exitOK, "Exit status:", ""},
 		{"command help", []string{"send", "-h"}, exitOK, "usage: sealbridge", ""},
 		{"version", []string{"--version"}, exitOK, "sealbridge ", ""},
-		{"unknown flag", []string{"whoami", "--nope"}, exitUsage, "", "flag provided but not defined: -nope"},
+		{"unknown flag", []string{"whoami", "--nope"}, exitUsage, "", "whoami: unknown flag: --nope"},
 		{"init argument", []string{"init", "--home", home, "extra"}, exitUsage, "", `unexpected argument "extra"`},
 		{"bad identity name", []string{"init", "--home", home, "--identity", "../x"}, exitUsage, "", "is not an identity name"},
 		{"send no --to", []string{"send", "--relay", "http://127.0.0.1:1"}, exitUsage, "", "--to DID is required"},

@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+
+	"github.com/spf13/cobra"
+
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -11,14 +15,27 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/client"
 )
 
-// cmdQueue: sealbridge queue [--json]
-func cmdQueue(ctx context.Context, args []string, stdout, _ io.Writer) error {
-	fs := newFlagSet("queue")
-	w := identityFlags(fs)
-	asJSON := fs.Bool("json", false, "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+func queueCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "queue [--wide] [--json] [--home DIR] [--identity NAME]",
+		Short: "show each relay target's backlog",
+		Long: `Shows the backlog of each relay target with pending envelopes: pending (held ones
+included), held, in flight, bytes, the oldest one's age, attempts, the state (ready,
+backing off until T, unreachable since T with the next probe at T, held) and the
+last error; then the pending envelopes by age (under 5m, 10m, 20m, 40m, 80m, 160m,
+older) per target and in total.`,
+		Example: `  sealbridge queue --home ~/sb --identity alice
+  sealbridge queue --json | jq -r 'select(.state == "unreachable") | .relayUrl' | sealbridge retry --target -`,
+		Args: cli.NoArgs,
 	}
+	w := identityFlags(c)
+	asJSON := c.Flags().Bool("json", false, "print the daemon's JSON (GET /v1/targets)")
+	c.RunE = func(c *cobra.Command, _ []string) error { return runQueue(c.Context(), w, *asJSON, c.OutOrStdout()) }
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit, daemonExit("failure"))
+}
+
+func runQueue(ctx context.Context, w *who, asJSONv bool, stdout io.Writer) error {
+	asJSON := &asJSONv
 	if err := w.resolve(); err != nil {
 		return err
 	}

@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+
+	"github.com/spf13/cobra"
+
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"io"
 	"net/http"
 	"os"
@@ -68,18 +72,43 @@ func (d *daemonConn) explain(err error) error {
 	return err
 }
 
-// cmdSend: sealbridge send --to DID --relay URL [--deadline 24h] [--idempotency-key K] [--file F]
-func cmdSend(ctx context.Context, args []string, stdout, _ io.Writer) error {
-	fs := newFlagSet("send")
-	w := identityFlags(fs)
-	to := fs.String("to", "", "")
-	relayURL := fs.String("relay", "", "")
-	deadline := fs.String("deadline", "", "")
-	key := fs.String("idempotency-key", "", "")
-	file := fs.String("file", "", "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+// sendFlags are send's flags.
+type sendFlags struct {
+	to, relayURL, deadline, key, file string
+}
+
+func sendCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "send --to DID --relay URL [--deadline 24h|TIME] [--idempotency-key K] [--file F] [--home DIR] [--identity NAME]",
+		Short: "send a message (body from --file or standard input); print its id",
+		Long: `Sends a message through the identity's daemon and prints its id. The body is read
+from --file F, or from standard input (a terminal is refused).
+
+send always sends an Idempotency-Key (a random one unless --idempotency-key gives
+it) and retries a lost connection or a 5xx with it (5 attempts, at most 10 s in
+all); failing that it prints the key and the command that finishes the send
+without a duplicate (exit 4). Retries with one --idempotency-key must send the
+same request: use the default --deadline or an RFC 3339 TIME, not a duration.`,
+		Example: `  echo hello | sealbridge send --home ~/sb --identity alice --to did:key:z6Mk… --relay http://127.0.0.1:8470
+  sealbridge send --to did:key:z6Mk… --relay http://127.0.0.1:8470 --file note.txt --deadline 2030-01-01T00:00:00Z`,
+		Args: cli.NoArgs,
 	}
+	w := identityFlags(c)
+	var f sendFlags
+	fl := c.Flags()
+	fl.StringVar(&f.to, "to", "", "the recipient's did:key `DID` (required)")
+	fl.StringVar(&f.relayURL, "relay", "", "the http(s) `URL` of the relay to send through (required)")
+	fl.StringVar(&f.deadline, "deadline", "", "when to give up: a duration from now or an RFC 3339 time (`24h|TIME`, default 24h)")
+	fl.StringVar(&f.key, "idempotency-key", "", "`K` makes a retry return the first request's message")
+	fl.StringVar(&f.file, "file", "", "read the body from `F` (\"-\": standard input)")
+	_ = c.MarkFlagFilename("file")
+	c.RunE = func(c *cobra.Command, _ []string) error { return runSend(c.Context(), w, f, c.OutOrStdout()) }
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit,
+		exitLineOK+"  1   failure: the daemon refused the message, or it was not accepted\n"+exitLineUsage+exitLineNoDaemon+exitLineUnknown)
+}
+
+func runSend(ctx context.Context, w *who, f sendFlags, stdout io.Writer) error {
+	to, relayURL, deadline, key, file := &f.to, &f.relayURL, &f.deadline, &f.key, &f.file
 	switch {
 	case *to == "":
 		return usageErrorf("send: --to DID is required")
@@ -290,18 +319,29 @@ func readBody(file string) ([]byte, error) {
 	return data, nil
 }
 
-// cmdStatus: sealbridge status ID [--json]
-func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
-	fs := newFlagSet("status")
-	w := identityFlags(fs)
-	asJSON := fs.Bool("json", false, "")
-	pos, err := parseFlags(fs, args)
-	if err != nil {
-		return err
+func statusCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "status ID [--json] [--home DIR] [--identity NAME]",
+		Short: "show one sent message",
+		Long: `Shows one sent message: status, attempts, last error, next attempt, times; with
+--json, the daemon's JSON object.`,
+		Example: "  sealbridge status --home ~/sb --identity alice 0190b6a4-…",
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageErrorf("status: give exactly one message ID")
+			}
+			return nil
+		},
 	}
-	if len(pos) != 1 || pos[0] == "" {
-		return usageErrorf("status: give exactly one message ID")
+	w := identityFlags(c)
+	asJSON := c.Flags().Bool("json", false, "print the daemon's JSON object")
+	c.RunE = func(c *cobra.Command, args []string) error {
+		return runStatus(c.Context(), w, args[0], *asJSON, c.OutOrStdout())
 	}
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit, daemonExit("failure (no such message: MESSAGE_NOT_FOUND)"))
+}
+
+func runStatus(ctx context.Context, w *who, id string, asJSON bool, stdout io.Writer) error {
 	if err := w.resolve(); err != nil {
 		return err
 	}
@@ -309,11 +349,11 @@ func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	m, err := d.c.Message(ctx, pos[0])
+	m, err := d.c.Message(ctx, id)
 	if err != nil {
 		return d.explain(err)
 	}
-	if *asJSON {
+	if asJSON {
 		return writeJSON(stdout, m)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
@@ -341,18 +381,46 @@ func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	return tw.Flush()
 }
 
-// cmdLs: sealbridge ls [--status S] [--limit N] [--after ID] [--all] [--json]
-func cmdLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ls")
-	w := identityFlags(fs)
-	status := fs.String("status", "", "")
-	limit := fs.Int("limit", 0, "")
-	after := fs.String("after", "", "")
-	all := fs.Bool("all", false, "")
-	asJSON := fs.Bool("json", false, "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+// lsFlags are ls's flags.
+type lsFlags struct {
+	status, after string
+	limit         int
+	all, json     bool
+}
+
+func lsCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "ls [--status S] [--limit N] [--after ID] [--all] [--json] [--home DIR] [--identity NAME]",
+		Short: "list sent messages",
+		Long: `Lists sent messages by id: kind (message: one you sent; confirmation: the delivery
+confirmation the daemon sent back for a message it received), status (with closedBy
+and "(held)" when an operator holds it), attempts, next attempt, the recipient (its
+did:key shortened; --json has it whole) and last error (for a queued or closed
+message).`,
+		Example: `  sealbridge ls --home ~/sb --identity alice --status queued
+  sealbridge ls --all --json --status closed | jq -r .lastError`,
+		Args: cli.NoArgs,
 	}
+	w := identityFlags(c)
+	var f lsFlags
+	fl := c.Flags()
+	fl.StringVar(&f.status, "status", "", "only messages with this status `S`: "+strings.Join(messageStatuses, ", "))
+	fl.IntVar(&f.limit, "limit", 0, "at most `N` messages (default: the daemon's page size); with --all, the page size")
+	fl.StringVar(&f.after, "after", "", "start after message `ID` (the \"more:\" line names it)")
+	fl.BoolVar(&f.all, "all", false, "page through every message")
+	fl.BoolVar(&f.json, "json", false, "JSON lines: one object per message, as the daemon reports it")
+	_ = c.RegisterFlagCompletionFunc("status", cobra.FixedCompletions(messageStatuses, cobra.ShellCompDirectiveNoFileComp))
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		return runLs(c.Context(), w, f, c.OutOrStdout(), c.ErrOrStderr())
+	}
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit, daemonExit("failure"))
+}
+
+// messageStatuses are the statuses ls --status takes.
+var messageStatuses = []string{"queued", "relayed", "delivered", "closed"}
+
+func runLs(ctx context.Context, w *who, f lsFlags, stdout, stderr io.Writer) error {
+	status, limit, after, all, asJSON := &f.status, &f.limit, &f.after, &f.all, &f.json
 	if *limit < 0 {
 		return usageErrorf("ls: --limit must not be negative")
 	}

@@ -1,0 +1,287 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The four binaries and the section of their man pages.
+var binaries = []struct{ name, section string }{
+	{"sealbridge", "1"}, {"sealbridged", "8"}, {"sealbridge-fsck", "8"}, {"sealbridge-relay", "8"},
+}
+
+// cliRun is one run of a built binary.
+type cliRun struct {
+	code           int
+	stdout, stderr string
+}
+
+// runCLI runs the binary name of dir with args, stdin as its standard input, in a
+// fresh data root (SEALBRIDGE_HOME) unless env gives one.
+func runCLI(t *testing.T, dir, stdin string, env []string, name string, args ...string) cliRun {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(dir, name), args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := cliRun{stdout: out.String(), stderr: errb.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("%s %q: %v", name, args, err)
+	}
+	return r
+}
+
+// helpSection returns the lines of the help's section that starts with a line
+// beginning with title, up to the next blank line.
+func helpSection(help, title string) []string {
+	var lines []string
+	in := false
+	for l := range strings.SplitSeq(help, "\n") {
+		switch {
+		case !in && strings.HasPrefix(l, title):
+			in = true
+		case in && strings.TrimSpace(l) == "":
+			return lines
+		case in:
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// helpCommands are the commands a help's "Commands:" section lists.
+func helpCommands(help string) []string {
+	var names []string
+	for _, l := range helpSection(help, "Commands:") {
+		names = append(names, strings.Fields(l)[0])
+	}
+	return names
+}
+
+var helpFlagLine = regexp.MustCompile(`^\s+(?:-[a-z], )?--([a-z0-9][a-z0-9-]*)`)
+
+// helpFlags are the flags a help's "Flags" section describes.
+func helpFlags(help string) []string {
+	var names []string
+	for _, l := range helpSection(help, "Flags") {
+		if m := helpFlagLine.FindStringSubmatch(l); m != nil {
+			names = append(names, m[1])
+		}
+	}
+	return names
+}
+
+// bashComplete completes words (the last one being completed) with the bash
+// completion script of bin, as bash would on TAB; bash-completion's word splitter
+// is replaced by its minimal equivalent.
+func bashComplete(t *testing.T, dir, bin, script string, words ...string) []string {
+	t.Helper()
+	prog := `_get_comp_words_by_ref() { cur=${COMP_WORDS[COMP_CWORD]}; prev=${COMP_WORDS[COMP_CWORD-1]}; words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; }
+compopt() { :; }
+source "$1"; shift
+COMP_WORDS=("$@"); COMP_CWORD=$(($#-1)); COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}
+__start_` + bin + `
+printf '%s\n' "${COMPREPLY[@]}"`
+	cmd := exec.Command("bash", append([]string{"-c", prog, "bash", script}, words...)...)
+	cmd.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("bash completion of %s %q: %v", bin, words, err)
+	}
+	var got []string
+	for l := range strings.SplitSeq(string(out), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			got = append(got, f[0])
+		}
+	}
+	return got
+}
+
+// Every command and every flag the help of each of the four binaries describes is
+// in its shell completions (bash, zsh and fish are scripts around `PROG
+// __complete`, which each answers; bash's is run as bash runs it on TAB) and in its
+// man pages, all made from the one definition of the command line.
+func TestCompletionsAndManPagesCoverEveryCommandAndFlag(t *testing.T) {
+	dir := buildCommands(t)
+	_, bashErr := exec.LookPath("bash")
+	home := t.TempDir()
+	env := []string{"SEALBRIDGE_HOME=" + home}
+	for _, b := range binaries {
+		t.Run(b.name, func(t *testing.T) {
+			man := t.TempDir()
+			if r := runCLI(t, dir, "", env, b.name, "__man", man); r.code != 0 {
+				t.Fatalf("__man: exit %d %s", r.code, r.stderr)
+			}
+			scripts := map[string]string{}
+			for _, shell := range []string{"bash", "zsh", "fish"} {
+				r := runCLI(t, dir, "", env, b.name, "completion", shell)
+				if r.code != 0 || !strings.Contains(r.stdout, b.name) || !strings.Contains(r.stdout, "__complete") {
+					t.Fatalf("completion %s: exit %d, %.200q %s", shell, r.code, r.stdout, r.stderr)
+				}
+				scripts[shell] = filepath.Join(t.TempDir(), shell)
+				if err := os.WriteFile(scripts[shell], []byte(r.stdout), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			root := runCLI(t, dir, "", env, b.name, "--help")
+			paths := [][]string{nil}
+			cmds := helpCommands(root.stdout)
+			for _, c := range cmds {
+				paths = append(paths, []string{c})
+			}
+			if b.name == "sealbridge" && len(cmds) < 15 {
+				t.Fatalf("sealbridge --help lists %d commands: %q", len(cmds), cmds)
+			}
+			complete := func(words ...string) []string {
+				r := runCLI(t, dir, "", env, b.name, append([]string{"__complete"}, words...)...)
+				var got []string
+				for l := range strings.SplitSeq(r.stdout, "\n") {
+					if f := strings.Fields(l); len(f) > 0 && !strings.HasPrefix(l, ":") {
+						got = append(got, f[0])
+					}
+				}
+				return got
+			}
+			if len(cmds) > 0 {
+				got := complete("")
+				var gotBash []string
+				if bashErr == nil {
+					gotBash = bashComplete(t, dir, b.name, scripts["bash"], b.name, "")
+				}
+				rootPage, err := os.ReadFile(filepath.Join(man, b.name+"."+b.section))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range cmds {
+					if !slices.Contains(got, c) {
+						t.Errorf("%s __complete '' does not offer %s: %q", b.name, c, got)
+					}
+					if bashErr == nil && !slices.Contains(gotBash, c) {
+						t.Errorf("bash does not complete %s %s: %q", b.name, c, gotBash)
+					}
+					if !strings.Contains(string(rootPage), `\fB`+b.name+"-"+c+"("+b.section+`)\fP`) {
+						t.Errorf("%s.%s does not name %s-%s", b.name, b.section, b.name, c)
+					}
+				}
+			}
+			for _, p := range paths {
+				help := runCLI(t, dir, "", env, b.name, append(p, "--help")...)
+				flags := helpFlags(help.stdout)
+				if help.code != 0 || len(flags) == 0 {
+					t.Fatalf("%s %q --help: exit %d, flags %q\n%s", b.name, p, help.code, flags, help.stdout)
+				}
+				page := strings.Join(append([]string{b.name}, p...), "-") + "." + b.section
+				text, err := os.ReadFile(filepath.Join(man, page))
+				if err != nil {
+					t.Fatalf("no man page %s: %v", page, err)
+				}
+				if !strings.Contains(string(text), ".SH EXIT STATUS") {
+					t.Errorf("%s has no EXIT STATUS", page)
+				}
+				got := complete(append(p, "--")...)
+				var gotBash []string
+				if bashErr == nil {
+					gotBash = bashComplete(t, dir, b.name, scripts["bash"], append(append([]string{b.name}, p...), "--")...)
+				}
+				for _, f := range flags {
+					if !slices.Contains(got, "--"+f) {
+						t.Errorf("%s %q: __complete does not offer --%s: %q", b.name, p, f, got)
+					}
+					if bashErr == nil && !slices.Contains(gotBash, "--"+f) {
+						t.Errorf("%s %q: bash does not complete --%s: %q", b.name, p, f, gotBash)
+					}
+					if !strings.Contains(string(text), `\fB--`+f+`\fP`) {
+						t.Errorf("%s does not describe --%s", page, f)
+					}
+				}
+			}
+		})
+	}
+}
+
+// Each command's help is its own: its synopsis names its flags, its text says what
+// it does, its exit statuses are those it can give; and the main help names every
+// command that needs the daemon (each exits 3 when none runs).
+func TestHelpOfEachCommand(t *testing.T) {
+	dir := buildCommands(t)
+	home := t.TempDir()
+	env := []string{"SEALBRIDGE_HOME=" + home, "SEALBRIDGE_IDENTITY=alice"}
+	help := func(args ...string) string {
+		t.Helper()
+		r := runCLI(t, dir, "", env, "sealbridge", args...)
+		if r.code != 0 || r.stderr != "" || !strings.HasPrefix(r.stdout, "usage: sealbridge") {
+			t.Fatalf("sealbridge %q: exit %d\n%s\n%s", args, r.code, r.stdout, r.stderr)
+		}
+		return r.stdout
+	}
+	if h := help("whoami", "--help"); !strings.Contains(h, "--socket") {
+		t.Errorf("whoami --help does not describe --socket:\n%s", h)
+	}
+	if synopsis, _, _ := strings.Cut(help("inbox", "--help"), "\n\n"); !strings.Contains(synopsis, "--refused") {
+		t.Errorf("inbox's synopsis lacks --refused: %q", synopsis)
+	}
+	if h := help("help", "--help"); !strings.HasPrefix(h, "usage: sealbridge help ") {
+		t.Errorf("help --help:\n%s", h)
+	}
+	if h := help("demo", "--help"); !strings.Contains(h, "three stores") || strings.Contains(h, "both stores") {
+		t.Errorf("demo --help does not say it checks the three stores:\n%s", h)
+	}
+	// Each command's own exit statuses, not the main table.
+	exits := func(cmd string) []string {
+		var codes []string
+		for _, l := range helpSection(help(cmd, "--help"), "Exit status:") {
+			if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(l, "  ") && !strings.HasPrefix(l, "   ") {
+				codes = append(codes, f[0])
+			}
+		}
+		return codes
+	}
+	for cmd, want := range map[string][]string{
+		"init": {"0", "1", "2"}, "whoami": {"0", "1", "2"}, "send": {"0", "1", "2", "3", "4"},
+		"status": {"0", "1", "2", "3"}, "retry": {"0", "1", "2", "3"}, "relay": {"0", "1", "2"}, "demo": {"0", "1", "2"},
+	} {
+		if got := exits(cmd); !slices.Equal(got, want) {
+			t.Errorf("%s --help: exit statuses %q, want %q", cmd, got, want)
+		}
+	}
+
+	// The main help's paragraph on the daemon names every command that needs it.
+	if r := runCLI(t, dir, "", env, "sealbridge", "init"); r.code != 0 {
+		t.Fatalf("init: %d %s", r.code, r.stderr)
+	}
+	did := strings.TrimSpace(runCLI(t, dir, "", env, "sealbridge", "whoami").stdout)
+	id := "0190b6a4-0000-7000-8000-000000000000"
+	var paragraph string
+	for p := range strings.SplitSeq(help("--help"), "\n\n") {
+		if strings.Contains(p, "daemon") && strings.Contains(p, "sealbridged --home") {
+			paragraph = p
+		}
+	}
+	named := map[string]bool{}
+	for _, w := range regexp.MustCompile(`[a-z]+`).FindAllString(paragraph, -1) {
+		named[w] = true
+	}
+	for _, args := range [][]string{
+		{"send", "--to", did, "--relay", "http://127.0.0.1:1"}, {"status", id}, {"ls"}, {"queue"}, {"inbox"}, {"watch"},
+		{"hold", id}, {"release", id}, {"cancel", id}, {"retry", id}, {"whoami"}, {"init", "--identity", "bob"},
+	} {
+		r := runCLI(t, dir, "hello", env, "sealbridge", args...)
+		if (r.code == 3) != named[args[0]] {
+			t.Errorf("%s exits %d without a daemon (%s), but the main help's paragraph on the daemon names it: %v\n%s",
+				args[0], r.code, strings.TrimSpace(r.stderr), named[args[0]], paragraph)
+		}
+	}
+}
