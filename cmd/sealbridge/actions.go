@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sealbridge/sealbridge/internal/cli"
-	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
@@ -81,8 +80,8 @@ func (op actionOp) run(ctx context.Context, w *who, ids []string, reasonv, targe
 		switch {
 		case id == "":
 			return usageErrorf("%s: a message id is empty", op.name)
-		case !uuid.Valid(id):
-			return usageErrorf("%s: %q is not a message id (a lower-case UUID, as sealbridge send printed)", op.name, id)
+		case checkMessageID(op.name, id) != nil:
+			return checkMessageID(op.name, id)
 		}
 	}
 	if targetSet && !record.ValidRelayURL(*target) {
@@ -119,7 +118,7 @@ func (op actionOp) run(ctx context.Context, w *who, ids []string, reasonv, targe
 		}
 	}
 	if refused := ans.Refused(); len(refused) > 0 {
-		return withHint(fmt.Errorf("%s: %d of %d messages refused (%s)", op.name, len(refused), len(ans.Results), refused[0].Code),
+		return withHint(fmt.Errorf("%s: %d of %s refused (%s)", op.name, len(refused), plural(len(ans.Results), "message", "messages"), refused[0].Code),
 			"list sent messages with: sealbridge ls %s", w.flags())
 	}
 	return nil

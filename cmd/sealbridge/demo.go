@@ -155,7 +155,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	}()
 	start := time.Now()
 	dm.root = filepath.Join(dm.tmp, "home")
-	fmt.Fprintf(dm.out, "sealbridge demo: %d messages from alice to bob through a reference relay on loopback\n", dm.n)
+	fmt.Fprintf(dm.out, "sealbridge demo: %s from alice to bob through a reference relay on loopback\n", plural(dm.n, "message", "messages"))
 	if dm.keep {
 		fmt.Fprintf(dm.out, "home     %s (kept: --keep)\n", dm.tmp)
 	} else {
@@ -217,7 +217,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 		return err
 	}
 	sendTime := time.Since(sendStart)
-	fmt.Fprintf(dm.out, "sent %d messages in %s through alice's local API\n", dm.n, round(sendTime))
+	fmt.Fprintf(dm.out, "sent %s in %s through alice's local API\n", plural(dm.n, "message", "messages"), round(sendTime))
 
 	// Wait until every message is delivered: confirmed by bob's signed
 	// delivery-status (or closed: then it never will be).
@@ -259,7 +259,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	fmt.Fprintln(dm.out)
 	fmt.Fprintln(dm.out, "summary")
 	fmt.Fprintf(dm.out, "  messages  %d sent, %d relayed, %d delivered, %d closed, %d still queued\n", dm.n, relayed, delivered, counts["closed"], dm.n-relayed-counts["closed"])
-	fmt.Fprintf(dm.out, "  bob       %d messages received (observations)\n", received)
+	fmt.Fprintf(dm.out, "  bob       %s received (observations)\n", plural(received, "message", "messages"))
 	fmt.Fprintf(dm.out, "  relay     %d envelopes accepted, %d duplicates\n", st.Accepted, st.Duplicates)
 	fmt.Fprintf(dm.out, "  time      %s in all: sending %s, all relayed %s and all delivered %s after the first send, fsck %s\n",
 		round(time.Since(start)), round(sendTime), round(relayTime), round(deliverTime), round(fsckTime))
@@ -269,7 +269,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	if problems == 0 {
 		fmt.Fprintln(dm.out, "fsck: clean")
 	} else {
-		fmt.Fprintf(dm.out, "fsck: %d problems\n", problems)
+		fmt.Fprintf(dm.out, "fsck: %s\n", plural(problems, "problem", "problems"))
 	}
 	switch {
 	case werr != nil:
@@ -281,7 +281,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	case received != dm.n:
 		return fmt.Errorf("bob holds %d observations, not %d", received, dm.n)
 	case problems > 0:
-		return fmt.Errorf("fsck found %d problems", problems)
+		return fmt.Errorf("fsck found %s", plural(problems, "problem", "problems"))
 	}
 	return nil
 }
@@ -419,7 +419,7 @@ func (dm *demo) wait(ctx context.Context, c *client.Client, relayErr <-chan erro
 		bar.update(counts["delivered"])
 		if counts["delivered"]+counts["closed"] >= dm.n {
 			if counts["closed"] > 0 {
-				return counts, relayTime, fmt.Errorf("%d messages were closed without being relayed", counts["closed"])
+				return counts, relayTime, fmt.Errorf("%s closed without being relayed", plural(counts["closed"], "message was", "messages were"))
 			}
 			return counts, relayTime, nil
 		}
@@ -477,7 +477,7 @@ func (dm *demo) fsck(ctx context.Context, name, dir string, owner identity.DID) 
 	if err != nil {
 		return 0, fmt.Errorf("fsck of %s's store: %w", name, err)
 	}
-	fmt.Fprintf(dm.out, "fsck %-5s %d records, %d valid, %d problems\n", name, rep.Records, rep.Valid, rep.Problems())
+	fmt.Fprintf(dm.out, "fsck %-5s %s, %d valid, %s\n", name, plural(rep.Records, "record", "records"), rep.Valid, plural(rep.Problems(), "problem", "problems"))
 	shown := 0
 	for _, f := range rep.Findings {
 		if f.Severity != fsck.Problem {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"github.com/sealbridge/sealbridge/internal/cli"
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
@@ -203,9 +204,11 @@ type noDaemonError struct {
 	err             error
 }
 
-func (e *noDaemonError) Error() string {
-	return fmt.Sprintf("no daemon is running for %s; start one with: sealbridged --home %s --identity %s",
-		e.did, shellQuote(e.home), shellQuote(e.name))
+func (e *noDaemonError) Error() string { return "no daemon is running for " + e.did }
+
+// hint is the command that starts the daemon.
+func (e *noDaemonError) hint() string {
+	return "start one with: sealbridged --home " + shellQuote(e.home) + " --identity " + shellQuote(e.name)
 }
 
 func (e *noDaemonError) Unwrap() error { return e.err }
@@ -244,6 +247,22 @@ func report(stderr io.Writer, err error) int {
 	}
 	prog.Report(stderr, err)
 	return exitCode(err)
+}
+
+// plural is n with the noun for n: "1 message", "2 messages".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+// checkMessageID refuses what is not a message id, as a usage error of cmd.
+func checkMessageID(cmd, id string) error {
+	if !uuid.Valid(id) {
+		return usageErrorf("%s: %q is not a message id (a lower-case UUID, as sealbridge send printed)", cmd, id)
+	}
+	return nil
 }
 
 // version is the module version and VCS revision of this binary.

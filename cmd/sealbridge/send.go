@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -54,7 +55,8 @@ func (d *daemonConn) explain(err error) error {
 		return nil
 	}
 	if client.IsNotRunning(err) && !errors.Is(err, syscall.EACCES) && !errors.Is(err, syscall.EPERM) {
-		return &noDaemonError{did: string(d.did), home: d.w.root, name: d.w.name, err: err}
+		nd := &noDaemonError{did: string(d.did), home: d.w.root, name: d.w.name, err: err}
+		return errcode.WithHint(nd, nd.hint())
 	}
 	var ce *client.Error
 	if errors.As(err, &ce) {
@@ -301,6 +303,9 @@ func readBody(file string) ([]byte, error) {
 	r, name := stdin, "standard input"
 	if file != "" && file != "-" {
 		f, err := os.Open(file)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, withHint(err, "give an existing file with --file, or pipe the body on standard input")
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -330,7 +335,7 @@ func statusCommand() *cobra.Command {
 			if len(args) != 1 {
 				return usageErrorf("status: give exactly one message ID")
 			}
-			return nil
+			return checkMessageID("status", args[0])
 		},
 	}
 	w := identityFlags(c)
@@ -423,6 +428,9 @@ func runLs(ctx context.Context, w *who, f lsFlags, stdout, stderr io.Writer) err
 	status, limit, after, all, asJSON := &f.status, &f.limit, &f.after, &f.all, &f.json
 	if *limit < 0 {
 		return usageErrorf("ls: --limit must not be negative")
+	}
+	if *status != "" && !slices.Contains(messageStatuses, *status) {
+		return usageErrorf("ls: --status %q is not a status; give one of %s", *status, strings.Join(messageStatuses, ", "))
 	}
 	if err := w.resolve(); err != nil {
 		return err

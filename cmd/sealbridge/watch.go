@@ -89,8 +89,8 @@ func runWatch(ctx context.Context, w *who, topicsArg string, asJSONv bool, stdou
 				if err := enc.Encode(map[string]any{"reset": true, "reason": p.Reason, "snapshotMessages": n}); err != nil {
 					return err
 				}
-			} else if _, err := fmt.Fprintf(stdout, "%s reset (%s): snapshot of %d messages; following changes\n",
-				time.Now().UTC().Format(time.RFC3339Nano), p.Reason, n); err != nil {
+			} else if _, err := fmt.Fprintf(stdout, "%s reset (%s): snapshot of %s; following changes\n",
+				time.Now().UTC().Format(time.RFC3339Nano), p.Reason, plural(n, "message", "messages")); err != nil {
 				return err
 			}
 		}

@@ -2,7 +2,13 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sealbridge/sealbridge/pkg/client"
 )
 
 // The four binaries and the section of their man pages.
@@ -282,6 +290,97 @@ func TestHelpOfEachCommand(t *testing.T) {
 		if (r.code == 3) != named[args[0]] {
 			t.Errorf("%s exits %d without a daemon (%s), but the main help's paragraph on the daemon names it: %v\n%s",
 				args[0], r.code, strings.TrimSpace(r.stderr), named[args[0]], paragraph)
+		}
+	}
+}
+
+// A command-line mistake is a usage error (exit 2) that lists what is valid; the
+// errors a user can fix carry a hint; an attempt's error says each thing once.
+func TestCLIErrorsSayWhatIsValidAndHowToFix(t *testing.T) {
+	dir := buildCommands(t)
+	home, err := os.MkdirTemp("", "sbc-") // short: the daemon's socket lives under it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	env := []string{"SEALBRIDGE_HOME=" + home, "SEALBRIDGE_IDENTITY=default", "XDG_RUNTIME_DIR="}
+	sb := func(stdin string, args ...string) cliRun { return runCLI(t, dir, stdin, env, "sealbridge", args...) }
+	if r := sb("", "init"); r.code != 0 {
+		t.Fatalf("init: %d %s", r.code, r.stderr)
+	}
+	did := strings.TrimSpace(sb("", "whoami").stdout)
+	for _, c := range []struct {
+		args   []string
+		code   int
+		stderr []string
+	}{
+		{[]string{"ls", "--status", "bogus"}, 2, []string{`--status "bogus"`, "queued, relayed, delivered, closed"}},
+		{[]string{"status", "not-a-uuid"}, 2, []string{`"not-a-uuid" is not a message id`}},
+		{[]string{"ls"}, 3, []string{"sealbridge: error: no daemon is running for " + did + "\n",
+			"sealbridge: hint: start one with: sealbridged --home " + home + " --identity default\n"}},
+		{[]string{"send", "--to", did, "--relay", "http://127.0.0.1:1", "--file", filepath.Join(home, "nope.txt")}, 1,
+			[]string{"nope.txt", "sealbridge: hint: give an existing file with --file"}},
+		{[]string{"send", "--to", did, "--relay", "http://127.0.0.1:1", "extra"}, 2,
+			[]string{"sealbridge: error: send: unexpected argument \"extra\""}},
+	} {
+		r := sb("", c.args...)
+		if r.code != c.code {
+			t.Errorf("%q: exit %d, want %d\n%s", c.args, r.code, c.code, r.stderr)
+		}
+		for _, want := range c.stderr {
+			if !strings.Contains(r.stderr, want) {
+				t.Errorf("%q: stderr does not say %q:\n%s", c.args, want, r.stderr)
+			}
+		}
+	}
+
+	c := client.ForIdentity(home, did)
+	startDaemonProcess(t, filepath.Join(dir, "sealbridged"), home, c)
+	second := runCLI(t, dir, "", env, "sealbridged", "--home", home)
+	if second.code != 1 || !strings.Contains(second.stderr, "already running (pid ") || !strings.Contains(second.stderr, "\nsealbridged: hint: ") {
+		t.Errorf("a second daemon: exit %d\n%s", second.code, second.stderr)
+	}
+
+	// A relay that refuses connections and one that answers 503: each last error
+	// says "unreachable" or "HTTP 503" once.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":{"code":"RELAY_BUSY","message":"busy"}}`)
+	}))
+	t.Cleanup(busy.Close)
+	for url, word := range map[string]string{dead: "unreachable", busy.URL: "HTTP 503"} {
+		r := sb("hello", "send", "--to", did, "--relay", url)
+		if r.code != 0 {
+			t.Fatalf("send to %s: %d %s", url, r.code, r.stderr)
+		}
+		id := strings.TrimSpace(r.stdout)
+		var last string
+		poll(t, "a failed attempt to "+url, func() (bool, string) {
+			m, err := c.Message(context.Background(), id)
+			if err != nil {
+				return false, err.Error()
+			}
+			last = m.LastError
+			return m.Attempts > 0 && last != "", fmt.Sprintf("%d attempts, %q", m.Attempts, last)
+		})
+		if strings.Count(last, word) != 1 {
+			t.Errorf("last error of a send to %s says %q %d times: %q", url, word, strings.Count(last, word), last)
+		}
+		if word == "unreachable" {
+			if r := sb("", "cancel", id); r.code != 0 {
+				t.Fatalf("cancel: %d %s", r.code, r.stderr)
+			}
+			r := sb("", "hold", id)
+			if r.code != 1 || !strings.Contains(r.stderr, "hold: 1 of 1 message refused") {
+				t.Errorf("hold of a cancelled message: exit %d\n%s", r.code, r.stderr)
+			}
 		}
 	}
 }
