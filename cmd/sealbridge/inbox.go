@@ -12,8 +12,6 @@ import (
 	"strconv"
 	"text/tabwriter"
 	"unicode/utf8"
-
-	"github.com/sealbridge/sealbridge/pkg/client"
 )
 
 // inboxFlags are inbox's flags.
@@ -41,7 +39,7 @@ for the daemon's --closed-retention.`,
 	fl.IntVar(&f.limit, "limit", 0, "at most `N` messages (default: the daemon's page size)")
 	fl.StringVar(&f.after, "after", "", "start after message `ID` (the \"more:\" line names it)")
 	fl.BoolVar(&f.refused, "refused", false, "list the inbound envelopes the daemon refused instead")
-	fl.BoolVar(&f.json, "json", false, "print the daemon's JSON")
+	fl.BoolVar(&f.json, "json", false, "JSON lines: one object per message (or refusal), as the daemon reports it")
 	c.RunE = func(c *cobra.Command, _ []string) error {
 		return runInbox(c.Context(), w, f, c.OutOrStdout(), c.ErrOrStderr())
 	}
@@ -71,18 +69,18 @@ func runInbox(ctx context.Context, w *who, f inboxFlags, stdout, stderr io.Write
 		return d.explain(err)
 	}
 	if *asJSON {
-		if l.Messages == nil {
-			l.Messages = []client.InboxMessage{}
+		if err := writeJSONLines(stdout, l.Messages); err != nil {
+			return err
 		}
-		return writeJSON(stdout, l)
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MESSAGE\tRECEIVED\tFROM\tBODY")
-	for _, m := range l.Messages {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.MessageID, formatTime(m.ReceivedAt), m.From, preview(m.Body))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "MESSAGE\tRECEIVED\tFROM\tBODY")
+		for _, m := range l.Messages {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.MessageID, formatTime(m.ReceivedAt), m.From, preview(m.Body))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	if l.Next != "" {
 		fmt.Fprintf(stderr, "sealbridge: more: sealbridge inbox %s --after %s\n", w.flags(), shellQuote(l.Next))
@@ -113,7 +111,7 @@ func inboxRefused(ctx context.Context, d *daemonConn, asJSON bool, stdout io.Wri
 		return d.explain(err)
 	}
 	if asJSON {
-		return writeJSON(stdout, l)
+		return writeJSONLines(stdout, l.Refused)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RECEIVED\tREASON\tENVELOPE\tFROM\tSIZE\tDIGEST")

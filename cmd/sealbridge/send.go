@@ -501,9 +501,31 @@ func lsRow(tw io.Writer, m *client.Message) {
 		last = oneLine(m.LastError)
 	}
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.MessageID, m.Kind, st, m.Attempts, formatTime(m.UpdatedAt),
-		nextAttempt(m), m.To, last)
+		nextAttempt(m), shortDID(m.To), last)
 }
 
+// shortDID is a did:key as a table shows it: "did:key:z6Mk…abcd", its method's
+// prefix and the last four characters (--json and status have it whole).
+func shortDID(did string) string {
+	id, ok := strings.CutPrefix(did, "did:key:")
+	if !ok || len(id) <= 12 {
+		return did
+	}
+	return "did:key:" + id[:4] + "…" + id[len(id)-4:]
+}
+
+// writeJSONLines writes each item as one JSON object on a line (the --json of a list).
+func writeJSONLines[T any](w io.Writer, items []T) error {
+	enc := json.NewEncoder(w)
+	for _, it := range items {
+		if err := enc.Encode(it); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeJSON writes v as one indented JSON object (the --json of one item).
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

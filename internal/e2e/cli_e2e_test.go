@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -382,5 +383,134 @@ func TestCLIErrorsSayWhatIsValidAndHowToFix(t *testing.T) {
 				t.Errorf("hold of a cancelled message: exit %d\n%s", r.code, r.stderr)
 			}
 		}
+	}
+}
+
+// jsonLinesOf decodes output that must be JSON lines: one object per line.
+func jsonLinesOf(t *testing.T, what, out string) []map[string]any {
+	t.Helper()
+	var objs []map[string]any
+	for line := range strings.Lines(out) {
+		var o map[string]any
+		if err := json.Unmarshal([]byte(line), &o); err != nil {
+			t.Fatalf("%s: line %q is not a JSON object: %v\n%s", what, line, err, out)
+		}
+		objs = append(objs, o)
+	}
+	return objs
+}
+
+// The operator's view: queue rows with relative times and a short reason (--wide:
+// everything) and a hint to retry a waiting target; ls rows with a short did:key;
+// --json as JSON lines for a list and one object for one item; the bulk actions
+// read ids (or relay URLs) from standard input given "-".
+func TestCLIOutputForOperators(t *testing.T) {
+	dir := buildCommands(t)
+	home, err := os.MkdirTemp("", "sbo-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	env := []string{"SEALBRIDGE_HOME=" + home, "SEALBRIDGE_IDENTITY=default", "XDG_RUNTIME_DIR="}
+	sb := func(stdin string, args ...string) cliRun {
+		t.Helper()
+		r := runCLI(t, dir, stdin, env, "sealbridge", args...)
+		if r.code != 0 {
+			t.Fatalf("sealbridge %q: exit %d\n%s\n%s", args, r.code, r.stdout, r.stderr)
+		}
+		return r
+	}
+	sb("", "init")
+	did := strings.TrimSpace(sb("", "whoami").stdout)
+	c := client.ForIdentity(home, did)
+	startDaemonProcess(t, filepath.Join(dir, "sealbridged"), home, c)
+	var dead []string
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, "http://"+ln.Addr().String())
+		ln.Close()
+	}
+	var ids []string
+	for _, u := range []string{dead[0], dead[0], dead[1]} {
+		ids = append(ids, strings.TrimSpace(sb("hello", "send", "--to", did, "--relay", u).stdout))
+	}
+	poll(t, "both targets unreachable", func() (bool, string) {
+		l, err := c.Targets(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		n := 0
+		for _, tg := range l.Targets {
+			if tg.State == "unreachable" {
+				n++
+			}
+		}
+		return n == 2, fmt.Sprintf("%+v", l.Targets)
+	})
+
+	wide := sb("", "queue", "--wide")
+	q := sb("", "queue")
+	row := func(out, url string) string {
+		for l := range strings.Lines(out) {
+			if strings.HasPrefix(l, url+" ") && strings.Contains(l, "unreachable") {
+				return strings.TrimRight(l, "\n")
+			}
+		}
+		t.Fatalf("no row of %s in:\n%s", url, out)
+		return ""
+	}
+	short, long := row(q.stdout, dead[0]), row(wide.stdout, dead[0])
+	if !regexp.MustCompile(`unreachable for \d+[smh0-9]*, probe in \d`).MatchString(short) || strings.Contains(short, "Post ") ||
+		!strings.HasSuffix(short, "relay unreachable: connection refused") || len(short) >= len(long) ||
+		!strings.Contains(long, "Post ") || !strings.Contains(long, "next probe at ") {
+		t.Errorf("queue row %q (--wide: %q)", short, long)
+	}
+	if !strings.Contains(q.stderr, "sealbridge: hint: ") || !strings.Contains(q.stderr, "sealbridge retry --target "+dead[0]) {
+		t.Errorf("queue gives no hint to retry the waiting target:\n%s", q.stderr)
+	}
+	ls := sb("", "ls").stdout
+	shortDID := "did:key:" + strings.TrimPrefix(did, "did:key:")[:4] + "…" + did[len(did)-4:]
+	if strings.Contains(ls, did) || strings.Count(ls, shortDID) != 3 {
+		t.Errorf("ls shows the whole did:key or not %s:\n%s", shortDID, ls)
+	}
+
+	// --json: JSON lines for lists, one object for one item.
+	if n := len(jsonLinesOf(t, "ls --json", sb("", "ls", "--json").stdout)); n != 3 {
+		t.Errorf("ls --json: %d objects", n)
+	}
+	if n := len(jsonLinesOf(t, "queue --json", sb("", "queue", "--json").stdout)); n != 2 {
+		t.Errorf("queue --json: %d objects", n)
+	}
+	jsonLinesOf(t, "inbox --json", sb("", "inbox", "--json").stdout)
+	var one map[string]any
+	if out := sb("", "status", "--json", ids[0]).stdout; json.Unmarshal([]byte(out), &one) != nil || one["messageId"] != ids[0] {
+		t.Errorf("status --json is not one object:\n%s", out)
+	}
+	if h := sb("", "--help").stdout; !strings.Contains(h, "JSON lines") {
+		t.Errorf("the main help does not state the --json convention")
+	}
+
+	// Bulk actions read ids, or relay URLs, from standard input given "-".
+	held := jsonLinesOf(t, "hold - --json", sb(ids[0]+"\n"+ids[2]+"\n", "hold", "-", "--json").stdout)
+	if len(held) != 2 || held[0]["messageId"] != ids[0] || held[1]["messageId"] != ids[2] {
+		t.Errorf("hold - --json: %v", held)
+	}
+	rel := sb(dead[0]+"\n"+dead[1]+"\n", "release", "--target", "-")
+	if !strings.Contains(rel.stdout, ids[0]+"  released") || !strings.Contains(rel.stdout, ids[2]+"  released") {
+		t.Errorf("release --target -:\n%s\n%s", rel.stdout, rel.stderr)
+	}
+	var queued []string
+	for _, m := range jsonLinesOf(t, "ls --json", sb("", "ls", "--json", "--status", "queued").stdout) {
+		queued = append(queued, m["messageId"].(string))
+	}
+	retry := sb(strings.Join(queued, "\n"), "retry", "-")
+	if got := strings.Count(retry.stdout, "\n"); got != 3 {
+		t.Errorf("retry - of 3 messages printed %d lines:\n%s", got, retry.stdout)
+	}
+	if r := sb("", "retry", "-"); r.stdout != "" || !strings.Contains(r.stderr, "nothing on standard input") {
+		t.Errorf("retry - of nothing: %q %q", r.stdout, r.stderr)
 	}
 }

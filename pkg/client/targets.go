@@ -28,6 +28,9 @@ type Target struct {
 	Attempts         int       `json:"attempts"`
 	LastError        string    `json:"lastError,omitempty"`
 	Ages             []int     `json:"ages"`
+	// Hint is the daemon's advice on this target, if any (e.g. the retry --target
+	// that makes an attempt now).
+	Hint string `json:"hint,omitempty"`
 }
 
 // TargetList is the answer of GET /v1/targets: the targets with pending envelopes by
@@ -37,6 +40,8 @@ type TargetList struct {
 	Targets    []Target  `json:"targets"`
 	At         time.Time `json:"at"`
 	AgeBuckets []string  `json:"ageBuckets"`
+	// Hint is the daemon's advice on the view, if any.
+	Hint string `json:"hint,omitempty"`
 }
 
 // OperatorAction is an operator's action on a message as its records keep it: which
