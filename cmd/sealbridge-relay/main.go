@@ -87,7 +87,7 @@ The storage flags are described in docs/RELAY.md "Storage backends", the limits 
 	gfs := flag.NewFlagSet("sealbridge-relay", flag.ContinueOnError)
 	f.backend = relay.AddBackendFlags(gfs)
 	f.limits = relay.AddLimitFlags(gfs)
-	cli.AddGoFlags(fs, gfs, relay.BackendFlagsUsage+relay.LimitFlagsUsage)
+	_, _ = cli.AddGoFlags(fs, gfs, relay.BackendFlagsUsage+relay.LimitFlagsUsage) // TestRelayFlagsDescribed
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	c.RunE = func(*cobra.Command, []string) error { return serve(ctx, f, stdout, stderr) }
 	return c

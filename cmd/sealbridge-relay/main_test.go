@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"io"
 	"os"
 	"os/exec"
@@ -13,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
+
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
@@ -259,5 +263,17 @@ func TestNATSCredsFileMustBePrivate(t *testing.T) {
 		if code != 1 || !strings.Contains(errb.String(), "NATS credentials file") || !strings.Contains(errb.String(), "chmod 600") {
 			t.Errorf("--nats-creds %s: exit %d, stderr %q; want refused, saying chmod 600", filepath.Base(creds), code, errb.String())
 		}
+	}
+}
+
+// Every storage and limit flag pkg/relay defines is described by its usage text,
+// which the help, the completions and the man page take its descriptions from.
+func TestRelayFlagsDescribed(t *testing.T) {
+	gfs := flag.NewFlagSet("x", flag.ContinueOnError)
+	relay.AddBackendFlags(gfs)
+	relay.AddLimitFlags(gfs)
+	undescribed, unknown := cli.AddGoFlags(pflag.NewFlagSet("x", pflag.ContinueOnError), gfs, relay.BackendFlagsUsage+relay.LimitFlagsUsage)
+	if undescribed != nil || unknown != nil {
+		t.Fatalf("flags without a description in relay.BackendFlagsUsage/LimitFlagsUsage: %q; described but not defined: %q", undescribed, unknown)
 	}
 }

@@ -55,7 +55,7 @@ flags are described in docs/RELAY.md "Storage backends", the limits in "Limits".
 	gfs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	f.backend = relay.AddBackendFlags(gfs)
 	f.limits = relay.AddLimitFlags(gfs)
-	cli.AddGoFlags(fl, gfs, relay.BackendFlagsUsage+relay.LimitFlagsUsage)
+	_, _ = cli.AddGoFlags(fl, gfs, relay.BackendFlagsUsage+relay.LimitFlagsUsage) // TestRelayFlagsDescribed
 	c.RunE = func(c *cobra.Command, _ []string) error {
 		return runRelay(c.Context(), f, c.OutOrStdout(), c.ErrOrStderr())
 	}

@@ -73,6 +73,11 @@ func (p Program) prepare(root *cobra.Command, args []string) {
 	root.SilenceErrors, root.SilenceUsage = true, true
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd(args...)
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.Short = "print the shell completion script: bash, zsh, fish or powershell"
+		}
+	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		if c.HasParent() {
 			err = fmt.Errorf("%s: %w", c.Name(), err)
@@ -291,19 +296,23 @@ func (v namedValue) Type() string { return v.name }
 // AddGoFlags adds to fs the flags a package defines on a standard-library flag set
 // (gfs), parsed through the same values, and describes each from doc, that
 // package's usage text for them ("  --NAME [ARG]  what…" entries), in that text's
-// order. It panics when a flag has no description in doc, or doc describes a flag
-// gfs does not have: the help would be wrong.
-func AddGoFlags(fs *pflag.FlagSet, gfs *flag.FlagSet, doc string) {
+// order. It returns what the help would get wrong — the flags doc does not
+// describe (added last, described as undocumented) and the names doc describes
+// that gfs does not define (ignored) — for a test to refuse; a binary still runs.
+func AddGoFlags(fs *pflag.FlagSet, gfs *flag.FlagSet, doc string) (undescribed, unknown []string) {
 	docs, order := parseFlagDoc(doc)
 	gfs.VisitAll(func(gf *flag.Flag) {
-		if d := docs[gf.Name]; d[1] == "" {
-			panic("cli: flag --" + gf.Name + " has no description in its usage text")
+		if docs[gf.Name][1] == "" {
+			undescribed = append(undescribed, gf.Name)
+			order = append(order, gf.Name)
+			docs[gf.Name] = [2]string{"", "(undocumented)"}
 		}
 	})
 	for _, name := range order {
 		gf := gfs.Lookup(name)
 		if gf == nil {
-			panic("cli: the usage text describes a flag --" + name + " that is not defined")
+			unknown = append(unknown, name)
+			continue
 		}
 		f := pflag.PFlagFromGoFlag(gf)
 		d := docs[name]
@@ -313,6 +322,7 @@ func AddGoFlags(fs *pflag.FlagSet, gfs *flag.FlagSet, doc string) {
 		}
 		fs.AddFlag(f)
 	}
+	return undescribed, unknown
 }
 
 // Wrap fills text's words into lines of at most width columns.
