@@ -56,12 +56,11 @@ problem.`,
 		"  1   failure: not every message was relayed and delivered, or fsck found problems\n"+exitLineUsage)
 }
 
-func runDemo(ctx context.Context, nv int, keepv bool, timeoutv time.Duration, stdout io.Writer) error {
-	n, keep, timeout := &nv, &keepv, &timeoutv
-	if *n < 1 || *n > demoMaxMessages {
+func runDemo(ctx context.Context, n int, keep bool, timeout time.Duration, stdout io.Writer) error {
+	if n < 1 || n > demoMaxMessages {
 		return usageErrorf("demo: --messages must be between 1 and %d", demoMaxMessages)
 	}
-	if *timeout <= 0 {
+	if timeout <= 0 {
 		return usageErrorf("demo: --timeout must be positive")
 	}
 	// A short temp directory: the daemons' unix sockets live under it, and a
@@ -73,14 +72,14 @@ func runDemo(ctx context.Context, nv int, keepv bool, timeoutv time.Duration, st
 	if tmp, err = filepath.EvalSymlinks(tmp); err != nil {
 		return err
 	}
-	dm := &demo{out: stdout, n: *n, timeout: *timeout, tmp: tmp, keep: *keep}
+	dm := &demo{out: stdout, n: n, timeout: timeout, tmp: tmp, keep: keep}
 	err = dm.run(ctx)
-	if *keep {
+	if keep {
 		fmt.Fprintf(stdout, "kept %s (logs in %s)\n", tmp, filepath.Join(tmp, "logs"))
 	} else if rerr := os.RemoveAll(tmp); rerr != nil && err == nil {
 		err = fmt.Errorf("remove the demo's home: %w", rerr)
 	}
-	if err != nil && !*keep && !errors.Is(err, context.Canceled) {
+	if err != nil && !keep && !errors.Is(err, context.Canceled) {
 		err = withHint(err, "run 'sealbridge demo --keep' to keep the home and the daemons' logs")
 	}
 	return err

@@ -47,11 +47,10 @@ for the daemon's --closed-retention.`,
 }
 
 func runInbox(ctx context.Context, w *who, f inboxFlags, stdout, stderr io.Writer) error {
-	limit, after, asJSON, refused := &f.limit, &f.after, &f.json, &f.refused
-	if *limit < 0 {
+	if f.limit < 0 {
 		return usageErrorf("inbox: --limit must not be negative")
 	}
-	if *refused && (*limit != 0 || *after != "") {
+	if f.refused && (f.limit != 0 || f.after != "") {
 		return usageErrorf("inbox: --refused lists every kept refusal; it takes no --limit or --after")
 	}
 	if err := w.resolve(); err != nil {
@@ -61,14 +60,14 @@ func runInbox(ctx context.Context, w *who, f inboxFlags, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	if *refused {
-		return inboxRefused(ctx, d, *asJSON, stdout)
+	if f.refused {
+		return inboxRefused(ctx, d, f.json, stdout)
 	}
-	l, err := d.c.Inbox(ctx, *limit, *after)
+	l, err := d.c.Inbox(ctx, f.limit, f.after)
 	if err != nil {
 		return d.explain(err)
 	}
-	if *asJSON {
+	if f.json {
 		if err := writeJSONLines(stdout, l.Messages); err != nil {
 			return err
 		}

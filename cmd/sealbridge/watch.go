@@ -44,11 +44,10 @@ saying so and continues.`,
 		"  0   interrupted (SIGINT or SIGTERM)\n  1   failure\n"+exitLineUsage+exitLineNoDaemon)
 }
 
-func runWatch(ctx context.Context, w *who, topicsArg string, asJSONv bool, stdout io.Writer) error {
-	topicsFlag, asJSON := &topicsArg, &asJSONv
+func runWatch(ctx context.Context, w *who, topicsFlag string, asJSON bool, stdout io.Writer) error {
 	var topics []string
-	if *topicsFlag != "" {
-		for t := range strings.SplitSeq(*topicsFlag, ",") {
+	if topicsFlag != "" {
+		for t := range strings.SplitSeq(topicsFlag, ",") {
 			t = strings.TrimSpace(t)
 			ok := false
 			for _, x := range client.Topics {
@@ -85,7 +84,7 @@ func runWatch(ctx context.Context, w *who, topicsArg string, asJSONv bool, stdou
 				}
 				return d.explain(err)
 			}
-			if *asJSON {
+			if asJSON {
 				if err := enc.Encode(map[string]any{"reset": true, "reason": p.Reason, "snapshotMessages": n}); err != nil {
 					return err
 				}
@@ -95,7 +94,7 @@ func runWatch(ctx context.Context, w *who, topicsArg string, asJSONv bool, stdou
 			}
 		}
 		for _, c := range p.Changes {
-			if *asJSON {
+			if asJSON {
 				err = enc.Encode(c)
 			} else {
 				_, err = fmt.Fprintf(stdout, "%s %s %s %s\n", c.At.UTC().Format(time.RFC3339Nano), c.Topic, c.ID, c.State)
