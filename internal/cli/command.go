@@ -293,6 +293,13 @@ type namedValue struct {
 
 func (v namedValue) Type() string { return v.name }
 
+// Named gives flag name of fs the value name metavar that its help prints after it
+// ("--deadline 24h|TIME"), for a description that does not name the value itself.
+func Named(fs *pflag.FlagSet, name, metavar string) {
+	f := fs.Lookup(name)
+	f.Value = namedValue{f.Value, metavar}
+}
+
 // AddGoFlags adds to fs the flags a package defines on a standard-library flag set
 // (gfs), parsed through the same values, and describes each from doc, that
 // package's usage text for them ("  --NAME [ARG]  what…" entries), in that text's
