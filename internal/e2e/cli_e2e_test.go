@@ -242,6 +242,11 @@ func TestHelpOfEachCommand(t *testing.T) {
 	if synopsis, _, _ := strings.Cut(help("inbox", "--help"), "\n\n"); !strings.Contains(synopsis, "--refused") {
 		t.Errorf("inbox's synopsis lacks --refused: %q", synopsis)
 	}
+	for l := range strings.Lines(help("--help")) {
+		if strings.HasPrefix(l, "  inbox ") && !strings.Contains(l, "--refused") {
+			t.Errorf("the main help's line of inbox lacks --refused: %q", l)
+		}
+	}
 	if h := help("help", "--help"); !strings.HasPrefix(h, "usage: sealbridge help ") {
 		t.Errorf("help --help:\n%s", h)
 	}
