@@ -430,12 +430,16 @@ func TestCLIOutputForOperators(t *testing.T) {
 	c := client.ForIdentity(home, did)
 	startDaemonProcess(t, filepath.Join(dir, "sealbridged"), home, c)
 	var dead []string
-	for range 2 {
+	var lns []net.Listener
+	for range 2 { // both open at once: two distinct ports, then closed
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
+		lns = append(lns, ln)
 		dead = append(dead, "http://"+ln.Addr().String())
+	}
+	for _, ln := range lns {
 		ln.Close()
 	}
 	var ids []string
