@@ -401,8 +401,8 @@ func lsCommand() *cobra.Command {
 		Long: `Lists sent messages by id: kind (message: one you sent; confirmation: the delivery
 confirmation the daemon sent back for a message it received), status (with closedBy
 and "(held)" when an operator holds it), attempts, next attempt, the recipient (its
-did:key shortened; --json has it whole) and last error (for a queued or closed
-message).`,
+did:key shortened) and the last error's gist (its outcome and cause, for a queued or
+closed message); status ID and --json have both whole.`,
 		Example: `  sealbridge ls --home ~/sb --identity alice --status queued
   sealbridge ls --all --json --status closed | jq -r .lastError`,
 		Args: cli.NoArgs,
@@ -499,7 +499,7 @@ func lsRow(tw io.Writer, m *client.Message) {
 	}
 	last := ""
 	if m.Status == "queued" || m.Status == "closed" {
-		last = oneLine(m.LastError)
+		last = shortReason(m.LastError)
 	}
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.MessageID, m.Kind, st, m.Attempts, formatTime(m.UpdatedAt),
 		nextAttempt(m), shortDID(m.To), last)

@@ -485,6 +485,9 @@ func TestCLIOutputForOperators(t *testing.T) {
 	if strings.Contains(ls, did) || strings.Count(ls, shortDID) != 3 {
 		t.Errorf("ls shows the whole did:key or not %s:\n%s", shortDID, ls)
 	}
+	if !strings.Contains(ls, "relay unreachable: connection refused\n") || strings.Contains(ls, "Post ") {
+		t.Errorf("ls shows the whole error chain, not its gist:\n%s", ls)
+	}
 
 	// --json: JSON lines for lists, one object for one item.
 	if n := len(jsonLinesOf(t, "ls --json", sb("", "ls", "--json").stdout)); n != 3 {
