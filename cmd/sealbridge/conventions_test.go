@@ -52,7 +52,7 @@ func TestCommandHelp(t *testing.T) {
 		}
 	}
 	// One default relay address, the one sealbridge-relay uses too.
-	if _, out, _ := sb(t, "relay", "--help"); !strings.Contains(out, "(default "+relay.DefaultListen+")") {
+	if _, out, _ := sb(t, "relay", "--help"); !strings.Contains(strings.Join(strings.Fields(out), " "), "(default "+relay.DefaultListen+")") {
 		t.Errorf("relay --help does not give the default --listen %s:\n%s", relay.DefaultListen, out)
 	}
 	if code, _, errs := sb(t, "help", "nope"); code != exitUsage || !strings.Contains(errs, `unknown command "nope"`) {
