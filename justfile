@@ -55,3 +55,14 @@ fsck dir *flags:
 # everything CI does
 ci:
     bash .ci/run
+
+# the man pages of the four binaries, made from the same command definitions as their
+# --help and completions: DIR/man1 (sealbridge and its commands) and DIR/man8 (the
+# daemon, fsck and the relay); read one with: man -l DIR/man1/sealbridge-send.1
+man dir="man":
+    d=$(mktemp -d) && go build -o "$d/" ./cmd/... && "$d/sealbridge" __man "{{dir}}/man1" && for b in sealbridged sealbridge-fsck sealbridge-relay; do "$d/$b" __man "{{dir}}/man8" || exit 1; done; rm -rf "$d"
+
+# the shell completions of the four binaries (bash, zsh, fish) into DIR/SHELL/; each
+# binary also prints its own: sealbridge completion bash
+completions dir="completions":
+    d=$(mktemp -d) && go build -o "$d/" ./cmd/... && for s in bash zsh fish; do mkdir -p "{{dir}}/$s" && for b in sealbridge sealbridged sealbridge-fsck sealbridge-relay; do "$d/$b" completion $s > "{{dir}}/$s/$b" || exit 1; done; done; rm -rf "$d"

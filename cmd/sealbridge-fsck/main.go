@@ -1,5 +1,5 @@
 // Command sealbridge-fsck checks a sealbridge store offline and, with --repair,
-// repairs it. See usage below and docs/FSCK.md.
+// repairs it. See newRoot (its help) and docs/FSCK.md.
 package main
 
 import (
@@ -7,7 +7,6 @@ import (
 	"crypto"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/buildinfo"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
 	"github.com/sealbridge/sealbridge/internal/cli"
@@ -30,11 +30,8 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
-const usage = `usage: sealbridge-fsck [--json] [--repair] [--progress] [--identity NAME|DID] STORE-DIR
-       sealbridge-fsck [--json] [--repair] [--progress] [--home DIR] [--identity NAME|DID]
-       sealbridge-fsck --version
-
-Checks a sealbridge store directory offline: every record against the store's
+// usageText is the description of the command line, in its help and man page.
+const usageText = `Checks a sealbridge store directory offline: every record against the store's
 validity rules (signatures verified on every core), batches, orphans, messages,
 receipts, leftover temps, the lock, modes, owners, symbolic links and unknown
 files. Read-only unless --repair is given. Checking never needs the private key;
@@ -42,27 +39,13 @@ repairing a message's state (a message behind its envelopes, a hold left on a
 closed record or made on one side only) signs the corrected record with the key of
 --identity NAME.
 
-  STORE-DIR          the store directory, <data root>/delivery/<hex sha256(DID)>;
-                     never a data root, an empty path or any other directory
-  --home DIR         the data root (default: $SEALBRIDGE_HOME, else
-                     $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge)
-  --identity NAME|DID
-                     the owner: an identity name (its key file
-                     <data root>/identities/NAME.key is read for its DID) or its
-                     did:key. Without STORE-DIR it names the store (default:
-                     $SEALBRIDGE_IDENTITY, else "default"); with STORE-DIR the
-                     directory's name must be the SHA-256 of its DID
-  --repair           repair what can be repaired: files it does not keep are moved
-                     (never deleted) into lost+found/ with a note; stale temps are
-                     removed and a stale lock is marked free. Refused while the store's lock or
-                     its daemon (the flock of its pid file) is live
-  --json             print one JSON document (schema in docs/FSCK.md)
-  --progress         report progress on stderr even when it is not a terminal
-                     (by default a bar is shown only on a terminal, for large stores)
-  --version          print the version and exit
+STORE-DIR is the store directory, <data root>/delivery/<hex sha256(DID)>; never a
+data root, an empty path or any other directory. Without it, --home and
+--identity name the store. (A STORE-DIR named "completion" is given as
+./completion.)`
 
-EXIT STATUS
-  0   no problems found
+// exitText is the exit statuses, in the help and the man page.
+const exitText = `  0   no problems found
   1   problems were found and all were repaired
   4   problems are left (found by a check, or not repairable)
   8   operational error: the store cannot be checked (missing, not a directory,
@@ -71,12 +54,6 @@ EXIT STATUS
       nothing is changed
   16  usage error (an empty STORE-DIR, --home or --identity is one)
   32  cancelled (Ctrl-C); the store is left intact
-
-EXAMPLES
-  sealbridge-fsck
-  sealbridge-fsck --home ~/.local/state/sealbridge --identity alice
-  sealbridge-fsck ~/.local/state/sealbridge/delivery/256caa67…
-  sealbridge-fsck --repair --json STORE-DIR
 `
 
 // Exit codes, fsck(8)'s convention.
@@ -122,7 +99,7 @@ var (
 )
 
 // prog is this binary's conventions (internal/cli): usage errors exit 16.
-var prog = cli.Program{Name: "sealbridge-fsck", UsageExit: exitUsage}
+var prog = cli.Program{Name: "sealbridge-fsck", UsageExit: exitUsage, ManSection: "8", Version: version()}
 
 // errUsage marks a usage error (as does a *cli.UsageError).
 var errUsage = errors.New("usage error")
@@ -143,41 +120,72 @@ type config struct {
 // sealbridged); then dataroot.DefaultIdentity.
 const identityEnv = "SEALBRIDGE_IDENTITY"
 
-func parseArgs(args []string, stderr io.Writer) (config, error) {
+// newRoot is the command line: its flags, help and exit statuses, from which the
+// help, the completions and the man page are made. Its run parses into *c.
+func newRoot(c *config) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "sealbridge-fsck [--json] [--repair] [--progress] [--identity NAME|DID] STORE-DIR",
+		Short: "check (and repair) a sealbridge store offline",
+		Long:  usageText,
+		Example: `  sealbridge-fsck
+  sealbridge-fsck --home ~/.local/state/sealbridge --identity alice
+  sealbridge-fsck ~/.local/state/sealbridge/delivery/256caa67…
+  sealbridge-fsck --repair --json STORE-DIR`,
+		Args: cobra.ArbitraryArgs,
+	}
+	cli.Annotate(root, cli.AnnotSynopsis, "[--json] [--repair] [--progress] [--home DIR] [--identity NAME|DID]\n--version\ncompletion bash|zsh|fish")
+	cli.Annotate(root, cli.AnnotExit, exitText)
+	fs := root.Flags()
+	fs.BoolVar(&c.json, "json", false, "print one JSON document (schema in docs/FSCK.md)")
+	fs.BoolVar(&c.repair, "repair", false, "repair what can be repaired: files it does not keep are moved (never deleted) into lost+found/ with a note; stale temps are removed and a stale lock is marked free. Refused while the store's lock or its daemon (the flock of its pid file) is live")
+	fs.BoolVar(&c.progress, "progress", false, "report progress on stderr even when it is not a terminal (by default a bar is shown only on a terminal, for large stores)")
+	fs.StringVar(&c.home, "home", "", cli.HomeUsage)
+	fs.StringVar(&c.identityArg, "identity", "", "the owner: an identity `NAME|DID` (its key file <data root>/identities/NAME.key is read for its DID) or its did:key. Without STORE-DIR it names the store (default: $SEALBRIDGE_IDENTITY, else \"default\"); with STORE-DIR the directory's name must be the SHA-256 of its DID")
+	fs.BoolVar(&c.version, "version", false, "print the version and exit")
+	_ = root.MarkFlagDirname("home")
+	return root
+}
+
+// errHelpShown: parseArgs printed the help; there is nothing to check.
+var errHelpShown = errors.New("help shown")
+
+// parseArgs parses the command line into a config; a help request prints the
+// help on stdout and returns errHelpShown.
+func parseArgs(args []string, stdout, stderr io.Writer) (config, error) {
 	var c config
-	fs := flag.NewFlagSet("sealbridge-fsck", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.BoolVar(&c.json, "json", false, "")
-	fs.BoolVar(&c.repair, "repair", false, "")
-	fs.BoolVar(&c.progress, "progress", false, "")
-	fs.BoolVar(&c.version, "version", false, "")
-	fs.StringVar(&c.home, "home", "", "")
-	fs.StringVar(&c.identityArg, "identity", "", "")
-	positional, err := cli.ParseFlags(fs, args)
-	if err != nil {
-		return c, err
+	ran := false
+	root := newRoot(&c)
+	root.RunE = func(cmd *cobra.Command, positional []string) error {
+		ran = true
+		return c.parse(cmd, positional)
 	}
+	err := prog.Execute(context.Background(), root, args, stdout, stderr)
+	if err == nil && !ran {
+		err = errHelpShown
+	}
+	return c, err
+}
+
+// parse checks the flags and arguments and completes c from them.
+func (c *config) parse(cmd *cobra.Command, positional []string) error {
 	if c.version {
-		return c, nil
+		return nil
 	}
-	var homeGiven bool
-	fs.Visit(func(f *flag.Flag) {
-		homeGiven = homeGiven || f.Name == "home"
-		c.identityGiven = c.identityGiven || f.Name == "identity"
-	})
+	homeGiven := cmd.Flags().Changed("home")
+	c.identityGiven = cmd.Flags().Changed("identity")
 	// An empty value never means "the current directory" or "the default": it is
 	// what a script passes for an unset variable.
 	switch {
 	case homeGiven && c.home == "":
-		return c, fmt.Errorf("%w: --home is empty (an unset variable?); give the data root", errUsage)
+		return fmt.Errorf("%w: --home is empty (an unset variable?); give the data root", errUsage)
 	case c.identityGiven && c.identityArg == "":
-		return c, fmt.Errorf("%w: --identity is empty (an unset variable?); give an identity name or a did:key", errUsage)
+		return fmt.Errorf("%w: --identity is empty (an unset variable?); give an identity name or a did:key", errUsage)
 	case slices.Contains(positional, ""):
-		return c, fmt.Errorf("%w: STORE-DIR is empty (an unset variable?); give the store directory, never an empty path", errUsage)
+		return fmt.Errorf("%w: STORE-DIR is empty (an unset variable?); give the store directory, never an empty path", errUsage)
 	case len(positional) > 1:
-		return c, fmt.Errorf("%w: one STORE-DIR only (got %d)", errUsage, len(positional))
+		return fmt.Errorf("%w: one STORE-DIR only (got %d)", errUsage, len(positional))
 	case len(positional) == 1 && homeGiven:
-		return c, fmt.Errorf("%w: give STORE-DIR or --home DIR [--identity NAME|DID], not both", errUsage)
+		return fmt.Errorf("%w: give STORE-DIR or --home DIR [--identity NAME|DID], not both", errUsage)
 	}
 	if !c.identityGiven && len(positional) == 0 {
 		c.identityArg = os.Getenv(identityEnv)
@@ -188,17 +196,17 @@ func parseArgs(args []string, stderr io.Writer) (config, error) {
 	if c.identityArg != "" {
 		if isDID(c.identityArg) {
 			if _, err := identity.ParseDID(c.identityArg); err != nil {
-				return c, fmt.Errorf("%w: --identity %q is not a valid did:key", errUsage, c.identityArg)
+				return fmt.Errorf("%w: --identity %q is not a valid did:key", errUsage, c.identityArg)
 			}
 			c.identity = identity.DID(c.identityArg)
 		} else if err := dataroot.CheckIdentityName(c.identityArg); err != nil {
-			return c, fmt.Errorf("%w: --identity: %v, or give a did:key", errUsage, err)
+			return fmt.Errorf("%w: --identity: %v, or give a did:key", errUsage, err)
 		}
 	}
 	if len(positional) == 1 {
 		dir, err := filepath.Abs(positional[0])
 		if err != nil {
-			return c, fmt.Errorf("%w: STORE-DIR %q: %v", errUsage, positional[0], err)
+			return fmt.Errorf("%w: STORE-DIR %q: %v", errUsage, positional[0], err)
 		}
 		c.dir = dir
 		// <data root>/delivery/<64 hex>: the data root holds the identities and the
@@ -206,14 +214,14 @@ func parseArgs(args []string, stderr io.Writer) (config, error) {
 		if filepath.Base(filepath.Dir(dir)) == dataroot.DeliveryDir {
 			c.root = filepath.Dir(filepath.Dir(dir))
 		}
-		return c, nil
+		return nil
 	}
 	root, err := dataroot.Resolve(c.home)
 	if err != nil {
-		return c, fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	c.root, c.viaHome = root, true
-	return c, nil
+	return nil
 }
 
 // isDID reports whether an --identity value is meant as a DID rather than a name.
@@ -319,10 +327,9 @@ func pidFileLocked(p string) (bool, string, error) {
 }
 
 func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseArgs(args, stderr)
+	cfg, err := parseArgs(args, stdout, stderr)
 	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, usage)
+	case errors.Is(err, errHelpShown):
 		return exitClean
 	case err != nil:
 		prog.Report(stderr, usageOf(err))

@@ -73,11 +73,11 @@ func TestUsage(t *testing.T) {
 		stderr  string // substring
 		nothing bool   // stdout must be empty
 	}{
-		{name: "help", args: []string{"-h"}, code: 0, stdout: "EXIT STATUS"},
+		{name: "help", args: []string{"-h"}, code: 0, stdout: "Exit status:"},
 		{name: "help lists every exit code", args: []string{"--help"}, code: 0, stdout: "32  cancelled"},
 		{name: "no store: the default identity", args: nil, code: 8, stderr: "no identity default at ", nothing: true},
 		{name: "two stores", args: []string{dir, dir}, code: 16, stderr: "one STORE-DIR only", nothing: true},
-		{name: "unknown flag", args: []string{"--fix", dir}, code: 16, stderr: "flag provided but not defined", nothing: true},
+		{name: "unknown flag", args: []string{"--fix", dir}, code: 16, stderr: "unknown flag: --fix", nothing: true},
 		{name: "home without identity: default", args: []string{"--home", dir}, code: 8, stderr: "no identity default at " + dir + "/identities/default.key", nothing: true},
 		{name: "identity not a name", args: []string{"--identity", "../x"}, code: 16, stderr: "is not an identity name", nothing: true},
 		{name: "unknown identity name", args: []string{"--home", dir, "--identity", "alice"}, code: 8, stderr: "sealbridge init --home " + dir + " --identity alice", nothing: true},

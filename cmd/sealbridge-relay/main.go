@@ -12,7 +12,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -23,6 +22,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/sealbridge/sealbridge/internal/buildinfo"
 
@@ -38,78 +39,73 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `usage: sealbridge-relay [--listen ADDR] [--home DIR] [--identity-file FILE]
-                        [--log-format text|json] [--log-level L]
-                        [--backend file|jetstream --nats-url URLS …] [limit flags]
-       sealbridge-relay --version
+// relayFlags are the command line's flags.
+type relayFlags struct {
+	listen, home, idFile string
+	log                  *cli.LogFlags
+	backend              *relay.BackendFlags
+	limits               *relay.LimitFlags
+	version              bool
+}
 
-Runs sealbridge's reference relay (docs/RELAY.md) in the foreground: it prints
+// newRoot is the command line: its flags, help and exit statuses, from which the
+// help, the completions and the man page are made.
+func newRoot(ctx context.Context, stdout, stderr io.Writer) *cobra.Command {
+	c := &cobra.Command{
+		Use: "sealbridge-relay [--listen ADDR] [--home DIR] [--identity-file FILE] [--log-format text|json] [--log-level L] " +
+			"[--backend file|jetstream --nats-url URLS …] [limit flags]",
+		Short: "sealbridge's reference relay",
+		Long: `Runs sealbridge's reference relay (docs/RELAY.md) in the foreground: it prints
 "listening http://ADDR" and "relay DID" on standard output and logs on standard
 error; SIGTERM or SIGINT stops it gracefully. "sealbridge relay" runs the same relay.
 It also serves GET /livez, /readyz and /metrics (docs/RELAY.md "Operations").
-
-  --listen ADDR         address to listen on (default 127.0.0.1:8470; port 0 picks one)
-  --home DIR            data root: the relay's store and inboxes (default:
-                        $SEALBRIDGE_HOME, else $XDG_STATE_HOME/sealbridge, else
-                        ~/.local/state/sealbridge)
-  --identity-file FILE  the relay's key (default DIR/relay-identity.pem; created if absent)
-  --log-format FORMAT   text or json (default text)
-  --log-level LEVEL     debug, info, warn or error (default info)
-  --version             print the version and exit
-
-Storage (docs/RELAY.md "Storage backends"):
-` + relay.BackendFlagsUsage + `
-Limits (docs/RELAY.md "Limits"):
-` + relay.LimitFlagsUsage + `
-Examples:
-  sealbridge-relay --home ~/sb-relay
+The storage flags are described in docs/RELAY.md "Storage backends", the limits in
+"Limits".`,
+		Example: `  sealbridge-relay --home ~/sb-relay
   sealbridge-relay --listen 0.0.0.0:8470 --home /var/lib/sealbridge-relay --log-format json
   SEALBRIDGE_NATS_CREDS=~/sb-relay/relay.creds sealbridge-relay --backend jetstream \
-      --nats-url nats://n1:4222,nats://n2:4222,nats://n3:4222
-
-Exit status:
-  0   stopped by SIGTERM or SIGINT (or --help, --version)
+      --nats-url nats://n1:4222,nats://n2:4222,nats://n3:4222`,
+		Args: cli.NoArgs,
+	}
+	cli.Annotate(c, cli.AnnotSynopsis, "--version\ncompletion bash|zsh|fish")
+	cli.Annotate(c, cli.AnnotExit, `  0   stopped by SIGTERM or SIGINT (or --help, --version)
   1   failure: cannot listen, cannot open its key or store (a JetStream stream
       neither replicated nor synced on every write is refused), or serving failed
   2   usage error
-`
+`)
+	var f relayFlags
+	fs := c.Flags()
+	cli.NonEmptyVar(fs, &f.listen, "listen", relay.DefaultListen, "`ADDR` to listen on (port 0: any)")
+	cli.NonEmptyVar(fs, &f.home, "home", "", "the data root `DIR`: the relay's store and inboxes (default: $SEALBRIDGE_HOME, else $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge)")
+	cli.NonEmptyVar(fs, &f.idFile, "identity-file", "", "the relay's key `FILE` (default DIR/relay-identity.pem; created if absent)")
+	_ = c.MarkFlagDirname("home")
+	_ = c.MarkFlagFilename("identity-file")
+	f.log = cli.AddLogFlags(fs)
+	gfs := flag.NewFlagSet("sealbridge-relay", flag.ContinueOnError)
+	f.backend = relay.AddBackendFlags(gfs)
+	f.limits = relay.AddLimitFlags(gfs)
+	_, _ = cli.AddGoFlags(fs, gfs, relay.BackendFlagsUsage+relay.LimitFlagsUsage) // TestRelayFlagsDescribed
+	fs.BoolVar(&f.version, "version", false, "print the version and exit")
+	c.RunE = func(*cobra.Command, []string) error { return serve(ctx, f, stdout, stderr) }
+	return c
+}
 
 // prog is this binary's conventions (internal/cli).
-var prog = cli.Program{Name: "sealbridge-relay", UsageExit: 2}
+var prog = cli.Program{Name: "sealbridge-relay", UsageExit: 2, ManSection: "8", Version: version()}
 
 // run is main without the process: it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := serve(ctx, args, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, usage)
-		return 0
-	}
+	err := prog.Execute(ctx, newRoot(ctx, stdout, stderr), args, stdout, stderr)
 	prog.Report(stderr, err)
 	return prog.Exit(err, 1)
 }
 
-// serve parses args and runs the relay until ctx ends.
-func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("sealbridge-relay", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var listen, home, idFile string
-	cli.NonEmptyVar(fs, &listen, "listen", relay.DefaultListen)
-	cli.HomeFlag(fs, &home)
-	cli.NonEmptyVar(fs, &idFile, "identity-file", "")
-	logFlags := cli.AddLogFlags(fs)
-	backendFlags := relay.AddBackendFlags(fs)
-	limitFlags := relay.AddLimitFlags(fs)
-	showVersion := fs.Bool("version", false, "")
-	pos, err := cli.ParseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if *showVersion {
+// serve runs the relay the flags describe until ctx ends.
+func serve(ctx context.Context, f relayFlags, stdout, stderr io.Writer) error {
+	listen, home, idFile, logFlags, backendFlags, limitFlags := f.listen, f.home, f.idFile, f.log, f.backend, f.limits
+	if f.version {
 		fmt.Fprintf(stdout, "sealbridge-relay %s\n", version())
 		return nil
-	}
-	if len(pos) > 0 {
-		return cli.Usagef("unexpected argument %q: sealbridge-relay takes flags only", pos[0])
 	}
 	if err := limitFlags.Check(); err != nil {
 		return cli.AsUsage(err)

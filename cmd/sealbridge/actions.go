@@ -1,25 +1,20 @@
 package main
 
 import (
+	"bufio"
 	"context"
-	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
-	"github.com/sealbridge/sealbridge/internal/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
-
-// The operator's actions on the queue: hold, release, cancel, retry.
-func init() {
-	for _, op := range actionOps {
-		commands = append(commands, command{op.name, op.run})
-		commandUsage[op.name] = op.usage()
-	}
-}
 
 // actionOp is one action command.
 type actionOp struct {
@@ -48,63 +43,81 @@ unreachable wait are cleared, and one attempt is made at once. Held envelopes ar
 not retried (release them first).`, (*client.Client).Retry},
 }
 
-func (op actionOp) usage() string {
-	return `usage: sealbridge ` + op.name + ` [--reason R] [--json] (MESSAGE… | --target URL)
-                       [--home DIR] [--identity NAME]
-
-` + op.about + `
+func (op actionOp) command() *cobra.Command {
+	c := &cobra.Command{
+		Use:   op.name + " [--reason R] [--json] (MESSAGE… | - | --target URL|-) [--home DIR] [--identity NAME]",
+		Short: op.what,
+		Long: op.about + `
 
 Prints one line per message: ID ` + op.done + ` (N envelopes), ID already ` + op.done + `
 or unchanged (nothing to do), or ID refused CODE: why, with the daemon's note if any. Refusal
 codes: MESSAGE_CLOSED (delivered or closed), MESSAGE_NOT_FOUND (no such message).
-Exits 1 if any message refused the action. Each change is recorded in the message's
-and its envelopes' records with who (uid:N), when and --reason.
+Each change is recorded in the message's and its envelopes' records with who
+(uid:N), when and --reason.
 
-  MESSAGE…           message ids, as send printed them
-  --target URL       every message with envelopes pending to this relay URL now
-  --reason R         why (at most 256 bytes, one line), kept in the records
-  --json             print the daemon's JSON
-` + identityFlagsUsage + `
-Examples:
-  sealbridge ` + op.name + ` --home ~/sb --identity alice 0190b6a4-…
+"-" for MESSAGE reads the message ids from standard input, and --target - the relay
+URLs, one or more a line (as postsuper - does); nothing on standard input does
+nothing.`,
+		Example: `  sealbridge ` + op.name + ` --home ~/sb --identity alice 0190b6a4-…
   sealbridge ` + op.name + ` --target http://127.0.0.1:8470 --reason "relay maintenance"
-`
+  sealbridge ls --json --status queued | jq -r .messageId | sealbridge ` + op.name + ` -`,
+	}
+	w := identityFlags(c)
+	fl := c.Flags()
+	reason := fl.String("reason", "", "why (`R`: at most 256 bytes, one line), kept in the records")
+	target := fl.String("target", "", "every message with envelopes pending to this relay `URL` now (\"-\": the URLs on standard input)")
+	asJSON := fl.Bool("json", false, "JSON lines: one object per message's result, as the daemon reports it")
+	c.RunE = func(c *cobra.Command, ids []string) error {
+		return op.run(c.Context(), w, ids, *reason, *target, fl.Changed("target"), *asJSON, c.OutOrStdout(), c.ErrOrStderr())
+	}
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit, daemonExit("a message refused the action, or another failure"))
 }
 
-func (op actionOp) run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet(op.name)
-	w := identityFlags(fs)
-	reason := fs.String("reason", "", "")
-	target := fs.String("target", "", "")
-	asJSON := fs.Bool("json", false, "")
-	ids, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	targetSet := false
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "target" {
-			targetSet = true
-		}
-	})
+// actionChunk bounds the ids of one request (the daemon takes at most 1,000).
+const actionChunk = 1000
+
+func (op actionOp) run(ctx context.Context, w *who, ids []string, reason, target string, targetSet, asJSON bool, stdout, stderr io.Writer) error {
 	switch {
-	case targetSet && *target == "":
+	case targetSet && target == "":
 		return usageErrorf("%s: --target is empty", op.name)
 	case len(ids) == 0 && !targetSet:
 		return usageErrorf("%s: give message ids or --target URL", op.name)
 	case len(ids) > 0 && targetSet:
 		return usageErrorf("%s: give message ids or --target URL, not both", op.name)
+	case len(ids) > 1 && slices.Contains(ids, "-"):
+		return usageErrorf("%s: \"-\" reads the message ids from standard input: give it alone", op.name)
 	}
-	for _, id := range ids {
-		switch {
-		case id == "":
-			return usageErrorf("%s: a message id is empty", op.name)
-		case !uuid.Valid(id):
-			return usageErrorf("%s: %q is not a message id (a lower-case UUID, as sealbridge send printed)", op.name, id)
+	var targets []string
+	if targetSet {
+		targets = []string{target}
+	}
+	fromStdin := false
+	var err error
+	switch {
+	case len(ids) == 1 && ids[0] == "-":
+		ids, fromStdin = nil, true
+		if ids, err = readList(stdin); err != nil {
+			return err
+		}
+	case target == "-":
+		targets, fromStdin = nil, true
+		if targets, err = readList(stdin); err != nil {
+			return err
 		}
 	}
-	if targetSet && !record.ValidRelayURL(*target) {
-		return usageErrorf("%s: --target %q is not an http(s) relay URL", op.name, *target)
+	for _, id := range ids {
+		if err := checkMessageID(op.name, id); err != nil {
+			return err
+		}
+	}
+	for _, t := range targets {
+		if !record.ValidRelayURL(t) {
+			return usageErrorf("%s: --target %q is not an http(s) relay URL", op.name, t)
+		}
+	}
+	if fromStdin && len(ids) == 0 && len(targets) == 0 {
+		fmt.Fprintf(stderr, "sealbridge: %s: nothing on standard input, nothing done\n", op.name)
+		return nil
 	}
 	if err := w.resolve(); err != nil {
 		return err
@@ -113,34 +126,64 @@ func (op actionOp) run(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
-	ans, err := op.call(d.c, ctx, client.Selector{MessageIDs: ids, Target: *target}, *reason)
-	if err != nil {
-		return d.explain(err)
+	var sels []client.Selector
+	for _, t := range targets {
+		sels = append(sels, client.Selector{Target: t})
 	}
-	if *asJSON {
-		if ans.Results == nil {
-			ans.Results = []client.ActionResult{}
+	for chunk := range slices.Chunk(ids, actionChunk) {
+		sels = append(sels, client.Selector{MessageIDs: chunk})
+	}
+	var results []client.ActionResult
+	for _, sel := range sels {
+		ans, err := op.call(d.c, ctx, sel, reason)
+		if err != nil {
+			return d.explain(err)
 		}
-		if err := writeJSON(stdout, ans); err != nil {
+		if sel.Target != "" && len(ans.Results) == 0 {
+			fmt.Fprintf(stderr, "sealbridge: no message has envelopes pending to %s\n", sel.Target)
+		}
+		results = append(results, ans.Results...)
+	}
+	if asJSON {
+		if err := writeJSONLines(stdout, results); err != nil {
 			return err
 		}
 	} else {
-		if len(ans.Results) == 0 {
-			fmt.Fprintf(stderr, "sealbridge: no message has envelopes pending to %s\n", *target)
-		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		for _, r := range ans.Results {
+		for _, r := range results {
 			fmt.Fprintf(tw, "%s\t%s\n", r.MessageID, op.describe(r))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
-	if refused := ans.Refused(); len(refused) > 0 {
-		return withHint(fmt.Errorf("%s: %d of %d messages refused (%s)", op.name, len(refused), len(ans.Results), refused[0].Code),
+	if refused := (client.ActionAnswer{Results: results}).Refused(); len(refused) > 0 {
+		return withHint(fmt.Errorf("%s: %d of %s refused (%s)", op.name, len(refused), plural(len(results), "message", "messages"), refused[0].Code),
 			"list sent messages with: sealbridge ls %s", w.flags())
 	}
 	return nil
+}
+
+// readList reads the words of r, one or more a line, as postsuper - does: the
+// message ids or relay URLs of a bulk action. Empty lines are skipped; the words
+// are kept in order, each once.
+func readList(r io.Reader) ([]string, error) {
+	var words []string
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		for _, f := range strings.Fields(sc.Text()) {
+			if !seen[f] {
+				seen[f] = true
+				words = append(words, f)
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read standard input: %w", err)
+	}
+	return words, nil
 }
 
 // describe says what the action did to one message.

@@ -40,7 +40,7 @@ func TestQueueActionCommands(t *testing.T) {
 		{[]string{"release", "--target", dead}, exitOK, id + "  released (1 envelope)\n", ""},
 		{[]string{"cancel", id}, exitOK, id + "  cancelled (1 envelope)", ""}, // a note may follow: an attempt in flight
 		{[]string{"cancel", id}, exitOK, id + "  unchanged; ", ""},
-		{[]string{"hold", id}, exitFailure, id + "  refused MESSAGE_CLOSED: ", "hold: 1 of 1 messages refused (MESSAGE_CLOSED)"},
+		{[]string{"hold", id}, exitFailure, id + "  refused MESSAGE_CLOSED: ", "hold: 1 of 1 message refused (MESSAGE_CLOSED)"},
 		{[]string{"retry", "--target", dead}, exitOK, "", "no message has envelopes pending to " + dead},
 		{[]string{"hold"}, exitUsage, "", "give message ids or --target URL"},
 		{[]string{"hold", id, "--target", dead}, exitUsage, "", "not both"},

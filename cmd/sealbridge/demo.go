@@ -12,6 +12,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
@@ -31,19 +34,33 @@ const (
 	demoStopTimeout  = 30 * time.Second       // daemons' drain (their own bound is 10 s)
 )
 
-// cmdDemo: sealbridge demo [--messages N] [--keep] [--timeout 2m]
-func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("demo")
-	n := fs.Int("messages", 100, "")
-	keep := fs.Bool("keep", false, "")
-	timeout := fs.Duration("timeout", 2*time.Minute, "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+func demoCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "demo [--messages 100] [--keep] [--timeout 2m]",
+		Short: "run two daemons and a relay in a temp home, send messages, check the stores",
+		Long: `Runs two daemons (alice and bob) and a relay in a temporary home, sends messages
+from alice to bob and checks the three stores (alice's, bob's and the relay's) with
+fsck; it succeeds only if every message was relayed and delivered and fsck finds no
+problem.`,
+		Example: "  sealbridge demo --messages 20 --keep",
+		Args:    cli.NoArgs,
 	}
-	if *n < 1 || *n > demoMaxMessages {
+	fl := c.Flags()
+	n := fl.Int("messages", 100, "how many messages to send (`N`)")
+	keep := fl.Bool("keep", false, "keep the temporary home and its logs")
+	timeout := fl.Duration("timeout", 2*time.Minute, "give up after `D`")
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		return runDemo(c.Context(), *n, *keep, *timeout, c.OutOrStdout())
+	}
+	return cli.Annotate(c, cli.AnnotExit, exitLineOK+
+		"  1   failure: not every message was relayed and delivered, or fsck found problems\n"+exitLineUsage)
+}
+
+func runDemo(ctx context.Context, n int, keep bool, timeout time.Duration, stdout io.Writer) error {
+	if n < 1 || n > demoMaxMessages {
 		return usageErrorf("demo: --messages must be between 1 and %d", demoMaxMessages)
 	}
-	if *timeout <= 0 {
+	if timeout <= 0 {
 		return usageErrorf("demo: --timeout must be positive")
 	}
 	// A short temp directory: the daemons' unix sockets live under it, and a
@@ -55,14 +72,14 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if tmp, err = filepath.EvalSymlinks(tmp); err != nil {
 		return err
 	}
-	dm := &demo{out: stdout, n: *n, timeout: *timeout, tmp: tmp, keep: *keep}
+	dm := &demo{out: stdout, n: n, timeout: timeout, tmp: tmp, keep: keep}
 	err = dm.run(ctx)
-	if *keep {
+	if keep {
 		fmt.Fprintf(stdout, "kept %s (logs in %s)\n", tmp, filepath.Join(tmp, "logs"))
 	} else if rerr := os.RemoveAll(tmp); rerr != nil && err == nil {
 		err = fmt.Errorf("remove the demo's home: %w", rerr)
 	}
-	if err != nil && !*keep && !errors.Is(err, context.Canceled) {
+	if err != nil && !keep && !errors.Is(err, context.Canceled) {
 		err = withHint(err, "run 'sealbridge demo --keep' to keep the home and the daemons' logs")
 	}
 	return err
@@ -137,7 +154,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	}()
 	start := time.Now()
 	dm.root = filepath.Join(dm.tmp, "home")
-	fmt.Fprintf(dm.out, "sealbridge demo: %d messages from alice to bob through a reference relay on loopback\n", dm.n)
+	fmt.Fprintf(dm.out, "sealbridge demo: %s from alice to bob through a reference relay on loopback\n", plural(dm.n, "message", "messages"))
 	if dm.keep {
 		fmt.Fprintf(dm.out, "home     %s (kept: --keep)\n", dm.tmp)
 	} else {
@@ -199,7 +216,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 		return err
 	}
 	sendTime := time.Since(sendStart)
-	fmt.Fprintf(dm.out, "sent %d messages in %s through alice's local API\n", dm.n, round(sendTime))
+	fmt.Fprintf(dm.out, "sent %s in %s through alice's local API\n", plural(dm.n, "message", "messages"), round(sendTime))
 
 	// Wait until every message is delivered: confirmed by bob's signed
 	// delivery-status (or closed: then it never will be).
@@ -241,7 +258,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	fmt.Fprintln(dm.out)
 	fmt.Fprintln(dm.out, "summary")
 	fmt.Fprintf(dm.out, "  messages  %d sent, %d relayed, %d delivered, %d closed, %d still queued\n", dm.n, relayed, delivered, counts["closed"], dm.n-relayed-counts["closed"])
-	fmt.Fprintf(dm.out, "  bob       %d messages received (observations)\n", received)
+	fmt.Fprintf(dm.out, "  bob       %s received (observations)\n", plural(received, "message", "messages"))
 	fmt.Fprintf(dm.out, "  relay     %d envelopes accepted, %d duplicates\n", st.Accepted, st.Duplicates)
 	fmt.Fprintf(dm.out, "  time      %s in all: sending %s, all relayed %s and all delivered %s after the first send, fsck %s\n",
 		round(time.Since(start)), round(sendTime), round(relayTime), round(deliverTime), round(fsckTime))
@@ -251,7 +268,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	if problems == 0 {
 		fmt.Fprintln(dm.out, "fsck: clean")
 	} else {
-		fmt.Fprintf(dm.out, "fsck: %d problems\n", problems)
+		fmt.Fprintf(dm.out, "fsck: %s\n", plural(problems, "problem", "problems"))
 	}
 	switch {
 	case werr != nil:
@@ -263,7 +280,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	case received != dm.n:
 		return fmt.Errorf("bob holds %d observations, not %d", received, dm.n)
 	case problems > 0:
-		return fmt.Errorf("fsck found %d problems", problems)
+		return fmt.Errorf("fsck found %s", plural(problems, "problem", "problems"))
 	}
 	return nil
 }
@@ -401,7 +418,7 @@ func (dm *demo) wait(ctx context.Context, c *client.Client, relayErr <-chan erro
 		bar.update(counts["delivered"])
 		if counts["delivered"]+counts["closed"] >= dm.n {
 			if counts["closed"] > 0 {
-				return counts, relayTime, fmt.Errorf("%d messages were closed without being relayed", counts["closed"])
+				return counts, relayTime, fmt.Errorf("%s closed without being relayed", plural(counts["closed"], "message was", "messages were"))
 			}
 			return counts, relayTime, nil
 		}
@@ -459,7 +476,7 @@ func (dm *demo) fsck(ctx context.Context, name, dir string, owner identity.DID) 
 	if err != nil {
 		return 0, fmt.Errorf("fsck of %s's store: %w", name, err)
 	}
-	fmt.Fprintf(dm.out, "fsck %-5s %d records, %d valid, %d problems\n", name, rep.Records, rep.Valid, rep.Problems())
+	fmt.Fprintf(dm.out, "fsck %-5s %s, %d valid, %s\n", name, plural(rep.Records, "record", "records"), rep.Valid, plural(rep.Problems(), "problem", "problems"))
 	shown := 0
 	for _, f := range rep.Findings {
 		if f.Severity != fsck.Problem {

@@ -1,12 +1,14 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
 
 	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/dataroot"
@@ -21,12 +23,38 @@ type who struct {
 	root       string // the resolved data root
 }
 
-// identityFlags adds --home and --identity to fs (cli.HomeFlag, cli.IdentityFlag).
-func identityFlags(fs *flag.FlagSet) *who {
+// identityFlags adds --home and --identity to c (cli.HomeFlag, cli.IdentityFlag)
+// and makes c complete --identity with the names of the identities in the data
+// root.
+func identityFlags(c *cobra.Command) *who {
 	w := &who{}
-	cli.HomeFlag(fs, &w.home)
-	cli.IdentityFlag(fs, &w.name)
+	cli.HomeFlag(c.Flags(), &w.home)
+	cli.IdentityFlag(c.Flags(), &w.name)
+	_ = c.RegisterFlagCompletionFunc("identity", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return w.names(), cobra.ShellCompDirectiveNoFileComp
+	})
+	_ = c.MarkFlagDirname("home")
 	return w
+}
+
+// names lists the identities of the data root (for completion); nil when it
+// cannot be read.
+func (w *who) names() []string {
+	root, err := dataroot.Resolve(w.home)
+	if err != nil {
+		return nil
+	}
+	ents, err := os.ReadDir(filepath.Dir(daemon.IdentityPath(root, "x")))
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, e := range ents {
+		if n, ok := strings.CutSuffix(e.Name(), ".key"); ok && e.Type().IsRegular() {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 // resolve resolves the data root (--home, $SEALBRIDGE_HOME, …).
@@ -59,25 +87,24 @@ func (w *who) load() (*identity.Identity, error) {
 	return id, nil
 }
 
-// noArgs parses fs and refuses positional arguments.
-func noArgs(fs *flag.FlagSet, args []string) error {
-	pos, err := parseFlags(fs, args)
-	if err != nil {
-		return err
+// identityExit is the exit table of init and whoami.
+const identityExit = exitLineOK + exitLineFailure + exitLineUsage
+
+func initCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "init [--home DIR] [--identity NAME]",
+		Short: "create an identity, print its DID",
+		Long: `Creates the identity NAME (an Ed25519 key, <home>/identities/NAME.key, mode 0600)
+and prints its did:key. Refuses an identity that exists.`,
+		Example: "  sealbridge init --home ~/sb --identity alice",
+		Args:    cli.NoArgs,
 	}
-	if len(pos) > 0 {
-		return usageErrorf("%s: unexpected argument %q", fs.Name(), pos[0])
-	}
-	return nil
+	w := identityFlags(c)
+	c.RunE = func(c *cobra.Command, _ []string) error { return runInit(w, c.OutOrStdout()) }
+	return cli.Annotate(c, cli.AnnotExit, identityExit)
 }
 
-// cmdInit: sealbridge init [--home DIR] [--identity NAME]
-func cmdInit(_ context.Context, args []string, stdout, _ io.Writer) error {
-	fs := newFlagSet("init")
-	w := identityFlags(fs)
-	if err := noArgs(fs, args); err != nil {
-		return err
-	}
+func runInit(w *who, stdout io.Writer) error {
 	if err := w.resolve(); err != nil {
 		return err
 	}
@@ -93,16 +120,24 @@ func cmdInit(_ context.Context, args []string, stdout, _ io.Writer) error {
 	return nil
 }
 
-// cmdWhoami: sealbridge whoami [--home DIR] [--identity NAME] [--socket]
-// --socket prints the path of the identity's daemon socket instead of its DID:
-// where a running daemon listens, else where one would (client.Locate).
-func cmdWhoami(_ context.Context, args []string, stdout, _ io.Writer) error {
-	fs := newFlagSet("whoami")
-	w := identityFlags(fs)
-	socket := fs.Bool("socket", false, "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+// whoami --socket prints the path of the identity's daemon socket instead of its
+// DID: where a running daemon listens, else where one would (client.Locate).
+func whoamiCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "whoami [--home DIR] [--identity NAME] [--socket]",
+		Short: "print the identity's DID (--socket: its daemon's socket)",
+		Long: `Prints the identity's did:key; with --socket, the path of its daemon's unix socket
+instead: where a running daemon listens, else where one would.`,
+		Example: "  sealbridge whoami --home ~/sb --identity bob\n  curl --unix-socket \"$(sealbridge whoami --socket)\" http://x/readyz",
+		Args:    cli.NoArgs,
 	}
+	w := identityFlags(c)
+	socket := c.Flags().Bool("socket", false, "print the path of the daemon's socket instead of the DID")
+	c.RunE = func(c *cobra.Command, _ []string) error { return runWhoami(w, *socket, c.OutOrStdout()) }
+	return cli.Annotate(c, cli.AnnotExit, identityExit)
+}
+
+func runWhoami(w *who, socket bool, stdout io.Writer) error {
 	if err := w.resolve(); err != nil {
 		return err
 	}
@@ -110,7 +145,7 @@ func cmdWhoami(_ context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *socket {
+	if socket {
 		fmt.Fprintln(stdout, client.Locate(w.root, string(id.DID())))
 		return nil
 	}

@@ -3,30 +3,54 @@ package main
 import (
 	"cmp"
 	"context"
+
+	"github.com/spf13/cobra"
+
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"io"
 	"strconv"
 	"text/tabwriter"
 	"unicode/utf8"
-
-	"github.com/sealbridge/sealbridge/pkg/client"
 )
 
-// cmdInbox: sealbridge inbox [--limit N] [--after ID] [--json]
-func cmdInbox(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("inbox")
-	w := identityFlags(fs)
-	limit := fs.Int("limit", 0, "")
-	after := fs.String("after", "", "")
-	asJSON := fs.Bool("json", false, "")
-	refused := fs.Bool("refused", false, "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+// inboxFlags are inbox's flags.
+type inboxFlags struct {
+	limit         int
+	after         string
+	json, refused bool
+}
+
+func inboxCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "inbox [--limit N] [--after ID] [--refused] [--json] [--home DIR] [--identity NAME]",
+		Short: "list received messages (--refused: the envelopes the daemon refused)",
+		Long: `Lists received messages. The daemon receives only when it runs with --inbox-relay.
+With --refused, lists the inbound envelopes the daemon refused instead (bad
+signature, wrong recipient, oversize, expired, …): evidence, never delivered; kept
+for the daemon's --closed-retention.`,
+		Example: `  sealbridge inbox --home ~/sb --identity bob
+  sealbridge inbox --refused --json`,
+		Args: cli.NoArgs,
 	}
-	if *limit < 0 {
+	w := identityFlags(c)
+	var f inboxFlags
+	fl := c.Flags()
+	fl.IntVar(&f.limit, "limit", 0, "at most `N` messages (default: the daemon's page size)")
+	fl.StringVar(&f.after, "after", "", "start after message `ID` (the \"more:\" line names it)")
+	fl.BoolVar(&f.refused, "refused", false, "list the inbound envelopes the daemon refused instead")
+	fl.BoolVar(&f.json, "json", false, "JSON lines: one object per message (or refusal), as the daemon reports it")
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		return runInbox(c.Context(), w, f, c.OutOrStdout(), c.ErrOrStderr())
+	}
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit, daemonExit("failure"))
+}
+
+func runInbox(ctx context.Context, w *who, f inboxFlags, stdout, stderr io.Writer) error {
+	if f.limit < 0 {
 		return usageErrorf("inbox: --limit must not be negative")
 	}
-	if *refused && (*limit != 0 || *after != "") {
+	if f.refused && (f.limit != 0 || f.after != "") {
 		return usageErrorf("inbox: --refused lists every kept refusal; it takes no --limit or --after")
 	}
 	if err := w.resolve(); err != nil {
@@ -36,26 +60,26 @@ func cmdInbox(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if *refused {
-		return inboxRefused(ctx, d, *asJSON, stdout)
+	if f.refused {
+		return inboxRefused(ctx, d, f.json, stdout)
 	}
-	l, err := d.c.Inbox(ctx, *limit, *after)
+	l, err := d.c.Inbox(ctx, f.limit, f.after)
 	if err != nil {
 		return d.explain(err)
 	}
-	if *asJSON {
-		if l.Messages == nil {
-			l.Messages = []client.InboxMessage{}
+	if f.json {
+		if err := writeJSONLines(stdout, l.Messages); err != nil {
+			return err
 		}
-		return writeJSON(stdout, l)
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MESSAGE\tRECEIVED\tFROM\tBODY")
-	for _, m := range l.Messages {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.MessageID, formatTime(m.ReceivedAt), m.From, preview(m.Body))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "MESSAGE\tRECEIVED\tFROM\tBODY")
+		for _, m := range l.Messages {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.MessageID, formatTime(m.ReceivedAt), m.From, preview(m.Body))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	if l.Next != "" {
 		fmt.Fprintf(stderr, "sealbridge: more: sealbridge inbox %s --after %s\n", w.flags(), shellQuote(l.Next))
@@ -86,7 +110,7 @@ func inboxRefused(ctx context.Context, d *daemonConn, asJSON bool, stdout io.Wri
 		return d.explain(err)
 	}
 	if asJSON {
-		return writeJSON(stdout, l)
+		return writeJSONLines(stdout, l.Refused)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RECEIVED\tREASON\tENVELOPE\tFROM\tSIZE\tDIGEST")

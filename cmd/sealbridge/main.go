@@ -1,93 +1,28 @@
 // Command sealbridge is sealbridge's command line: it creates identities, sends
 // messages through the local daemon (sealbridged), shows their status, runs a
-// reference relay, and runs the end-to-end demo. See usage below.
+// reference relay, and runs the end-to-end demo. newRoot defines every command;
+// `sealbridge --help`, `sealbridge completion SHELL` and the man pages are made
+// from it.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"github.com/spf13/cobra"
+
+	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"github.com/sealbridge/sealbridge/internal/cli"
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/daemon"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
-
-const usage = `usage: sealbridge COMMAND [flags]
-       sealbridge COMMAND --help      (or: sealbridge help COMMAND)
-
-Commands:
-  init     [--home DIR] [--identity NAME]       create an identity, print its DID
-  whoami   [--home DIR] [--identity NAME] [--socket]
-                                                print the identity's DID; --socket:
-                                                the path of its daemon's socket
-  send     --to DID --relay URL [--deadline 24h|TIME] [--idempotency-key K] [--file F]
-                                                send a message (body from --file or
-                                                standard input); print its id. The
-                                                deadline defaults to 24 h; retries with
-                                                one --idempotency-key must send the same
-                                                request: use the default or an RFC 3339
-                                                TIME, not a duration. send always sends
-                                                a key (a random one unless given) and
-                                                retries a lost connection or a 5xx with
-                                                it (5 attempts, ≤ 10 s); failing that it
-                                                prints the key and the command that
-                                                finishes the send without a duplicate
-  status   ID [--json]                          show one sent message
-  ls       [--status S] [--limit N] [--after ID] [--all] [--json]
-                                                list sent messages (--all: every page;
-                                                --json: one JSON object per line)
-  queue    [--json]                             show each relay target's backlog:
-                                                pending, held, in flight, state, last
-                                                error, and the envelopes by age
-  inbox    [--limit N] [--after ID] [--json]    list received messages (the daemon
-                                                needs --inbox-relay); --refused: the
-                                                envelopes it refused
-  watch    [--topics messages,outbox,receipts,observations] [--json]
-                                                follow the daemon's change feed, one
-                                                line per change: TIME TOPIC ID STATE
-  hold     [--reason R] [--json] (MESSAGE… | --target URL)
-                                                hold messages: not sent until released
-  release  [--reason R] [--json] (MESSAGE… | --target URL)
-                                                release held messages
-  cancel   [--reason R] [--json] (MESSAGE… | --target URL)
-                                                close what is not sent yet (closedBy
-                                                cancelled); relayed is not recalled
-  retry    [--reason R] [--json] (MESSAGE… | --target URL)
-                                                one attempt now, not after the backoff;
-                                                exit 1 if any message refused an action
-  relay    [--listen 127.0.0.1:8470] [--home DIR]
-                                                run a reference relay in the foreground
-  demo     [--messages 100] [--keep] [--timeout 2m]
-                                                run two daemons and a relay in a temp
-                                                home, send messages, check the stores
-
-Common flags:
-  --home DIR         the data root (default: $SEALBRIDGE_HOME, else
-                     $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge)
-  --identity NAME    the identity's name under the data root (default:
-                     $SEALBRIDGE_IDENTITY, else "default")
-  --version          print the version and exit
-
-send, status, ls and queue talk to the identity's daemon over its unix socket; start it
-with: sealbridged --home DIR --identity NAME
-
-Examples:
-  sealbridge demo
-  sealbridge init --home ~/sb --identity alice
-  sealbridged --home ~/sb --identity alice &
-  echo hello | sealbridge send --home ~/sb --identity alice --to did:key:z6Mk… --relay http://127.0.0.1:8470
-  sealbridge status --home ~/sb --identity alice 0190b6a4-…
-  sealbridge ls --home ~/sb --identity alice --status queued
-  sealbridge relay --listen 127.0.0.1:8470 --home ~/sb-relay
-
-` + exitStatus
 
 // Exit codes; exitCode maps errors to them.
 const (
@@ -97,6 +32,27 @@ const (
 	exitNoDaemon = 3
 	exitUnknown  = 4
 )
+
+// The lines of the exit status tables, which each command's help puts together
+// from the statuses it can give.
+const (
+	exitLineOK       = "  0   success\n"
+	exitLineFailure  = "  1   failure\n"
+	exitLineUsage    = "  2   usage error\n"
+	exitLineNoDaemon = "  3   no daemon is running for the identity (start one with sealbridged)\n"
+	exitLineUnknown  = "  4   the outcome is unknown (the message may have been accepted); run the\n" +
+		"      command printed in the hint to finish it without sending it twice\n"
+)
+
+// annotDaemon marks a command that talks to the identity's daemon (and exits 3
+// when none runs); the main help lists them.
+const annotDaemon = "sealbridge.daemon"
+
+// daemonExit is the exit table of a command that talks to the daemon; failure
+// says what exit 1 means for it.
+func daemonExit(failure string) string {
+	return exitLineOK + "  1   " + failure + "\n" + exitLineUsage + exitLineNoDaemon
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -110,70 +66,134 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return runContext(ctx, args, stdout, stderr)
 }
 
-// command is one verb.
-type command struct {
-	name string
-	run  func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+// newRoot is the command tree: every command with its flags, help and exit
+// statuses — the one definition the help, the completions and the man pages are
+// made from.
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "sealbridge COMMAND [flags]",
+		Short: "send signed messages through a local daemon and a relay",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			if v, _ := c.Flags().GetBool("version"); v {
+				fmt.Fprintf(c.OutOrStdout(), "sealbridge %s\n", version())
+				return nil
+			}
+			if len(args) == 0 {
+				return usageErrorf("give a command")
+			}
+			return usageErrorf("unknown command %q", args[0])
+		},
+		Example: `  sealbridge demo
+  sealbridge init --home ~/sb --identity alice
+  sealbridged --home ~/sb --identity alice &
+  echo hello | sealbridge send --home ~/sb --identity alice --to did:key:z6Mk… --relay http://127.0.0.1:8470
+  sealbridge status --home ~/sb --identity alice 0190b6a4-…
+  sealbridge ls --home ~/sb --identity alice --status queued
+  sealbridge queue --json | jq -r 'select(.state == "unreachable") | .relayUrl' | sealbridge retry --target -
+  sealbridge relay --listen 127.0.0.1:8470 --home ~/sb-relay`,
+	}
+	cli.Annotate(root, cli.AnnotSynopsis, "COMMAND --help      (or: sealbridge help COMMAND)\ncompletion bash|zsh|fish")
+	cli.Annotate(root, cli.AnnotExit, `  0   success
+  1   failure (a command failed, the demo did not relay everything or fsck found problems)
+  2   usage error
+  3   no daemon is running for the identity
+  4   send: the outcome is unknown (the message may have been accepted); run the
+      command printed in the hint to finish it without sending it twice
+`)
+	root.Flags().Bool("version", false, "print the version and exit")
+	root.AddCommand(initCommand(), whoamiCommand(), sendCommand(), statusCommand(), lsCommand(), queueCommand(),
+		inboxCommand(), watchCommand())
+	for _, op := range actionOps {
+		root.AddCommand(op.command())
+	}
+	root.AddCommand(relayCommand(), demoCommand())
+	root.SetHelpCommand(helpCommand(root))
+	var daemonCmds []string
+	for _, c := range root.Commands() {
+		if c.Annotations[annotDaemon] != "" {
+			daemonCmds = append(daemonCmds, c.Name())
+		}
+	}
+	root.Long = `Creates identities, sends messages through the identity's daemon (sealbridged),
+shows and acts on what it queued, runs a reference relay and the end-to-end demo.
+"sealbridge COMMAND --help" describes each command, its flags and its exit statuses.
+
+` + cli.Wrap("The commands that talk to the identity's daemon over its unix socket (and exit 3 when none runs): "+
+		strings.Join(daemonCmds, ", ")+". Start it with: sealbridged --home DIR --identity NAME", 84) + `
+
+Most commands take:
+  --home DIR         the data root (default: $SEALBRIDGE_HOME, else
+                     $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge)
+  --identity NAME    the identity's name under the data root (default:
+                     $SEALBRIDGE_IDENTITY, else "default")
+
+` + jsonConvention
+	return root
 }
 
-var commands = []command{
-	{"init", cmdInit},
-	{"whoami", cmdWhoami},
-	{"send", cmdSend},
-	{"status", cmdStatus},
-	{"ls", cmdLs},
-	{"queue", cmdQueue},
-	{"inbox", cmdInbox},
-	{"relay", cmdRelay},
-	{"demo", cmdDemo},
-	{"watch", cmdWatch},
+// jsonConvention is the one rule of --json, stated in the main help.
+const jsonConvention = `--json prints JSON on standard output: a list (ls, inbox, inbox --refused, queue,
+watch, and the actions' results) as JSON lines, one object per line; one item
+(status) as one object. Commands that act on messages (hold, release, cancel,
+retry) read the ids, or with --target the relay URLs, from standard input when
+given "-", one per line (as postsuper - does): sealbridge ls --json | jq -r
+'select(.status == "queued") | .messageId' | sealbridge retry -`
+
+// helpCommand is "sealbridge help [COMMAND]": the command's help, as COMMAND --help.
+func helpCommand(root *cobra.Command) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "help [COMMAND]",
+		Short: "print a command's help (as COMMAND --help)",
+		Long:  "Prints the help of COMMAND (of sealbridge itself without one) on standard output.",
+		Args:  cobra.MaximumNArgs(2),
+		ValidArgsFunction: func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+			var names []string
+			for _, s := range root.Commands() {
+				if s.IsAvailableCommand() {
+					names = append(names, s.Name()+"\t"+s.Short)
+				}
+			}
+			return names, cobra.ShellCompDirectiveNoFileComp
+		},
+		Example: "  sealbridge help send\n  sealbridge help completion bash",
+		RunE: func(c *cobra.Command, args []string) error {
+			target := root
+			if len(args) > 0 {
+				t, rest, err := root.Find(args)
+				if err != nil || t == root || len(rest) > 0 {
+					return usageErrorf("help: unknown command %q", strings.Join(args, " "))
+				}
+				target = t
+			}
+			target.HelpFunc()(target, args)
+			return nil
+		},
+	}
+	return cli.Annotate(c, cli.AnnotExit, exitLineOK+exitLineUsage)
 }
 
 func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		_ = prog.Execute(ctx, newRoot(), []string{"--help"}, stderr, stderr)
 		return exitUsage
 	}
 	switch args[0] {
-	case "--version", "-version", "version":
+	case "-version", "version":
 		fmt.Fprintf(stdout, "sealbridge %s\n", version())
 		return exitOK
-	case "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
-		return exitOK
-	case "help":
-		if len(args) == 1 {
-			fmt.Fprint(stdout, usage)
-			return exitOK
-		}
-		if u, ok := commandUsage[args[1]]; ok {
-			fmt.Fprint(stdout, u+"\n"+exitStatus)
-			return exitOK
-		}
-		return report(stderr, usageErrorf("help: unknown command %q", args[1]))
+	case "-help":
+		args[0] = "--help"
 	}
-	for _, c := range commands {
-		if c.name == args[0] {
-			err := c.run(ctx, args[1:], stdout, stderr)
-			if errors.Is(err, flag.ErrHelp) {
-				fmt.Fprint(stdout, commandUsage[c.name]+"\n"+exitStatus)
-				return exitOK
-			}
-			if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
-				err = errors.New("interrupted")
-			}
-			var ue *cli.UsageError
-			if errors.As(err, &ue) && ue.Help == "" {
-				ue.Help = "sealbridge " + c.name + " --help"
-			}
-			return report(stderr, err)
-		}
+	err := prog.Execute(ctx, newRoot(), args, stdout, stderr)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		err = errors.New("interrupted")
 	}
-	return report(stderr, usageErrorf("unknown command %q", args[0]))
+	return report(stderr, err)
 }
 
 // prog is this binary's conventions (internal/cli).
-var prog = cli.Program{Name: "sealbridge", UsageExit: exitUsage}
+var prog = cli.Program{Name: "sealbridge", UsageExit: exitUsage, Version: version()}
 
 // usageErrorf is a command-line mistake: exit 2, with the usage hint.
 func usageErrorf(format string, a ...any) error { return cli.Usagef(format, a...) }
@@ -184,9 +204,11 @@ type noDaemonError struct {
 	err             error
 }
 
-func (e *noDaemonError) Error() string {
-	return fmt.Sprintf("no daemon is running for %s; start one with: sealbridged --home %s --identity %s",
-		e.did, shellQuote(e.home), shellQuote(e.name))
+func (e *noDaemonError) Error() string { return "no daemon is running for " + e.did }
+
+// hint is the command that starts the daemon.
+func (e *noDaemonError) hint() string {
+	return "start one with: sealbridged --home " + shellQuote(e.home) + " --identity " + shellQuote(e.name)
 }
 
 func (e *noDaemonError) Unwrap() error { return e.err }
@@ -227,17 +249,20 @@ func report(stderr io.Writer, err error) int {
 	return exitCode(err)
 }
 
-// newFlagSet returns a silent flag set: run prints errors its own way.
-func newFlagSet(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("sealbridge "+name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	return fs
+// plural is n with the noun for n: "1 message", "2 messages".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
-// parseFlags parses args allowing flags after positional arguments
-// ("status ID --json"), and returns the positional arguments (cli.ParseFlags).
-func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
-	return cli.ParseFlags(fs, args)
+// checkMessageID refuses what is not a message id, as a usage error of cmd.
+func checkMessageID(cmd, id string) error {
+	if !uuid.Valid(id) {
+		return usageErrorf("%s: %q is not a message id (a lower-case UUID, as sealbridge send printed)", cmd, id)
+	}
+	return nil
 }
 
 // version is the module version and VCS revision of this binary.

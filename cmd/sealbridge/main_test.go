@@ -59,7 +59,7 @@ func TestUsageErrorsAndExitCodes(t *testing.T) {
 		{"help", []string{"--help"}, exitOK, "Exit status:", ""},
 		{"command help", []string{"send", "-h"}, exitOK, "usage: sealbridge", ""},
 		{"version", []string{"--version"}, exitOK, "sealbridge ", ""},
-		{"unknown flag", []string{"whoami", "--nope"}, exitUsage, "", "flag provided but not defined: -nope"},
+		{"unknown flag", []string{"whoami", "--nope"}, exitUsage, "", "whoami: unknown flag: --nope"},
 		{"init argument", []string{"init", "--home", home, "extra"}, exitUsage, "", `unexpected argument "extra"`},
 		{"bad identity name", []string{"init", "--home", home, "--identity", "../x"}, exitUsage, "", "is not an identity name"},
 		{"send no --to", []string{"send", "--relay", "http://127.0.0.1:1"}, exitUsage, "", "--to DID is required"},
@@ -75,7 +75,9 @@ func TestUsageErrorsAndExitCodes(t *testing.T) {
 		{"demo zero messages", []string{"demo", "--messages", "0"}, exitUsage, "", "--messages must be between"},
 		{"relay bad level", []string{"relay", "--log-level", "loud"}, exitUsage, "", "--log-level"},
 		{"whoami without identity", []string{"whoami", "--home", home}, exitFailure, "", "hint: create it with: sealbridge init --home"},
-		{"status without identity", []string{"status", "--home", home, "x"}, exitFailure, "", "hint: create it with: sealbridge init"},
+		{"status without identity", []string{"status", "--home", home, "0190b6a4-0000-7000-8000-000000000000"}, exitFailure, "", "hint: create it with: sealbridge init"},
+		{"status not an id", []string{"status", "--home", home, "not-a-uuid"}, exitUsage, "", `status: "not-a-uuid" is not a message id`},
+		{"ls bad status", []string{"ls", "--home", home, "--status", "bogus"}, exitUsage, "", `ls: --status "bogus" is not a status; give one of queued, relayed, delivered, closed`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errs := sb(t, tc.args...)
@@ -146,11 +148,11 @@ func TestNoDaemonRunning(t *testing.T) {
 	home := shortHome(t)
 	_, out, _ := sb(t, "init", "--home", home, "--identity", "alice")
 	did := strings.TrimSpace(out)
-	want := "sealbridge: error: no daemon is running for " + did + "; start one with: sealbridged --home " + home + " --identity alice\n"
+	want := "sealbridge: error: no daemon is running for " + did + "\nsealbridge: hint: start one with: sealbridged --home " + home + " --identity alice\n"
 	stdin = strings.NewReader("hello")
 	t.Cleanup(func() { stdin = os.Stdin })
 	for _, args := range [][]string{
-		{"status", "some-id"},
+		{"status", "0190b6a4-0000-7000-8000-000000000000"},
 		{"ls", "--status", "queued"},
 		{"send", "--to", did, "--relay", "http://127.0.0.1:1"},
 	} {

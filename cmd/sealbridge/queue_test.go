@@ -56,17 +56,25 @@ func TestQueueAndLsAll(t *testing.T) {
 	}
 	slices.Sort(ids)
 
-	var l client.TargetList
+	var l []client.Target
 	deadline := time.NewTimer(60 * time.Second)
 	defer deadline.Stop()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		code, out, errs := sb(t, append([]string{"queue", "--json"}, as...)...)
-		if code != 0 || json.Unmarshal([]byte(out), &l) != nil {
+		l = nil
+		for line := range strings.Lines(out) {
+			var tg client.Target
+			if err := json.Unmarshal([]byte(line), &tg); err != nil || tg.RelayURL == "" {
+				t.Fatalf("queue --json line %q: %v", line, err)
+			}
+			l = append(l, tg)
+		}
+		if code != 0 {
 			t.Fatalf("queue --json: %d %s %s", code, out, errs)
 		}
-		if len(l.Targets) == 1 && l.Targets[0].State == "unreachable" {
+		if len(l) == 1 && l[0].State == "unreachable" {
 			break
 		}
 		select {
@@ -75,23 +83,33 @@ func TestQueueAndLsAll(t *testing.T) {
 			t.Fatalf("the target did not become unreachable: %+v", l)
 		}
 	}
-	tg := l.Targets[0]
+	tg := l[0]
 	if tg.RelayURL != dead || tg.Pending != 3 || tg.Held != 0 || tg.Attempts < 1 || !strings.Contains(tg.LastError, "connection refused") ||
 		tg.UnreachableSince.IsZero() || !tg.NextProbeAt.After(tg.UnreachableSince) || !slices.Equal(tg.Ages, []int{3, 0, 0, 0, 0, 0, 0}) || tg.Bytes <= 0 {
 		t.Fatalf("queue --json: %+v", tg)
 	}
-	code, out, _ := sb(t, append([]string{"queue"}, as...)...)
+	code, out, errs := sb(t, append([]string{"queue", "--wide"}, as...)...)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 6 || !strings.Contains(lines[1], "unreachable since ") || !strings.Contains(lines[1], ", next probe at ") ||
+		!strings.Contains(lines[1], "Post ") || !strings.Contains(lines[1], "connection refused") {
+		t.Fatalf("queue --wide:\n%s", out)
+	}
+	wide := lines[1]
+	// By default: times relative to now, the last error's gist, and a hint to retry.
+	code, out, errs = sb(t, append([]string{"queue"}, as...)...)
+	lines = strings.Split(strings.TrimSpace(out), "\n")
 	if code != 0 || len(lines) != 6 || lines[2] != "" || !strings.HasPrefix(lines[0], "TARGET") || !strings.HasPrefix(lines[1], dead+" ") ||
-		!strings.Contains(lines[1], "unreachable since ") || !strings.Contains(lines[1], ", next probe at ") ||
-		!strings.Contains(lines[1], "connection refused") || strings.Fields(lines[1])[1] != "3" ||
+		!strings.Contains(lines[1], "unreachable for ") || !strings.Contains(lines[1], ", probe in ") ||
+		!strings.Contains(lines[1], "relay unreachable: connection refused") || strings.Contains(lines[1], "Post ") ||
+		len(lines[1]) >= len(wide) || strings.Fields(lines[1])[1] != "3" ||
+		!strings.HasPrefix(errs, "sealbridge: hint: ") || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, "sealbridge retry --target "+dead) ||
 		!slices.Equal(strings.Fields(lines[3]), []string{"TARGET", "TOTAL", "5m", "10m", "20m", "40m", "80m", "160m", "older"}) ||
 		!slices.Equal(strings.Fields(lines[5]), []string{"TOTAL", "3", "3", "0", "0", "0", "0", "0", "0"}) {
 		t.Fatalf("queue:\n%s", out)
 	}
 
 	// One page: one object per line and a "more:" line; --all: every message, once.
-	code, out, errs := sb(t, append([]string{"ls", "--json", "--limit", "1"}, as...)...)
+	code, out, errs = sb(t, append([]string{"ls", "--json", "--limit", "1"}, as...)...)
 	if ms := jsonLines(t, out); code != 0 || len(ms) != 1 || ms[0].MessageID != ids[0] || !strings.Contains(errs, "--after "+ids[0]) {
 		t.Fatalf("ls --json --limit 1: %d %s\n%s", code, errs, out)
 	}
@@ -111,5 +129,37 @@ func TestQueueAndLsAll(t *testing.T) {
 	if code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "MESSAGE") || !strings.HasPrefix(lines[1], ids[1]) ||
 		!strings.HasPrefix(lines[2], ids[2]) || errs != "" {
 		t.Fatalf("ls --all --after: %d %s\n%s", code, errs, out)
+	}
+}
+
+// The daemon's hints are printed (each once); without one, a waiting target gets
+// the retry --target that makes an attempt now.
+func TestQueueHints(t *testing.T) {
+	waiting := []client.Target{{RelayURL: "http://a:1", State: "unreachable"}, {RelayURL: "http://b:1", State: "ready"}}
+	if got := queueHints(&client.TargetList{Targets: waiting}); !slices.Equal(got, []string{"make an attempt to http://a:1 now with: sealbridge retry --target http://a:1"}) {
+		t.Errorf("own hint: %q", got)
+	}
+	daemon := []client.Target{{RelayURL: "http://a:1", State: "unreachable", Hint: "retry it"}, {RelayURL: "http://c:1", State: "backing-off", Hint: "retry it"}}
+	if got := queueHints(&client.TargetList{Targets: daemon, Hint: "the view's"}); !slices.Equal(got, []string{"the view's", "retry it"}) {
+		t.Errorf("the daemon's hints: %q", got)
+	}
+	if got := queueHints(&client.TargetList{Targets: waiting[1:]}); got != nil {
+		t.Errorf("no target waits: %q", got)
+	}
+}
+
+func TestShortReasonAndDID(t *testing.T) {
+	for in, want := range map[string]string{
+		`relay unreachable: Post "http://127.0.0.1:9/v1/envelopes": dial tcp 127.0.0.1:9: connect: connection refused`: "relay unreachable: connection refused",
+		"failed: HTTP 503 RELAY_BUSY":         "failed: HTTP 503 RELAY_BUSY",
+		"":                                    "",
+		"refused: " + strings.Repeat("x", 80): "refused: " + strings.Repeat("x", 50) + "…",
+	} {
+		if got := shortReason(in); got != want {
+			t.Errorf("shortReason(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := shortDID("did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK"); got != "did:key:z6Mk…2doK" {
+		t.Errorf("shortDID: %q", got)
 	}
 }

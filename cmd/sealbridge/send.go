@@ -2,13 +2,18 @@ package main
 
 import (
 	"context"
+
+	"github.com/spf13/cobra"
+
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -48,7 +53,8 @@ func (d *daemonConn) explain(err error) error {
 		return nil
 	}
 	if client.IsNotRunning(err) && !errors.Is(err, syscall.EACCES) && !errors.Is(err, syscall.EPERM) {
-		return &noDaemonError{did: string(d.did), home: d.w.root, name: d.w.name, err: err}
+		nd := &noDaemonError{did: string(d.did), home: d.w.root, name: d.w.name, err: err}
+		return errcode.WithHint(nd, nd.hint())
 	}
 	var ce *client.Error
 	if errors.As(err, &ce) {
@@ -68,18 +74,44 @@ func (d *daemonConn) explain(err error) error {
 	return err
 }
 
-// cmdSend: sealbridge send --to DID --relay URL [--deadline 24h] [--idempotency-key K] [--file F]
-func cmdSend(ctx context.Context, args []string, stdout, _ io.Writer) error {
-	fs := newFlagSet("send")
-	w := identityFlags(fs)
-	to := fs.String("to", "", "")
-	relayURL := fs.String("relay", "", "")
-	deadline := fs.String("deadline", "", "")
-	key := fs.String("idempotency-key", "", "")
-	file := fs.String("file", "", "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+// sendFlags are send's flags.
+type sendFlags struct {
+	to, relayURL, deadline, key, file string
+}
+
+func sendCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "send --to DID --relay URL [--deadline 24h|TIME] [--idempotency-key K] [--file F] [--home DIR] [--identity NAME]",
+		Short: "send a message (body from --file or standard input); print its id",
+		Long: `Sends a message through the identity's daemon and prints its id. The body is read
+from --file F, or from standard input (a terminal is refused).
+
+send always sends an Idempotency-Key (a random one unless --idempotency-key gives
+it) and retries a lost connection or a 5xx with it (5 attempts, at most 10 s in
+all); failing that it prints the key and the command that finishes the send
+without a duplicate (exit 4). Retries with one --idempotency-key must send the
+same request: use the default --deadline or an RFC 3339 TIME, not a duration.`,
+		Example: `  echo hello | sealbridge send --home ~/sb --identity alice --to did:key:z6Mk… --relay http://127.0.0.1:8470
+  sealbridge send --to did:key:z6Mk… --relay http://127.0.0.1:8470 --file note.txt --deadline 2030-01-01T00:00:00Z`,
+		Args: cli.NoArgs,
 	}
+	w := identityFlags(c)
+	var f sendFlags
+	fl := c.Flags()
+	fl.StringVar(&f.to, "to", "", "the recipient's did:key `DID` (required)")
+	fl.StringVar(&f.relayURL, "relay", "", "the http(s) `URL` of the relay to send through (required)")
+	fl.StringVar(&f.deadline, "deadline", "", "when to give up: a duration from now or an RFC 3339 time (default 24h)")
+	cli.Named(fl, "deadline", "24h|TIME")
+	fl.StringVar(&f.key, "idempotency-key", "", "`K` makes a retry return the first request's message")
+	fl.StringVar(&f.file, "file", "", "read the body from `F` (\"-\": standard input)")
+	_ = c.MarkFlagFilename("file")
+	c.RunE = func(c *cobra.Command, _ []string) error { return runSend(c.Context(), w, f, c.OutOrStdout()) }
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit,
+		exitLineOK+"  1   failure: the daemon refused the message, or it was not accepted\n"+exitLineUsage+exitLineNoDaemon+exitLineUnknown)
+}
+
+func runSend(ctx context.Context, w *who, f sendFlags, stdout io.Writer) error {
+	to, relayURL, deadline, key, file := &f.to, &f.relayURL, &f.deadline, &f.key, &f.file
 	switch {
 	case *to == "":
 		return usageErrorf("send: --to DID is required")
@@ -279,6 +311,9 @@ func readBody(file string) ([]byte, error) {
 	r, name := stdin, "standard input"
 	if file != "" && file != "-" {
 		f, err := os.Open(file)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, withHint(err, "give an existing file with --file, or pipe the body on standard input")
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -299,18 +334,29 @@ func readBody(file string) ([]byte, error) {
 	return data, nil
 }
 
-// cmdStatus: sealbridge status ID [--json]
-func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
-	fs := newFlagSet("status")
-	w := identityFlags(fs)
-	asJSON := fs.Bool("json", false, "")
-	pos, err := parseFlags(fs, args)
-	if err != nil {
-		return err
+func statusCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "status ID [--json] [--home DIR] [--identity NAME]",
+		Short: "show one sent message",
+		Long: `Shows one sent message: status, attempts, last error, next attempt, times; with
+--json, the daemon's JSON object.`,
+		Example: "  sealbridge status --home ~/sb --identity alice 0190b6a4-…",
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageErrorf("status: give exactly one message ID")
+			}
+			return checkMessageID("status", args[0])
+		},
 	}
-	if len(pos) != 1 || pos[0] == "" {
-		return usageErrorf("status: give exactly one message ID")
+	w := identityFlags(c)
+	asJSON := c.Flags().Bool("json", false, "print the daemon's JSON object")
+	c.RunE = func(c *cobra.Command, args []string) error {
+		return runStatus(c.Context(), w, args[0], *asJSON, c.OutOrStdout())
 	}
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit, daemonExit("failure (no such message: MESSAGE_NOT_FOUND)"))
+}
+
+func runStatus(ctx context.Context, w *who, id string, asJSON bool, stdout io.Writer) error {
 	if err := w.resolve(); err != nil {
 		return err
 	}
@@ -318,11 +364,11 @@ func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	m, err := d.c.Message(ctx, pos[0])
+	m, err := d.c.Message(ctx, id)
 	if err != nil {
 		return d.explain(err)
 	}
-	if *asJSON {
+	if asJSON {
 		return writeJSON(stdout, m)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
@@ -350,20 +396,51 @@ func cmdStatus(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	return tw.Flush()
 }
 
-// cmdLs: sealbridge ls [--status S] [--limit N] [--after ID] [--all] [--json]
-func cmdLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ls")
-	w := identityFlags(fs)
-	status := fs.String("status", "", "")
-	limit := fs.Int("limit", 0, "")
-	after := fs.String("after", "", "")
-	all := fs.Bool("all", false, "")
-	asJSON := fs.Bool("json", false, "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+// lsFlags are ls's flags.
+type lsFlags struct {
+	status, after string
+	limit         int
+	all, json     bool
+}
+
+func lsCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "ls [--status S] [--limit N] [--after ID] [--all] [--json] [--home DIR] [--identity NAME]",
+		Short: "list sent messages",
+		Long: `Lists sent messages by id: kind (message: one you sent; confirmation: the delivery
+confirmation the daemon sent back for a message it received), status (with closedBy
+and "(held)" when an operator holds it), attempts, next attempt, the recipient (its
+did:key shortened) and the last error's gist (its outcome and cause, for a queued or
+closed message); status ID and --json have both whole.`,
+		Example: `  sealbridge ls --home ~/sb --identity alice --status queued
+  sealbridge ls --all --json --status closed | jq -r .lastError`,
+		Args: cli.NoArgs,
 	}
+	w := identityFlags(c)
+	var f lsFlags
+	fl := c.Flags()
+	fl.StringVar(&f.status, "status", "", "only messages with this status `S`: "+strings.Join(messageStatuses, ", "))
+	fl.IntVar(&f.limit, "limit", 0, "at most `N` messages (default: the daemon's page size); with --all, the page size")
+	fl.StringVar(&f.after, "after", "", "start after message `ID` (the \"more:\" line names it)")
+	fl.BoolVar(&f.all, "all", false, "page through every message")
+	fl.BoolVar(&f.json, "json", false, "JSON lines: one object per message, as the daemon reports it")
+	_ = c.RegisterFlagCompletionFunc("status", cobra.FixedCompletions(messageStatuses, cobra.ShellCompDirectiveNoFileComp))
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		return runLs(c.Context(), w, f, c.OutOrStdout(), c.ErrOrStderr())
+	}
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit, daemonExit("failure"))
+}
+
+// messageStatuses are the statuses ls --status takes.
+var messageStatuses = []string{"queued", "relayed", "delivered", "closed"}
+
+func runLs(ctx context.Context, w *who, f lsFlags, stdout, stderr io.Writer) error {
+	status, limit, after, all, asJSON := &f.status, &f.limit, &f.after, &f.all, &f.json
 	if *limit < 0 {
 		return usageErrorf("ls: --limit must not be negative")
+	}
+	if *status != "" && !slices.Contains(messageStatuses, *status) {
+		return usageErrorf("ls: --status %q is not a status; give one of %s", *status, strings.Join(messageStatuses, ", "))
 	}
 	if err := w.resolve(); err != nil {
 		return err
@@ -431,12 +508,34 @@ func lsRow(tw io.Writer, m *client.Message) {
 	}
 	last := ""
 	if m.Status == "queued" || m.Status == "closed" {
-		last = oneLine(m.LastError)
+		last = shortReason(m.LastError)
 	}
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.MessageID, m.Kind, st, m.Attempts, formatTime(m.UpdatedAt),
-		nextAttempt(m), m.To, last)
+		nextAttempt(m), shortDID(m.To), last)
 }
 
+// shortDID is a did:key as a table shows it: "did:key:z6Mk…abcd", its method's
+// prefix and the last four characters (--json and status have it whole).
+func shortDID(did string) string {
+	id, ok := strings.CutPrefix(did, "did:key:")
+	if !ok || len(id) <= 12 {
+		return did
+	}
+	return "did:key:" + id[:4] + "…" + id[len(id)-4:]
+}
+
+// writeJSONLines writes each item as one JSON object on a line (the --json of a list).
+func writeJSONLines[T any](w io.Writer, items []T) error {
+	enc := json.NewEncoder(w)
+	for _, it := range items {
+		if err := enc.Encode(it); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeJSON writes v as one indented JSON object (the --json of one item).
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

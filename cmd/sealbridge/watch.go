@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+
+	"github.com/spf13/cobra"
+
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/cli"
 	"io"
 	"strings"
 	"time"
@@ -15,22 +19,35 @@ import (
 // watchWait is the long poll of each request.
 const watchWait = 30 * time.Second
 
-// cmdWatch: sealbridge watch [--topics T,…] [--json] — follows the daemon's change
-// feed, one line per change, until interrupted. A reset (no cursor yet, a restarted
-// daemon, a cursor past the retained window) prints a line saying so with the size
-// of the current snapshot (the sent messages `ls` lists) and continues from the new
-// cursor.
-func cmdWatch(ctx context.Context, args []string, stdout, _ io.Writer) error {
-	fs := newFlagSet("watch")
-	w := identityFlags(fs)
-	topicsFlag := fs.String("topics", "", "")
-	asJSON := fs.Bool("json", false, "")
-	if err := noArgs(fs, args); err != nil {
-		return err
+// watch follows the daemon's change feed, one line per change, until
+// interrupted. A reset (no cursor yet, a restarted daemon, a cursor past the
+// retained window) prints a line saying so with the size of the current snapshot
+// (the sent messages `ls` lists) and continues from the new cursor.
+func watchCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "watch [--topics messages,outbox,receipts,observations] [--json] [--home DIR] [--identity NAME]",
+		Short: "follow the daemon's change feed: TIME TOPIC ID STATE per change",
+		Long: `Follows the daemon's change feed until interrupted, one line per change:
+TIME TOPIC ID STATE. A reset (a restarted daemon, a cursor too old) prints a line
+saying so and continues.`,
+		Example: "  sealbridge watch --home ~/sb --identity alice --topics messages",
+		Args:    cli.NoArgs,
 	}
+	w := identityFlags(c)
+	topicsFlag := c.Flags().String("topics", "", "only these topics, comma-separated (`T,…`; default: all): "+strings.Join(client.Topics, ", "))
+	asJSON := c.Flags().Bool("json", false, "JSON lines: one object per change")
+	_ = c.RegisterFlagCompletionFunc("topics", cobra.FixedCompletions(client.Topics, cobra.ShellCompDirectiveNoFileComp))
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		return runWatch(c.Context(), w, *topicsFlag, *asJSON, c.OutOrStdout())
+	}
+	return cli.Annotate(cli.Annotate(c, annotDaemon, "1"), cli.AnnotExit,
+		"  0   interrupted (SIGINT or SIGTERM)\n  1   failure\n"+exitLineUsage+exitLineNoDaemon)
+}
+
+func runWatch(ctx context.Context, w *who, topicsFlag string, asJSON bool, stdout io.Writer) error {
 	var topics []string
-	if *topicsFlag != "" {
-		for t := range strings.SplitSeq(*topicsFlag, ",") {
+	if topicsFlag != "" {
+		for t := range strings.SplitSeq(topicsFlag, ",") {
 			t = strings.TrimSpace(t)
 			ok := false
 			for _, x := range client.Topics {
@@ -67,17 +84,17 @@ func cmdWatch(ctx context.Context, args []string, stdout, _ io.Writer) error {
 				}
 				return d.explain(err)
 			}
-			if *asJSON {
+			if asJSON {
 				if err := enc.Encode(map[string]any{"reset": true, "reason": p.Reason, "snapshotMessages": n}); err != nil {
 					return err
 				}
-			} else if _, err := fmt.Fprintf(stdout, "%s reset (%s): snapshot of %d messages; following changes\n",
-				time.Now().UTC().Format(time.RFC3339Nano), p.Reason, n); err != nil {
+			} else if _, err := fmt.Fprintf(stdout, "%s reset (%s): snapshot of %s; following changes\n",
+				time.Now().UTC().Format(time.RFC3339Nano), p.Reason, plural(n, "message", "messages")); err != nil {
 				return err
 			}
 		}
 		for _, c := range p.Changes {
-			if *asJSON {
+			if asJSON {
 				err = enc.Encode(c)
 			} else {
 				_, err = fmt.Fprintf(stdout, "%s %s %s %s\n", c.At.UTC().Format(time.RFC3339Nano), c.Topic, c.ID, c.State)

@@ -50,7 +50,7 @@ func TestErrorsAndExitCodes(t *testing.T) {
 		code int
 		want string // in stderr
 	}{
-		{"unknown flag", []string{"--nope"}, 2, "flag provided but not defined"},
+		{"unknown flag", []string{"--nope"}, 2, "unknown flag: --nope"},
 		{"argument", []string{"--home", home, "extra"}, 2, `unexpected argument "extra"`},
 		{"bad log format", []string{"--log-format", "xml"}, 2, "--log-format"},
 		{"bad log level", []string{"--log-level", "loud"}, 2, "--log-level"},

@@ -18,7 +18,9 @@ var allowed = map[string][]string{
 	"internal/dataroot":  {"pkg/errcode"},
 	"internal/lru":       {},
 	"internal/uuid":      {},
-	"internal/cli":       {"pkg/errcode"},
+	// cli: the command trees' conventions; cobra (with pflag and its doc package)
+	// makes each binary's help, completions and man pages from one definition.
+	"internal/cli":       {"pkg/errcode", "github.com/spf13/cobra", "github.com/spf13/pflag"},
 	"internal/fsx":       {"internal/uuid", "golang.org/x/sys"},
 	"internal/lockfile":  {"internal/fsx", "github.com/gofrs/flock", "golang.org/x/sys"},
 	"internal/crashtest": {"internal/fsx"},

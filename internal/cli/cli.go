@@ -1,18 +1,21 @@
 // Package cli holds the conventions the four binaries share: the "PROG: error:" and
 // "PROG: hint:" lines, usage errors and their exit status, the --home and
-// --identity flags, the logger flags, and flag parsing that allows flags after
-// positional arguments. Each binary keeps its own exit codes, usage text and
+// --identity flags, the logger flags, and the command tree (spf13/cobra) from which
+// each binary's help, shell completions and man pages are all made, so that they
+// cannot drift: flags may follow positional arguments, each command's help ends
+// with its own exit statuses. Each binary keeps its own exit codes, texts and
 // commands; this package only makes the common parts behave the same everywhere.
 package cli
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
@@ -30,8 +33,10 @@ const (
 // Program is one binary's conventions: the name that prefixes its error lines and
 // the exit status it gives a usage error.
 type Program struct {
-	Name      string // e.g. "sealbridged"
-	UsageExit int    // 2, or 16 for sealbridge-fsck
+	Name       string // e.g. "sealbridged"
+	UsageExit  int    // 2, or 16 for sealbridge-fsck
+	ManSection string // the section of its man pages: "1" (the default) or "8"
+	Version    string // printed in its man pages' footer
 }
 
 // UsageError is a mistake on the command line (or in an option the program found
@@ -119,29 +124,42 @@ func (v nonEmpty) Set(s string) error {
 	return nil
 }
 
+// Type is what pflag calls the value's type: not "string", so that a default is
+// printed as given, without quotes.
+func (v nonEmpty) Type() string { return "text" }
+
 // NonEmptyVar defines a string flag name on fs, stored in *p with default def,
-// whose value may not be given as "": --name "" fails to parse (a usage error
-// from ParseFlags).
-func NonEmptyVar(fs *flag.FlagSet, p *string, name, def string) {
+// whose value may not be given as "": --name "" fails to parse (a usage error).
+// usage is the flag's one description (help, man page and completions); a
+// back-quoted word in it names the value (pflag's convention).
+func NonEmptyVar(fs *pflag.FlagSet, p *string, name, def, usage string) {
 	*p = def
-	fs.Var(nonEmpty{p}, name, "")
+	fs.Var(nonEmpty{p}, name, usage)
 }
+
+// HomeUsage describes --home.
+const HomeUsage = "the data root `DIR` (default: $SEALBRIDGE_HOME, else $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge)"
+
+// IdentityUsage describes --identity.
+const IdentityUsage = "the identity's `NAME` under the data root (default: $SEALBRIDGE_IDENTITY, else \"default\")"
 
 // HomeFlag defines --home DIR on fs, stored in *p. Its default is "", which each
 // program resolves to the default data root ($SEALBRIDGE_HOME, else
 // $XDG_STATE_HOME/sealbridge, else ~/.local/state/sealbridge); an explicitly empty
 // --home is refused.
-func HomeFlag(fs *flag.FlagSet, p *string) { NonEmptyVar(fs, p, "home", "") }
+func HomeFlag(fs *pflag.FlagSet, p *string) { NonEmptyVar(fs, p, "home", "", HomeUsage) }
 
 // IdentityFlag defines --identity on fs, stored in *p. Its default is
 // $SEALBRIDGE_IDENTITY when set and non-empty, else DefaultIdentity; an explicitly
-// empty --identity is refused.
-func IdentityFlag(fs *flag.FlagSet, p *string) {
+// empty --identity is refused. The help states the default in words, not the
+// environment's value of the moment (the man pages do not depend on it).
+func IdentityFlag(fs *pflag.FlagSet, p *string) {
 	def := os.Getenv(EnvIdentity)
 	if def == "" {
 		def = DefaultIdentity
 	}
-	NonEmptyVar(fs, p, "identity", def)
+	NonEmptyVar(fs, p, "identity", def, IdentityUsage)
+	fs.Lookup("identity").DefValue = ""
 }
 
 // LogFlags are the values of --log-format and --log-level.
@@ -149,10 +167,10 @@ type LogFlags struct{ Format, Level string }
 
 // AddLogFlags defines --log-format text|json (default text) and --log-level
 // debug|info|warn|error (default info) on fs.
-func AddLogFlags(fs *flag.FlagSet) *LogFlags {
+func AddLogFlags(fs *pflag.FlagSet) *LogFlags {
 	l := &LogFlags{}
-	fs.StringVar(&l.Format, "log-format", "text", "")
-	fs.StringVar(&l.Level, "log-level", "info", "")
+	fs.StringVar(&l.Format, "log-format", "text", "the log's `FORMAT`: text or json")
+	fs.StringVar(&l.Level, "log-level", "info", "the least `LEVEL` logged: debug, info, warn or error")
 	return l
 }
 
@@ -171,47 +189,6 @@ func (l *LogFlags) Logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, Usagef("--log-format %q: use text or json", l.Format)
-}
-
-// ParseFlags parses args with fs, allowing flags after positional arguments
-// ("status ID --json"); everything after a "--" is positional. It returns the
-// positional arguments. A help flag returns flag.ErrHelp; any other parse error,
-// and an empty positional argument, is a *UsageError whose Help is
-// "<fs.Name()> --help". A flag set named "PROG CMD" prefixes the message with
-// "CMD: " (the error line already names PROG). fs should be silent
-// (ContinueOnError, output discarded).
-func ParseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
-	usage := func(err error) error {
-		if _, cmd, ok := strings.Cut(fs.Name(), " "); ok {
-			err = fmt.Errorf("%s: %w", cmd, err)
-		}
-		return &UsageError{Err: err, Help: fs.Name() + " --help"}
-	}
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, usage(err)
-		}
-		rest := fs.Args()
-		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
-			pos = append(pos, rest...) // the flag package stopped at "--"
-			rest = nil
-		}
-		if len(rest) == 0 {
-			break
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
-	for _, a := range pos {
-		if a == "" {
-			return nil, usage(errors.New("an argument is empty (an unset shell variable?)"))
-		}
-	}
-	return pos, nil
 }
 
 // ShellQuote quotes s for a POSIX shell when it needs it, so that hints print

@@ -2,20 +2,36 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
 
-func newFS(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	return fs
+// testProgram is a program "prog" with a subcommand "sub" taking --json, --home,
+// --identity and positional arguments, which it records.
+func testProgram(got *[]string, asJSON *bool) *cobra.Command {
+	root := &cobra.Command{Use: "prog", Args: NoArgs, RunE: func(*cobra.Command, []string) error { return nil }}
+	sub := &cobra.Command{Use: "sub [ARG…]", RunE: func(_ *cobra.Command, args []string) error {
+		*got = args
+		return nil
+	}}
+	sub.Flags().BoolVar(asJSON, "json", false, "JSON")
+	var home, name string
+	HomeFlag(sub.Flags(), &home)
+	IdentityFlag(sub.Flags(), &name)
+	root.AddCommand(sub)
+	return root
 }
 
 func TestReportLines(t *testing.T) {
@@ -46,7 +62,8 @@ func TestReportLines(t *testing.T) {
 	}
 }
 
-func TestParseFlags(t *testing.T) {
+func TestExecuteParsesFlagsAnywhere(t *testing.T) {
+	p := Program{Name: "prog", UsageExit: 2}
 	for _, c := range []struct {
 		args []string
 		pos  []string
@@ -57,45 +74,54 @@ func TestParseFlags(t *testing.T) {
 		{args: []string{"--json", "a", "b"}, pos: []string{"a", "b"}, json: true},
 		{args: []string{"a", "--", "--json", "-x"}, pos: []string{"a", "--json", "-x"}},
 		{args: []string{"--", "-x"}, pos: []string{"-x"}},
-		{args: []string{"a", ""}, err: "an argument is empty"},
-		{args: []string{""}, err: "an argument is empty"},
-		{args: []string{"--nope"}, err: "flag provided but not defined"},
-		{args: []string{"--home", ""}, err: `invalid value "" for flag -home`},
-		{args: []string{"--identity="}, err: `invalid value "" for flag -identity`},
+		{args: []string{"a", ""}, err: "sub: an argument is empty"},
+		{args: []string{""}, err: "sub: an argument is empty"},
+		{args: []string{"--nope"}, err: "sub: unknown flag: --nope"},
+		{args: []string{"--home", ""}, err: `invalid argument "" for "--home" flag: empty value`},
+		{args: []string{"--identity="}, err: `invalid argument "" for "--identity" flag: empty value`},
 	} {
-		fs := newFS("prog sub")
-		asJSON := fs.Bool("json", false, "")
-		var home, name string
-		HomeFlag(fs, &home)
-		IdentityFlag(fs, &name)
-		pos, err := ParseFlags(fs, c.args)
+		var pos []string
+		var asJSON bool
+		err := p.Execute(context.Background(), testProgram(&pos, &asJSON), append([]string{"sub"}, c.args...), io.Discard, io.Discard)
 		if c.err != "" {
 			var ue *UsageError
 			if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.err) || ue.Help != "prog sub --help" {
-				t.Errorf("%q: err %v, want a usage error with %q", c.args, err, c.err)
+				t.Errorf("%q: err %v, want a usage error with %q naming prog sub --help", c.args, err, c.err)
 			}
 			continue
 		}
-		if err != nil || !slices.Equal(pos, c.pos) || *asJSON != c.json {
-			t.Errorf("%q: pos %q json %v err %v, want %q %v", c.args, pos, *asJSON, err, c.pos, c.json)
+		if err != nil || !slices.Equal(pos, c.pos) || asJSON != c.json {
+			t.Errorf("%q: pos %q json %v err %v, want %q %v", c.args, pos, asJSON, err, c.pos, c.json)
 		}
 	}
-	if _, err := ParseFlags(newFS("p"), []string{"x", "-h"}); !errors.Is(err, flag.ErrHelp) {
-		t.Errorf("-h after an argument: %v, want flag.ErrHelp", err)
+	var pos []string
+	var asJSON bool
+	var out bytes.Buffer
+	if err := p.Execute(context.Background(), testProgram(&pos, &asJSON), []string{"sub", "x", "-h"}, &out, io.Discard); err != nil ||
+		pos != nil || !strings.HasPrefix(out.String(), "usage: prog sub [ARG…]\n") || !strings.Contains(out.String(), "Exit status:\n  0   success\n  2   usage error\n") {
+		t.Errorf("-h after an argument: %v, ran with %q, printed %q; want the help, not a run", err, pos, out.String())
+	}
+	if err := p.Execute(context.Background(), testProgram(&pos, &asJSON), []string{"extra"}, io.Discard, io.Discard); !IsUsage(err) ||
+		err.Error() != `unexpected argument "extra": prog takes flags only` {
+		t.Errorf("prog extra: %v", err)
 	}
 }
 
 func TestIdentityDefaultFromEnvironment(t *testing.T) {
 	for _, c := range []struct{ env, want string }{{"", DefaultIdentity}, {"alice", "alice"}} {
 		t.Setenv(EnvIdentity, c.env)
-		fs := newFS("p")
+		fs := pflag.NewFlagSet("p", pflag.ContinueOnError)
 		var name string
 		IdentityFlag(fs, &name)
-		if _, err := ParseFlags(fs, nil); err != nil || name != c.want {
+		if err := fs.Parse(nil); err != nil || name != c.want {
 			t.Errorf("$%s=%q: identity %q (%v), want %q", EnvIdentity, c.env, name, err, c.want)
 		}
-		if _, err := ParseFlags(fs, []string{"--identity", "bob"}); err != nil || name != "bob" {
+		if err := fs.Parse([]string{"--identity", "bob"}); err != nil || name != "bob" {
 			t.Errorf("--identity bob with $%s=%q: %q (%v)", EnvIdentity, c.env, name, err)
+		}
+		// The help and the man pages state the default in words, whatever the environment.
+		if d := fs.Lookup("identity").DefValue; d != "" {
+			t.Errorf("$%s=%q: --identity's printed default is %q", EnvIdentity, c.env, d)
 		}
 	}
 }
@@ -127,11 +153,76 @@ func TestShellQuote(t *testing.T) {
 	}
 }
 
-func TestParseFlagsMessageNamesTheCommandOnce(t *testing.T) {
-	for name, want := range map[string]string{"prog sub": "sub: flag provided but not defined: -x", "prog": "flag provided but not defined: -x"} {
-		_, err := ParseFlags(newFS(name), []string{"-x"})
-		if err == nil || err.Error() != want {
-			t.Errorf("flag set %q: %v, want %q", name, err, want)
+// The flags a package defines on a standard-library flag set parse through the
+// same values, are described by its usage text, in its order, and a flag the text
+// does not describe (or a description of no flag) is reported.
+func TestAddGoFlags(t *testing.T) {
+	const doc = `  --rate R      envelopes per second
+                (default 0: no bound)
+  --allow-list  accept only registered recipients
+  --backend B   file or jetstream
+`
+	gfs := flag.NewFlagSet("g", flag.ContinueOnError)
+	backend := "file"
+	gfs.Func("backend", "", func(s string) error {
+		if s != "file" && s != "jetstream" {
+			return errors.New("want file or jetstream")
 		}
+		backend = s
+		return nil
+	})
+	allow := gfs.Bool("allow-list", false, "")
+	rate := gfs.Float64("rate", 0, "")
+	fs := pflag.NewFlagSet("p", pflag.ContinueOnError)
+	fs.SortFlags = false
+	if undescribed, unknown := AddGoFlags(fs, gfs, doc); undescribed != nil || unknown != nil {
+		t.Fatalf("undescribed %q, unknown %q", undescribed, unknown)
+	}
+	if err := fs.Parse([]string{"--backend", "jetstream", "--allow-list", "--rate=2.5"}); err != nil || backend != "jetstream" || !*allow || *rate != 2.5 {
+		t.Fatalf("parse: %v backend %q allow %v rate %v", err, backend, *allow, *rate)
+	}
+	if err := fs.Parse([]string{"--backend", "nfs"}); err == nil || !strings.Contains(err.Error(), "want file or jetstream") {
+		t.Errorf("--backend nfs: %v", err)
+	}
+	u := fs.FlagUsages()
+	if !strings.Contains(u, "--rate R") || !strings.Contains(u, "envelopes per second (default 0: no bound)") ||
+		!strings.Contains(u, "--backend B") || strings.Contains(u, "--allow-list bool") ||
+		strings.Index(u, "--rate") > strings.Index(u, "--allow-list") || strings.Index(u, "--allow-list") > strings.Index(u, "--backend") {
+		t.Errorf("usages:\n%s", u)
+	}
+	fs = pflag.NewFlagSet("p", pflag.ContinueOnError)
+	if undescribed, unknown := AddGoFlags(fs, gfs, "  --rate R  r\n  --allow-list  a\n  --nope N  n\n"); !slices.Equal(undescribed, []string{"backend"}) ||
+		!slices.Equal(unknown, []string{"nope"}) || fs.Lookup("backend") == nil {
+		t.Errorf("undescribed %q, unknown %q; --backend defined: %v", undescribed, unknown, fs.Lookup("backend") != nil)
+	}
+}
+
+func TestWrap(t *testing.T) {
+	if got := Wrap("aa bb cc  dd\nee", 5); got != "aa bb\ncc dd\nee" {
+		t.Errorf("Wrap = %q", got)
+	}
+}
+
+// The man pages are one per command, with the exit statuses, from the same
+// definitions as the help.
+func TestWriteMan(t *testing.T) {
+	var pos []string
+	var asJSON bool
+	dir := t.TempDir()
+	p := Program{Name: "prog", UsageExit: 2, ManSection: "8", Version: "v1"}
+	if err := p.Execute(context.Background(), testProgram(&pos, &asJSON), []string{ManCommand, dir}, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "prog-sub.8"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"EXIT STATUS", "2   usage error", `\fB--json\fP`, `\fB--home\fP`, `\fB--identity\fP`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("prog-sub.8 lacks %q:\n%s", want, b)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "prog.8")); err != nil {
+		t.Error(err)
 	}
 }

@@ -156,13 +156,13 @@ func (n *queueNode) queue(relayURL string) *client.Target {
 	if err != nil {
 		n.t.Fatalf("sealbridge queue --json: %v\n%s", err, stderr.Bytes())
 	}
-	var list client.TargetList
-	if err := json.Unmarshal(out, &list); err != nil {
-		n.t.Fatalf("sealbridge queue --json: %v\n%s", err, out)
-	}
-	for i := range list.Targets {
-		if list.Targets[i].RelayURL == relayURL {
-			return &list.Targets[i]
+	for line := range strings.Lines(string(out)) { // JSON lines: one target a line
+		var tg client.Target
+		if err := json.Unmarshal([]byte(line), &tg); err != nil {
+			n.t.Fatalf("sealbridge queue --json: %v\n%s", err, out)
+		}
+		if tg.RelayURL == relayURL {
+			return &tg
 		}
 	}
 	return nil

@@ -283,12 +283,16 @@ func TestStrangerFirstUse(t *testing.T) {
 
 	// bob's inbox, until the message arrives from the relay.
 	poll(t, "bob's inbox holds the message", func() (bool, string) {
-		var in client.InboxList
+		var in []client.InboxMessage
 		out := u.run("", "sealbridge", "inbox", "--identity", "bob", "--json")
-		if err := json.Unmarshal([]byte(out), &in); err != nil {
-			t.Fatalf("inbox --json: %v\n%s", err, out)
+		for line := range strings.Lines(out) { // JSON lines: one message a line
+			var m client.InboxMessage
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("inbox --json: %v\n%s", err, out)
+			}
+			in = append(in, m)
 		}
-		for _, m := range in.Messages {
+		for _, m := range in {
 			if m.MessageID == id {
 				if m.From != alice || string(m.Body) != body {
 					t.Fatalf("bob's inbox: %s from %s body %q; want from %s body %q", id, m.From, m.Body, alice, body)

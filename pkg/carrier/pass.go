@@ -391,7 +391,7 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res R
 	if tp.waiting {
 		since = min(since, tp.since)
 	}
-	o.NextAttemptAt, o.LastError = now+c.probeDelay(since, now).Milliseconds(), clip("relay unreachable: "+why)
+	o.NextAttemptAt, o.LastError = now+c.probeDelay(since, now).Milliseconds(), clip("relay "+why) // "relay unreachable: …": why begins with the outcome
 	if err := tx.Put(o); err != nil {
 		return false, 0, err
 	}
@@ -674,8 +674,8 @@ func (c *Carrier) backoff(attempts int, retryAfter time.Duration) time.Duration 
 func describe(res Result) string {
 	var b strings.Builder
 	b.WriteString(res.Outcome.String())
-	if res.Status != 0 {
-		fmt.Fprintf(&b, " (HTTP %d)", res.Status)
+	if res.Status != 0 && (res.Err == nil || !strings.HasPrefix(res.Err.Error(), fmt.Sprintf("HTTP %d", res.Status))) {
+		fmt.Fprintf(&b, " (HTTP %d)", res.Status) // unless the error says it
 	}
 	if res.Err != nil {
 		b.WriteString(": ")

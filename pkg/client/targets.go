@@ -40,6 +40,8 @@ type TargetList struct {
 	Targets    []Target  `json:"targets"`
 	At         time.Time `json:"at"`
 	AgeBuckets []string  `json:"ageBuckets"`
+	// Hint is the daemon's advice on the view, if any.
+	Hint string `json:"hint,omitempty"`
 }
 
 // OperatorAction is an operator's action on a message as its records keep it: which

@@ -243,7 +243,8 @@ func (d *Daemon) lock() error {
 			if _, perr := strconv.Atoi(pid); perr != nil {
 				pid = "unknown"
 			}
-			return fmt.Errorf("sealbridged for %s already running (pid %s)", d.id.DID(), pid)
+			return errcode.WithHint(fmt.Errorf("sealbridged for %s already running (pid %s)", d.id.DID(), pid),
+				"one daemon serves an identity: use the running one, or stop it first (kill "+pid+") and start again")
 		}
 		return fmt.Errorf("pid file %s: %w", path, err)
 	}
