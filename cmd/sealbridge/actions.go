@@ -13,7 +13,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/pkg/client"
-	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 // actionOp is one action command.
@@ -50,7 +50,8 @@ func (op actionOp) command() *cobra.Command {
 		Long: op.about + `
 
 Prints one line per message: ID ` + op.done + ` (N envelopes), ID already ` + op.done + `
-or unchanged (nothing to do), or ID refused CODE: why, with the daemon's note if any. Refusal
+or unchanged (nothing to do), or ID refused CODE: why, with the daemon's note if any
+(for retry what it does now: attempting now, probing its target now, in flight). Refusal
 codes: MESSAGE_CLOSED (delivered or closed), MESSAGE_NOT_FOUND (no such message).
 Each change is recorded in the message's and its envelopes' records with who
 (uid:N), when and --reason.
@@ -110,10 +111,12 @@ func (op actionOp) run(ctx context.Context, w *who, ids []string, reason, target
 			return err
 		}
 	}
-	for _, t := range targets {
-		if !record.ValidRelayURL(t) {
-			return usageErrorf("%s: --target %q is not an http(s) relay URL", op.name, t)
+	for i, t := range targets {
+		canonical, err := relayproto.CanonicalRelayURL(t)
+		if err != nil {
+			return withHint(usageErrorf("%s: --target %q: %v", op.name, t, err), "%s", relayproto.RelayURLFix(err))
 		}
+		targets[i] = canonical
 	}
 	if fromStdin && len(ids) == 0 && len(targets) == 0 {
 		fmt.Fprintf(stderr, "sealbridge: %s: nothing on standard input, nothing done\n", op.name)
@@ -198,15 +201,21 @@ func (op actionOp) describe(r client.ActionResult) string {
 		s = fmt.Sprintf("%s (%d envelopes)", op.done, r.Changed)
 	case op.name == "hold" || op.name == "release":
 		s = "already " + op.done
+	case r.Effect != "" && r.Message != "":
+		// A retry that changed no record still acts: the note says how
+		// ("attempting now", "probing its target now", "in flight: …").
 	default:
 		s = "unchanged"
 	}
 	if m := oneLine(r.Message); m != "" {
-		sep := "; "
-		if r.Code != "" {
-			sep = ": "
+		switch {
+		case s == "":
+			s = m
+		case r.Code != "":
+			s += ": " + m
+		default:
+			s += "; " + m
 		}
-		s += sep + m
 	}
 	return strings.TrimSpace(s)
 }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -29,6 +31,14 @@ func TestQueueActionCommands(t *testing.T) {
 	}
 	id := strings.TrimSpace(out)
 
+	// A retry that changes no record still attempts now, and says so (not
+	// "unchanged"): the message is sent at once, or as its target's probe, or its
+	// first attempt is still under way.
+	code, out, errs = sb(t, append([]string{"retry", id}, as...)...)
+	if code != 0 || strings.Contains(out, "unchanged") || !strings.Contains(out, " now") && !strings.Contains(out, "in flight: ") {
+		t.Fatalf("retry of a queued message: exit %d %q %q; want what it does now", code, out, errs)
+	}
+
 	for _, step := range []struct {
 		args   []string
 		code   int
@@ -46,7 +56,7 @@ func TestQueueActionCommands(t *testing.T) {
 		{[]string{"hold", id, "--target", dead}, exitUsage, "", "not both"},
 		{[]string{"retry", "--target", ""}, exitUsage, "", "--target is empty"},
 		{[]string{"hold", "not-a-uuid"}, exitUsage, "", `"not-a-uuid" is not a message id`},
-		{[]string{"cancel", "--target", "ftp://relay"}, exitUsage, "", `--target "ftp://relay" is not an http(s) relay URL`},
+		{[]string{"cancel", "--target", "ftp://relay"}, exitUsage, "", `--target "ftp://relay": relay URL: `},
 	} {
 		code, out, errs := sb(t, append(step.args, as...)...)
 		if step.args[0] == "status" && (!strings.Contains(out, "hold by uid:") || !strings.Contains(out, ": checking")) {
@@ -60,5 +70,23 @@ func TestQueueActionCommands(t *testing.T) {
 	code, out, _ = sb(t, append([]string{"status", id}, as...)...)
 	if code != 0 || !strings.Contains(out, "cancelled") {
 		t.Errorf("status after cancel: %d\n%s", code, out)
+	}
+}
+
+// sealbridge relay on a busy address fails with the --listen hint and creates
+// nothing: it listens before it makes its data root and key (as sealbridge-relay).
+func TestRelayOnABusyPortCreatesNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	parent := t.TempDir()
+	code, _, errs := sb(t, "relay", "--listen", busy.Addr().String(), "--home", filepath.Join(parent, "root"))
+	if code != 1 || !strings.Contains(errs, "address already in use") || !strings.Contains(errs, "hint: choose another address with --listen") {
+		t.Fatalf("exit %d, stderr %q; want 1 with the --listen hint", code, errs)
+	}
+	if ents, err := os.ReadDir(parent); err != nil || len(ents) != 0 {
+		t.Fatalf("a relay that could not listen created %v (%v)", ents, err)
 	}
 }

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,9 +15,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/cli"
 	"github.com/sealbridge/sealbridge/internal/dataroot"
-	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
-	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 )
 
 // relayKeyFile is the reference relay's key under its data root (the same name
@@ -74,6 +70,19 @@ func runRelay(ctx context.Context, f relayFlags, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	// Bound first, then connected and checked: a relay that cannot listen, or
+	// whose JetStream is refused, creates nothing (no data root, key or store).
+	ln, err := relay.Listen(listen, limitFlags.MaxConns)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	ropts := relay.Options{Logger: log, Limits: limitFlags.Limits}
+	closeConn, err := backendFlags.Open(&ropts, "sealbridge relay")
+	if err != nil {
+		return err
+	}
+	defer closeConn()
 	root, err := dataroot.Resolve(home)
 	if err != nil {
 		return withHint(err, "give --home DIR")
@@ -85,32 +94,19 @@ func runRelay(ctx context.Context, f relayFlags, stdout, stderr io.Writer) error
 		return err
 	}
 	keyFile := filepath.Join(root, relayKeyFile)
-	id, created, err := identity.LoadOrCreateKeyFile(keyFile)
+	id, created, err := relay.LoadOrCreateIdentity(keyFile)
 	if err != nil {
 		return err
 	}
 	if created {
 		log.Info("relay: created identity", "file", keyFile, "did", string(id.DID()))
 	}
-	ropts := relay.Options{Identity: id, Home: root, Logger: log, Limits: limitFlags.Limits}
-	closeConn, err := backendFlags.Open(&ropts, "sealbridge relay")
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	r, err := relay.New(ropts)
-	if errors.Is(err, jsstore.ErrNotDurable) {
-		return withHint(err, relay.NotDurableHint)
-	}
+	ropts.Identity, ropts.Home = id, root
+	r, err := relay.New(ropts) // a JetStream refusal carries its hint
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return withHint(err, "choose another address with --listen (port 0 picks a free one)")
-	}
-	ln = relay.LimitListener(ln, limitFlags.MaxConns)
 	srv := newRelayServer(r, log)
 	fmt.Fprintf(stdout, "listening http://%s\n", ln.Addr())
 	fmt.Fprintf(stdout, "relay %s\n", id.DID())

@@ -24,7 +24,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
-	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
 // stdin is where send reads a body without --file (tests replace it).
@@ -76,15 +76,20 @@ func (d *daemonConn) explain(err error) error {
 
 // sendFlags are send's flags.
 type sendFlags struct {
-	to, relayURL, deadline, key, file string
+	to                            []string
+	relayURL, deadline, key, file string
 }
 
 func sendCommand() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "send --to DID --relay URL [--deadline 24h|TIME] [--idempotency-key K] [--file F] [--home DIR] [--identity NAME]",
+		Use:   "send --to DID [--to DID…] --relay URL [--deadline 24h|TIME] [--idempotency-key K] [--file F] [--home DIR] [--identity NAME]",
 		Short: "send a message (body from --file or standard input); print its id",
 		Long: `Sends a message through the identity's daemon and prints its id. The body is read
-from --file F, or from standard input (a terminal is refused).
+from --file F, or from standard input (a terminal is refused). With --to repeated
+(at most 64 distinct recipients) it sends one message to each, as one request, and
+prints one line per recipient: the message id, its status and the recipient. A body is at most
+97280 bytes (95 KiB, what one envelope carries); a larger one is refused before
+anything is sent.
 
 send always sends an Idempotency-Key (a random one unless --idempotency-key gives
 it) and retries a lost connection or a 5xx with it (5 attempts, at most 10 s in
@@ -92,13 +97,14 @@ all); failing that it prints the key and the command that finishes the send
 without a duplicate (exit 4). Retries with one --idempotency-key must send the
 same request: use the default --deadline or an RFC 3339 TIME, not a duration.`,
 		Example: `  echo hello | sealbridge send --home ~/sb --identity alice --to did:key:z6Mk… --relay http://127.0.0.1:8470
-  sealbridge send --to did:key:z6Mk… --relay http://127.0.0.1:8470 --file note.txt --deadline 2030-01-01T00:00:00Z`,
+  sealbridge send --to did:key:z6Mk… --relay http://127.0.0.1:8470 --file note.txt --deadline 2030-01-01T00:00:00Z
+  sealbridge send --to did:key:z6MkA… --to did:key:z6MkB… --relay http://127.0.0.1:8470 --file note.txt`,
 		Args: cli.NoArgs,
 	}
 	w := identityFlags(c)
 	var f sendFlags
 	fl := c.Flags()
-	fl.StringVar(&f.to, "to", "", "the recipient's did:key `DID` (required)")
+	fl.StringArrayVar(&f.to, "to", nil, "the recipient's did:key `DID` (required; repeat it for several recipients)")
 	fl.StringVar(&f.relayURL, "relay", "", "the http(s) `URL` of the relay to send through (required)")
 	fl.StringVar(&f.deadline, "deadline", "", "when to give up: a duration from now or an RFC 3339 time (default 24h)")
 	cli.Named(fl, "deadline", "24h|TIME")
@@ -111,10 +117,12 @@ same request: use the default --deadline or an RFC 3339 TIME, not a duration.`,
 }
 
 func runSend(ctx context.Context, w *who, f sendFlags, stdout io.Writer) error {
-	to, relayURL, deadline, key, file := &f.to, &f.relayURL, &f.deadline, &f.key, &f.file
+	relayURL, deadline, key, file := &f.relayURL, &f.deadline, &f.key, &f.file
 	switch {
-	case *to == "":
+	case len(f.to) == 0:
 		return usageErrorf("send: --to DID is required")
+	case len(f.to) > client.MaxRecipients:
+		return usageErrorf("send: %d --to, at most %d recipients", len(f.to), client.MaxRecipients)
 	case *relayURL == "":
 		return usageErrorf("send: --relay URL is required")
 	}
@@ -122,12 +130,21 @@ func runSend(ctx context.Context, w *who, f sendFlags, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := identity.ParseDID(*to); err != nil {
-		return usageErrorf("send: --to %q is not a valid did:key: %v", *to, err)
+	seen := map[string]bool{}
+	for _, to := range f.to {
+		if _, err := identity.ParseDID(to); err != nil {
+			return usageErrorf("send: --to %q is not a valid did:key: %v", to, err)
+		}
+		if seen[to] {
+			return usageErrorf("send: --to %q is given twice", to)
+		}
+		seen[to] = true
 	}
-	if !record.ValidRelayURL(*relayURL) {
-		return usageErrorf("send: --relay %q is not an http(s) URL", *relayURL)
+	canonical, err := relayproto.CanonicalRelayURL(*relayURL)
+	if err != nil {
+		return withHint(usageErrorf("send: --relay %q: %v", *relayURL, err), "%s", relayproto.RelayURLFix(err))
 	}
+	*relayURL = canonical
 	body, err := readBody(*file)
 	if err != nil {
 		return err
@@ -140,12 +157,12 @@ func runSend(ctx context.Context, w *who, f sendFlags, stdout io.Writer) error {
 		return err
 	}
 	// The request is made once: every attempt sends the same bytes with one key.
-	req := client.SendRequest{To: client.Recipients{*to}, RelayURL: *relayURL, Body: body, DeadlineMs: deadlineMs}
+	req := client.SendRequest{To: client.Recipients(f.to), RelayURL: *relayURL, Body: body, DeadlineMs: deadlineMs}
 	k := *key
 	if k == "" {
 		k = uuid.NewString()
 	}
-	m, err := sendRetries.send(ctx, d.c, req, k)
+	ms, err := sendRetries.send(ctx, d.c, req, k)
 	var ie *incompleteSend
 	if errors.As(err, &ie) {
 		return ie.explain(d.w, req, *file)
@@ -153,7 +170,13 @@ func runSend(ctx context.Context, w *who, f sendFlags, stdout io.Writer) error {
 	if err != nil {
 		return d.explain(err)
 	}
-	fmt.Fprintln(stdout, m.MessageID)
+	if len(ms) == 1 {
+		fmt.Fprintln(stdout, ms[0].MessageID)
+		return nil
+	}
+	for _, m := range ms {
+		fmt.Fprintf(stdout, "%s  %s  %s\n", m.MessageID, m.Status, m.To)
+	}
 	return nil
 }
 
@@ -229,14 +252,14 @@ func (e *incompleteSend) explain(w *who, req client.SendRequest, file string) er
 // and request. A final answer (the message, or a refusal) is returned as is; a
 // daemon not running at the first attempt too (nothing was sent). Otherwise the
 // result is an *incompleteSend.
-func (p retryPolicy) send(ctx context.Context, c *client.Client, req client.SendRequest, key string) (*client.Message, error) {
+func (p retryPolicy) send(ctx context.Context, c *client.Client, req client.SendRequest, key string) ([]client.Message, error) {
 	out := &incompleteSend{key: key}
 	wait, waited := p.backoff, time.Duration(0)
 	for {
 		out.attempts++
-		m, err := c.Send(ctx, req, key)
+		ms, err := c.SendAll(ctx, req, key)
 		if err == nil {
-			return m, nil
+			return ms, nil
 		}
 		out.last = err
 		var ce *client.Error
@@ -564,7 +587,18 @@ func nextAttempt(m *client.Message) string {
 	case m.NextAttemptAt.IsZero() || !m.NextAttemptAt.After(time.Now()):
 		return "now"
 	}
-	return formatTime(m.NextAttemptAt) + " (in " + time.Until(m.NextAttemptAt).Round(time.Second).String() + ")"
+	s := formatTime(m.NextAttemptAt) + " (in " + time.Until(m.NextAttemptAt).Round(time.Second).String() + ")"
+	switch m.WaitingFor {
+	case "target":
+		s += ", waiting for its relay's next probe"
+	case "lease":
+		s += ", when the attempt under way ends"
+	case "backoff":
+		s += ", after its backoff"
+	case "held":
+		s += ", held"
+	}
+	return s
 }
 
 // oneLine keeps a table cell on one line.

@@ -210,11 +210,14 @@ func TestSendRetryPolicy(t *testing.T) {
 		var waits []time.Duration
 		p.sleep = func(_ context.Context, d time.Duration) error { waits = append(waits, d); return nil }
 		c := client.New(sock)
-		m, err := p.send(context.Background(), c, req, "the-key")
+		ms, err := p.send(context.Background(), c, req, "the-key")
 		mu.Lock()
 		sentKeys, sentBodies = slices.Clone(keys), slices.Clone(bodies)
 		mu.Unlock()
-		return m, err, waits
+		if len(ms) == 0 {
+			return nil, err, waits
+		}
+		return &ms[0], err, waits
 	}
 	p := retryPolicy{attempts: 5, backoff: 100 * time.Millisecond, maxWait: 10 * time.Second}
 

@@ -526,3 +526,75 @@ func TestCLIOutputForOperators(t *testing.T) {
 		t.Errorf("retry - of nothing: %q %q", r.stdout, r.stderr)
 	}
 }
+
+// sealbridge send with --to repeated sends one message to each recipient in one
+// request and prints one line per recipient (id, status, recipient); the messages
+// are listed one per recipient; a recipient named twice is a usage error (exit 2)
+// with nothing sent; a relay URL with a trailing slash is kept in its canonical
+// form, so `hold --target` with either spelling finds the messages.
+func TestSendToSeveralRecipientsFromTheCLI(t *testing.T) {
+	dir := buildCommands(t)
+	home, err := os.MkdirTemp("", "sbm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	env := []string{"SEALBRIDGE_HOME=" + home, "SEALBRIDGE_IDENTITY=default", "XDG_RUNTIME_DIR="}
+	sb := func(stdin string, args ...string) cliRun {
+		t.Helper()
+		return runCLI(t, dir, stdin, env, "sealbridge", args...)
+	}
+	var dids []string
+	for _, name := range []string{"default", "bob", "carol"} {
+		if r := sb("", "init", "--identity", name); r.code != 0 {
+			t.Fatalf("init %s: exit %d %s", name, r.code, r.stderr)
+		}
+		dids = append(dids, strings.TrimSpace(sb("", "whoami", "--identity", name).stdout))
+	}
+	c := client.ForIdentity(home, dids[0])
+	startDaemonProcess(t, filepath.Join(dir, "sealbridged"), home, c)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayURL := "http://" + ln.Addr().String()
+	ln.Close()
+
+	if r := sb("hi", "send", "--to", dids[1], "--to", dids[1], "--relay", relayURL); r.code != 2 || !strings.Contains(r.stderr, "given twice") {
+		t.Fatalf("a recipient twice: exit %d %q; want 2 saying it is given twice", r.code, r.stderr)
+	}
+	r := sb("hi", "send", "--to", dids[1], "--to", dids[2], "--relay", relayURL+"/")
+	if r.code != 0 {
+		t.Fatalf("send to two: exit %d %s", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("send to two printed %q; want one line per recipient", r.stdout)
+	}
+	var ids []string
+	for i, l := range lines {
+		f := strings.Fields(l)
+		if len(f) != 3 || f[1] != "queued" || f[2] != dids[i+1] {
+			t.Fatalf("line %d %q; want ID queued %s", i, l, dids[i+1])
+		}
+		ids = append(ids, f[0])
+	}
+	if ids[0] == ids[1] {
+		t.Fatalf("both recipients got message %s", ids[0])
+	}
+	l, err := c.Messages(context.Background(), "", 0, "")
+	if err != nil || len(l.Messages) != 2 {
+		t.Fatalf("listing: %+v %v; want the two messages", l, err)
+	}
+	for _, m := range l.Messages {
+		if m.RelayURL != relayURL {
+			t.Fatalf("message %s kept relay %q; want the canonical %q", m.MessageID, m.RelayURL, relayURL)
+		}
+	}
+	for _, target := range []string{relayURL + "/", relayURL} {
+		h := sb("", "hold", "--json", "--target", target)
+		if h.code != 0 || !strings.Contains(h.stdout, ids[0]) || !strings.Contains(h.stdout, ids[1]) {
+			t.Fatalf("hold --target %s: exit %d %s %s; want both messages", target, h.code, h.stdout, h.stderr)
+		}
+	}
+}

@@ -70,7 +70,7 @@ func (d *Daemon) serveAction(op string) http.HandlerFunc {
 		if req.Target != "" {
 			canon, err := relayproto.CanonicalRelayURL(req.Target)
 			if err != nil {
-				writeErrorHint(w, http.StatusBadRequest, relayproto.CodeRelayURLInvalid, "target: "+err.Error(), relayURLHint(err))
+				writeErrorHint(w, http.StatusBadRequest, relayproto.CodeRelayURLInvalid, "target: "+err.Error(), relayproto.RelayURLFix(err))
 				return
 			}
 			req.Target = canon

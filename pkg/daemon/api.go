@@ -22,15 +22,6 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
-// relayURLHint is the hint of a refusal of relayproto.CanonicalRelayURL: the
-// canonical form to use when there is one, else what a relay URL is.
-func relayURLHint(err error) string {
-	if h := relayproto.RelayURLHint(err); h != "" {
-		return h
-	}
-	return "give an http or https URL with a host and no user information, query or fragment, e.g. https://relay.example:8470"
-}
-
 // API limits.
 const (
 	// maxRequestBytes bounds a request body: a MaxBodySize body in base64 plus the
@@ -567,7 +558,7 @@ func validate(req client.SendRequest, deadline, now time.Time) (code, msg, hint 
 		seen[to] = true
 	}
 	if _, err := relayproto.CanonicalRelayURL(req.RelayURL); err != nil {
-		return relayproto.CodeRelayURLInvalid, "relayUrl: " + err.Error(), relayURLHint(err)
+		return relayproto.CodeRelayURLInvalid, "relayUrl: " + err.Error(), relayproto.RelayURLFix(err)
 	}
 	if !deadline.After(now) {
 		return errcode.OutboxDeadlineExpired.String(), "deadline is not in the future", ""

@@ -342,12 +342,6 @@ func (f *BackendFlags) Open(o *Options, name string) (closeConn func(), err erro
 	return func() { events.close(nc) }, nil
 }
 
-// NotDurableHint is a generic hint for jsstore.ErrNotDurable.
-//
-// Deprecated: New's error carries the hint for its case (JetStreamHint);
-// wrapping it with this one hides that hint.
-const NotDurableHint = "give the stream and buckets 3 replicas on a cluster of 3 or more, or run every JetStream server with sync_interval: always and say so with --jetstream-sync-always (docs/RELAY.md \"Single-node JetStream\")"
-
 // singleNodeRecipe is the hint's pointer to the single-node recipe.
 const singleNodeRecipe = `run the server with sync_interval: always (docs/RELAY.md "Single-node JetStream") and start the relay with --jetstream-replicas 1 --jetstream-sync-always`
 

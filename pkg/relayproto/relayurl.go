@@ -98,3 +98,13 @@ func RelayURLHint(err error) string {
 	}
 	return ""
 }
+
+// RelayURLFix is what to tell someone whose relay URL CanonicalRelayURL refused
+// (err): the canonical form to use when there is one (RelayURLHint), else what a
+// relay URL is.
+func RelayURLFix(err error) string {
+	if h := RelayURLHint(err); h != "" {
+		return h
+	}
+	return "give an http or https URL with a host and no user information, query or fragment, e.g. https://relay.example:8470"
+}
