@@ -80,6 +80,11 @@ func TestQueueActionsThroughTheSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The message's first attempt may be under way (InFlight 1: a hold does not stop
+	// it); everything else of the result is fixed.
+	if len(ans.Results) == 1 && ans.Results[0].InFlight <= 1 {
+		ans.Results[0].InFlight = 0
+	}
 	if ans.Action != "hold" || len(ans.Results) != 1 || ans.Results[0] != (client.ActionResult{MessageID: id, Changed: 1}) {
 		t.Fatalf("hold: %+v", ans)
 	}

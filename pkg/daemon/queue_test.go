@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"github.com/sealbridge/sealbridge/internal/promtest"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -105,6 +106,7 @@ func TestTargetsAndOperatorViews(t *testing.T) {
 	rec := httptest.NewRecorder()
 	d.m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
+	promtest.Check(t, body) // as promtool check metrics: parses, lints clean
 	for _, line := range []string{`sealbridge_target_pending_envelopes{target="http://127.0.0.1:9"} 2`,
 		`sealbridge_target_held_envelopes{target="http://127.0.0.1:9"} 1`, `sealbridge_targets{state="unreachable"} 1`,
 		`sealbridge_target_oldest_pending_age_seconds{target="http://127.0.0.1:9"} 720`} {
