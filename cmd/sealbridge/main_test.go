@@ -65,7 +65,7 @@ func TestUsageErrorsAndExitCodes(t *testing.T) {
 		{"send no --to", []string{"send", "--relay", "http://127.0.0.1:1"}, exitUsage, "", "--to DID is required"},
 		{"send no --relay", []string{"send", "--to", did}, exitUsage, "", "--relay URL is required"},
 		{"send bad DID", []string{"send", "--to", "did:key:nope", "--relay", "http://127.0.0.1:1"}, exitUsage, "", "not a valid did:key"},
-		{"send bad URL", []string{"send", "--to", did, "--relay", "ftp://x"}, exitUsage, "", "not an http(s) URL"},
+		{"send bad URL", []string{"send", "--to", did, "--relay", "ftp://x"}, exitUsage, "", "relay URL: not an http or https URL"},
 		{"send negative deadline", []string{"send", "--to", did, "--relay", "http://x", "--deadline", "-1h"}, exitUsage, "", "--deadline must be in the future"},
 		{"send past deadline", []string{"send", "--to", did, "--relay", "http://x", "--deadline", "2001-01-01T00:00:00Z"}, exitUsage, "", "--deadline must be in the future"},
 		{"send bad deadline", []string{"send", "--to", did, "--relay", "http://x", "--deadline", "soon"}, exitUsage, "", "neither a duration"},
