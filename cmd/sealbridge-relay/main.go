@@ -15,21 +15,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sealbridge/sealbridge/internal/buildinfo"
 
 	"github.com/sealbridge/sealbridge/internal/cli"
-	"github.com/sealbridge/sealbridge/internal/dataroot"
-	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 )
 
@@ -117,80 +111,8 @@ func serve(ctx context.Context, f relayFlags, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// Bound first: a relay that cannot listen creates nothing (no data root,
-	// key, store or stream).
-	ln, err := relay.Listen(listen, limitFlags.MaxConns)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	// Connected and checked before anything is created (a refused JetStream
-	// leaves no data root or key either).
-	ropts := relay.Options{Logger: log, Limits: limitFlags.Limits, Version: version()}
-	closeConn, err := backendFlags.Open(&ropts, "sealbridge-relay")
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	root, err := dataroot.Resolve(home)
-	if err != nil {
-		return errcode.WithHint(err, "give --home DIR")
-	}
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		return err
-	}
-	if err := dataroot.CheckRoot(root); err != nil {
-		return err
-	}
-	if idFile == "" {
-		idFile = filepath.Join(root, "relay-identity.pem")
-	}
-	id, created, err := relay.LoadOrCreateIdentity(idFile)
-	if err != nil {
-		return err
-	}
-	if created {
-		log.Info("relay: created identity", "file", idFile, "did", string(id.DID()))
-	}
-	ropts.Identity, ropts.Home = id, root
-	r, err := relay.New(ropts) // a JetStream refusal carries its hint
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	srv := &http.Server{
-		Handler:           r.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	// A held inbox fetch extends its own deadlines past its wait (at most
-	// relayproto.MaxInboxWait); on shutdown the held fetches answer at once.
-	srv.RegisterOnShutdown(r.StopWaiting)
-	fmt.Fprintf(stdout, "listening http://%s\n", ln.Addr())
-	fmt.Fprintf(stdout, "relay %s\n", id.DID())
-	if f, ok := stdout.(*os.File); ok {
-		_ = f.Sync()
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	log.Info("relay: shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-		return fmt.Errorf("shutdown: %w", err)
-	}
-	log.Info("relay: stopped", "accepted", r.Stats().Accepted)
-	return nil
+	return relay.Command{Name: "sealbridge-relay", Listen: listen, Home: home, KeyFile: idFile,
+		Version: version(), Logger: log, Backend: backendFlags, Limits: limitFlags}.Run(ctx, stdout)
 }
 
 // version is the module version and VCS revision of this binary.

@@ -179,7 +179,7 @@ func (dm *demo) run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	srv := newRelayServer(rel, rlog)
+	srv := relay.NewServer(rel, rlog)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	stopRelay := sync.OnceFunc(func() {

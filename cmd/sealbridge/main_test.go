@@ -370,7 +370,7 @@ func TestRelayCommand(t *testing.T) {
 		t.Fatal("relay did not stop")
 	}
 	// The relay's key is kept: the same DID next time.
-	if _, err := identity.LoadKeyFile(filepath.Join(home, relayKeyFile)); err != nil {
+	if _, err := identity.LoadKeyFile(filepath.Join(home, relay.DefaultKeyFile)); err != nil {
 		t.Fatal(err)
 	}
 }

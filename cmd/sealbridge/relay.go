@@ -3,24 +3,14 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
-	"log/slog"
-	"net/http"
-	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/sealbridge/sealbridge/internal/buildinfo"
 	"github.com/sealbridge/sealbridge/internal/cli"
-	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/pkg/relay"
 )
-
-// relayKeyFile is the reference relay's key under its data root (the same name
-// sealbridge-relay uses, so both serve the same relay from one directory).
-const relayKeyFile = "relay-identity.pem"
 
 // relayFlags are the flags of sealbridge relay.
 type relayFlags struct {
@@ -70,77 +60,6 @@ func runRelay(ctx context.Context, f relayFlags, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	// Bound first, then connected and checked: a relay that cannot listen, or
-	// whose JetStream is refused, creates nothing (no data root, key or store).
-	ln, err := relay.Listen(listen, limitFlags.MaxConns)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	ropts := relay.Options{Logger: log, Limits: limitFlags.Limits}
-	closeConn, err := backendFlags.Open(&ropts, "sealbridge relay")
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	root, err := dataroot.Resolve(home)
-	if err != nil {
-		return withHint(err, "give --home DIR")
-	}
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		return err
-	}
-	if err := dataroot.CheckRoot(root); err != nil {
-		return err
-	}
-	keyFile := filepath.Join(root, relayKeyFile)
-	id, created, err := relay.LoadOrCreateIdentity(keyFile)
-	if err != nil {
-		return err
-	}
-	if created {
-		log.Info("relay: created identity", "file", keyFile, "did", string(id.DID()))
-	}
-	ropts.Identity, ropts.Home = id, root
-	r, err := relay.New(ropts) // a JetStream refusal carries its hint
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	srv := newRelayServer(r, log)
-	fmt.Fprintf(stdout, "listening http://%s\n", ln.Addr())
-	fmt.Fprintf(stdout, "relay %s\n", id.DID())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("relay: serve: %w", err)
-	case <-ctx.Done():
-	}
-	log.Info("relay: shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-		return fmt.Errorf("relay: shutdown: %w", err)
-	}
-	log.Info("relay: stopped", "accepted", r.Stats().Accepted, "duplicates", r.Stats().Duplicates)
-	return nil
-}
-
-// newRelayServer is the HTTP server of a reference relay.
-func newRelayServer(r *relay.Relay, log *slog.Logger) *http.Server {
-	srv := &http.Server{
-		Handler:           r.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	// A held inbox fetch extends its own deadlines past its wait (at most
-	// relayproto.MaxInboxWait); on shutdown the held fetches answer at once.
-	srv.RegisterOnShutdown(r.StopWaiting)
-	return srv
+	return relay.Command{Name: "sealbridge relay", Listen: listen, Home: home,
+		Version: buildinfo.Version(), Logger: log, Backend: backendFlags, Limits: limitFlags}.Run(ctx, stdout)
 }
