@@ -403,6 +403,11 @@ func (s *Store) readFP(k record.Kind, id string) (record.Record, fsx.Fingerprint
 		if attempt == maxReplacedReads {
 			return nil, fsx.Fingerprint{}, errcode.New(errcode.OutboxStoreBusy, record.Path(k, id), err)
 		}
+		// The name may still lead to the replaced inode until the writer's rename
+		// completes (the kernel drops the old inode's last link before it moves the
+		// name): retrying at once can land in the same rename every time, so wait
+		// a little longer each time (2 µs doubling to 2 ms, 8 ms in all).
+		time.Sleep(min(time.Microsecond<<attempt, 2*time.Millisecond))
 	}
 }
 
@@ -412,7 +417,7 @@ func (s *Store) readFP(k record.Kind, id string) (record.Record, fsx.Fingerprint
 var errReplacedWhileRead = errors.New("the record was replaced while it was read")
 
 // maxReplacedReads bounds the reads of a record that keeps being replaced under them.
-const maxReplacedReads = 8
+const maxReplacedReads = 14
 
 // readFPOnce is one attempt of readFP.
 func (s *Store) readFPOnce(k record.Kind, id string) (record.Record, fsx.Fingerprint, error) {
