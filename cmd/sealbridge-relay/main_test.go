@@ -253,9 +253,8 @@ func TestBackendFlagUsageErrors(t *testing.T) {
 // recipe before anything is created, with one error line and a hint that
 // agree and name the flags to use: --jetstream-replicas 1 alone is refused
 // (exit 1) before it connects; --jetstream-sync-always alone (the default 3
-// replicas) exits 1 with no stream made and not JetStream's raw 10074. Nothing is created: no stream, no data root, no key. Both together
-// start. Fails on the old code: the R1 run created the stream, the data root
-// and the key, and named Options.SyncAlways and "nats stream edit --replicas 3".
+// replicas) exits 1 with no stream made and not JetStream's raw 10074.
+// Nothing is created: no stream, no data root, no key. Both together start.
 func TestJetStreamBackendDurability(t *testing.T) {
 	s := natstest.Node(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -395,7 +394,7 @@ func TestSingleNodeRecipe(t *testing.T) {
 
 // An --identity-file the relay cannot create (its directory missing, as
 // /etc/sealbridge for a normal user) is refused with a hint naming a place that
-// works. Fails on the old code: the path only, no hint.
+// works.
 func TestIdentityFileUncreatableHint(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -18,8 +18,7 @@ func syncDirsOf(log []Op) []string {
 }
 
 // A directory MkdirPrivate finds (made by a creator that may have crashed before its
-// parent's fsync) is made durable too: the parent is fsynced. On the old code only a
-// directory the call created was.
+// parent's fsync) is made durable too: the parent is fsynced.
 func TestMkdirPrivateFsyncsTheParentOfADirectoryItFinds(t *testing.T) {
 	root := t.TempDir()
 	if err := os.Mkdir(filepath.Join(root, "d"), 0o700); err != nil {

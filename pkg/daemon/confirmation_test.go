@@ -75,9 +75,7 @@ func outboxOf(t *testing.T, st *store.Store, id string) []store.OutboxSummary {
 // message and enqueues the confirmation, which cannot be sent; it stops; the
 // confirmation is relayed and maintenance removes its envelope; bob's daemon starts
 // again and must raise the receipt to terminal (CONFIRMATION_RELAYED) from the
-// confirmation's message record, without enqueueing a second confirmation. On the
-// old code the follower tried to enqueue the confirmation again under its id, which
-// its queued message record refused, at every reconciliation for ever.
+// confirmation's message record, without enqueueing a second confirmation.
 func TestConfirmationFinishedAfterMaintenanceAndRestart(t *testing.T) {
 	ctx := context.Background()
 	relayURL := newTestRelay(t)

@@ -239,7 +239,7 @@ func TestMessageFollow(t *testing.T) {
 }
 
 // Times are positive integers below 2^53 (docs/FORMAT.md §5): 2^53-1 is a time, 2^53
-// is not. On the old code 2^53 itself was accepted.
+// is not.
 func TestTimesBelow2To53(t *testing.T) {
 	for _, c := range []struct {
 		v  int64
@@ -254,8 +254,7 @@ func TestTimesBelow2To53(t *testing.T) {
 	}
 }
 
-// A binding never changes (docs/FORMAT.md §5): no field of it, its times included. On
-// the old code only operationId and requestDigest were held.
+// A binding never changes (docs/FORMAT.md §5): no field of it, its times included.
 func TestBindingNeverChanges(t *testing.T) {
 	prev := &record.Binding{KeyHash: record.IdempotencyID("k"), OperationID: "00000000-0000-4000-8000-000000000001",
 		RequestDigest: strings.Repeat("a", 64), CreatedAt: 1, RetainUntil: 2}

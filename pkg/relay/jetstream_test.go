@@ -140,7 +140,7 @@ func TestForeignCursorIsTheStart(t *testing.T) {
 // on every write, and one a single server cannot keep, before it creates
 // anything; the error's hint names the flags that fix that case (and no Go
 // field, and no "nats stream edit --replicas 3" for a server that cannot keep
-// 3). Fails on the old code: no hint of its own, the R1 stream created.
+// 3).
 func TestJetStreamNotDurableRefused(t *testing.T) {
 	s := natstest.Node(t)
 	for _, tc := range []struct {
@@ -207,8 +207,7 @@ func TestJetStreamHintOnACluster(t *testing.T) {
 // (not 30 s); quorum comes back; the recipient fetches the envelope and
 // acknowledges it; the carrier's retry of the same envelope is answered with
 // the receipt of the first attempt (its receivedAt); and the recipient never
-// sees the envelope again. Fails on the old code, where the retry found no
-// record, published the envelope again and the recipient fetched it twice.
+// sees the envelope again.
 func TestQuorumLossMidAcceptServedOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three-node cluster, stopped and restarted: several seconds")

@@ -56,8 +56,8 @@ func wantMetrics(t *testing.T, body string, lines ...string) {
 // GET /livez, /readyz and /metrics on the relay's handler: live, ready with its
 // storage answering, and Prometheus metrics that parse and lint as promtool's
 // check does, counting accepts, duplicates, quota refusals (alone and in a
-// batch), error answers by code, held polls and their refusals, the inbox
-// depth and the storage's state. Fails on the old code: 404 for all three.
+// batch), error answers by code, held polls and their refusals, the inbox depth
+// and the storage's state.
 func TestOpsEndpoints(t *testing.T) { eachBackend(t, testOpsEndpoints) }
 
 func testOpsEndpoints(t *testing.T, backend string) {

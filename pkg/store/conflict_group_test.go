@@ -131,8 +131,8 @@ func TestConcurrentEnqueueOneMessageIDOneAcceptedSet(t *testing.T) {
 }
 
 // The kind directories the store finds (made by a process that may have crashed before it
-// fsynced the store directory) are made durable before the first record is
-// published in them: the store directory is fsynced once. On the old code it was not.
+// fsynced the store directory) are made durable before the first record is published in
+// them: the store directory is fsynced once.
 func TestFoundKindDirectoryMadeDurableBeforeFirstPublication(t *testing.T) {
 	home := t.TempDir()
 	probe := openStore(t, store.Options{Home: home})
@@ -169,8 +169,7 @@ func TestFoundKindDirectoryMadeDurableBeforeFirstPublication(t *testing.T) {
 // Capacity holds under concurrent enqueues in one group commit: a single's message
 // record is published last, after the capacity checks of the later plans of its
 // group, and those checks count it all the same. With room for one more message, of
-// eight concurrent one-envelope enqueues exactly one is accepted. On the old code
-// every plan of a group saw the room and several were accepted past the limit.
+// eight concurrent one-envelope enqueues exactly one is accepted.
 func TestConcurrentEnqueuesKeepTheMessagesLimit(t *testing.T) {
 	const trials, workers = 20, 8
 	for trial := range trials {
@@ -201,8 +200,7 @@ func TestConcurrentEnqueuesKeepTheMessagesLimit(t *testing.T) {
 }
 
 // A caller whose context ends while it waits for another process's hold of the store
-// lock gets OUTBOX_STORE_BUSY with the context's error as the cause (DESIGN §15). On
-// the old code it got OUTBOX_STORE_UNWRITABLE.
+// lock gets OUTBOX_STORE_BUSY with the context's error as the cause (DESIGN §15).
 func TestCancelledLockWaitIsBusy(t *testing.T) {
 	home := t.TempDir()
 	holder, waiter := openStore(t, store.Options{Home: home}), openStore(t, store.Options{Home: home, LockWait: time.Minute})

@@ -32,8 +32,7 @@ func outboxIDs(t *testing.T, s *store.Store) []string {
 // .generation refused) never hides the record it published from any process: the
 // other process's index and listing agree with a fresh scan, and so do the failing
 // process's. The generation file is replaced, or, when the disk refuses that too,
-// removed. On the old code the other process took its unchanged generation for "only
-// temps moved" and its index missed the record its List showed.
+// removed.
 func TestFailedGenerationMarkHidesNothing(t *testing.T) {
 	for _, c := range []struct {
 		name   string

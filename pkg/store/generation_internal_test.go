@@ -80,7 +80,7 @@ func TestGenerationEpochTellsReusedInode(t *testing.T) {
 // When the generation file can be neither marked, replaced nor removed, the kind
 // stays unmarked in the failing process, which reconciles it in full (and so reads it
 // right) until its next publication replaces the file; from then on it trusts stamps
-// again. On the old code the kind stayed unmarked until the process ended.
+// again.
 func TestUnmarkedKindHealsAtTheNextPublication(t *testing.T) {
 	failing := new(atomic.Bool)
 	s, err := Open(ed25519.NewKeyFromSeed(make([]byte, 32)), Options{Home: t.TempDir(), WrapFS: func(inner fsx.FS) fsx.FS {

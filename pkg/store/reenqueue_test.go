@@ -39,8 +39,7 @@ func relayAll(t *testing.T, s *store.Store, req store.SendRequest) {
 
 // Enqueue of a message that already ended its journey (relayed, its settled envelopes
 // removed by maintenance, its message record kept) changes nothing: it returns the
-// message and writes no envelope. On the old code it wrote fresh pending members that
-// the kept message record committed, so the message was sent again.
+// message and writes no envelope.
 func TestReenqueueOfAFinishedMessageChangesNothing(t *testing.T) {
 	for _, n := range []int{1, 3} {
 		s := openStore(t, store.Options{})
@@ -65,8 +64,7 @@ func TestReenqueueOfAFinishedMessageChangesNothing(t *testing.T) {
 }
 
 // A record a prepared plan writes twice is published once, in its final version: an
-// intermediate version is only a state a crash between two renames could keep. On
-// the old code both versions were renamed in turn.
+// intermediate version is only a state a crash between two renames could keep.
 func TestPlanPublishesARecordWrittenTwiceOnce(t *testing.T) {
 	var faulty *fsx.Faulty
 	s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS { faulty = fsx.NewFaulty(inner); return faulty }})
@@ -103,7 +101,7 @@ func TestPlanPublishesARecordWrittenTwiceOnce(t *testing.T) {
 
 // Maintenance ends a hold that outlived its message's last pending envelope: the
 // message-kind envelope of a held two-envelope message was relayed, and maintenance
-// closes the other by its deadline. On the old code the message stayed held.
+// closes the other by its deadline.
 func TestMaintenanceEndsAHoldWithTheLastPendingEnvelope(t *testing.T) {
 	clock := newTestClock(time.Now())
 	s := openStore(t, store.Options{Now: clock.Now})

@@ -16,8 +16,7 @@ import (
 // Retention removes a batch's marker before its members, in a step whose removal is
 // durable before the members' step, so no crash leaves a marker with members missing
 // (a broken batch). Here the batch is past retention and step 1 cannot finish it (its
-// message record is damaged), so retention removes it. On the old code the outbox
-// kind came first and the members were unlinked while the marker still listed them.
+// message record is damaged), so retention removes it.
 func TestRetentionRemovesTheMarkerBeforeItsMembers(t *testing.T) {
 	clock := newTestClock(time.Now())
 	var faulty *fsx.Faulty

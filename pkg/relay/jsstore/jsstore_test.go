@@ -308,9 +308,6 @@ func TestExpireRemovesPastDeadlineKeepsRecord(t *testing.T) {
 // stream or bucket is left behind by a refused Open, and the error says what
 // is wrong in JetStream's terms (a *NotDurableError), never JetStream's bare
 // API error 10074 ("replicas > 1 not supported in non-clustered mode").
-// Fails on the old code, where an R1 Open without SyncAlways created the
-// stream before refusing it, and an Open with SyncAlways and the default R3
-// after that got the raw 10074 from the bucket it then tried to create.
 func TestOpenRefusesUnreplicatedUnsynced(t *testing.T) {
 	s := natstest.Node(t)
 	nc := natstest.Connect(t, s.ClientURL())

@@ -49,8 +49,7 @@ func fetchIDs(t *testing.T, st *jsstore.Store, to identity.DID) []string {
 // The carrier's retry afterwards is a duplicate with the first attempt's
 // receivedAt and sequence, and the envelope is never fetched again. The same
 // when the recipient acknowledges without fetching here (it fetched at a relay
-// process that did not write records): the ack writes the record first. Both
-// fail on the old code, whose retry published the envelope again.
+// process that did not write records): the ack writes the record first.
 func TestAckedWithoutRecordIsNeverServedAgain(t *testing.T) {
 	st, nc := openSingle(t)
 	ctx := context.Background()
@@ -84,7 +83,7 @@ func TestAckedWithoutRecordIsNeverServedAgain(t *testing.T) {
 // earlier attempt left without a record, and acknowledges it; the Put then
 // publishes a second message (the subject is empty again). That message is
 // never served: its id's record names the first. The Put answers the
-// duplicate and removes it. Fails on the old code, which served it.
+// duplicate and removes it.
 func TestFetchAndAckBetweenLookupAndPublish(t *testing.T) {
 	s := natstest.Node(t)
 	ctx := context.Background()
