@@ -300,16 +300,24 @@ func TestHelpOfEachCommand(t *testing.T) {
 	}
 }
 
-// A command-line mistake is a usage error (exit 2) that lists what is valid; the
-// errors a user can fix carry a hint; an attempt's error says each thing once.
-func TestCLIErrorsSayWhatIsValidAndHowToFix(t *testing.T) {
-	dir := buildCommands(t)
-	home, err := os.MkdirTemp("", "sbc-") // short: the daemon's socket lives under it
+// cliHome is a fresh data root for the CLI tests, removed at the end, and the
+// environment that makes it and identity "default" the binaries' defaults. It is
+// made under the temp dir with a short name: the daemon's socket lives under it.
+func cliHome(t *testing.T) (string, []string) {
+	t.Helper()
+	home, err := os.MkdirTemp("", "sbc-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(home) })
-	env := []string{"SEALBRIDGE_HOME=" + home, "SEALBRIDGE_IDENTITY=default", "XDG_RUNTIME_DIR="}
+	return home, []string{"SEALBRIDGE_HOME=" + home, "SEALBRIDGE_IDENTITY=default", "XDG_RUNTIME_DIR="}
+}
+
+// A command-line mistake is a usage error (exit 2) that lists what is valid; the
+// errors a user can fix carry a hint; an attempt's error says each thing once.
+func TestCLIErrorsSayWhatIsValidAndHowToFix(t *testing.T) {
+	dir := buildCommands(t)
+	home, env := cliHome(t)
 	sb := func(stdin string, args ...string) cliRun { return runCLI(t, dir, stdin, env, "sealbridge", args...) }
 	if r := sb("", "init"); r.code != 0 {
 		t.Fatalf("init: %d %s", r.code, r.stderr)
@@ -411,12 +419,7 @@ func jsonLinesOf(t *testing.T, what, out string) []map[string]any {
 // read ids (or relay URLs) from standard input given "-".
 func TestCLIOutputForOperators(t *testing.T) {
 	dir := buildCommands(t)
-	home, err := os.MkdirTemp("", "sbo-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(home) })
-	env := []string{"SEALBRIDGE_HOME=" + home, "SEALBRIDGE_IDENTITY=default", "XDG_RUNTIME_DIR="}
+	home, env := cliHome(t)
 	sb := func(stdin string, args ...string) cliRun {
 		t.Helper()
 		r := runCLI(t, dir, stdin, env, "sealbridge", args...)
@@ -534,12 +537,7 @@ func TestCLIOutputForOperators(t *testing.T) {
 // form, so `hold --target` with either spelling finds the messages.
 func TestSendToSeveralRecipientsFromTheCLI(t *testing.T) {
 	dir := buildCommands(t)
-	home, err := os.MkdirTemp("", "sbm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(home) })
-	env := []string{"SEALBRIDGE_HOME=" + home, "SEALBRIDGE_IDENTITY=default", "XDG_RUNTIME_DIR="}
+	home, env := cliHome(t)
 	sb := func(stdin string, args ...string) cliRun {
 		t.Helper()
 		return runCLI(t, dir, stdin, env, "sealbridge", args...)
