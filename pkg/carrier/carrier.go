@@ -88,6 +88,10 @@ type Options struct {
 	Events func(Event)
 	// Jitter returns a number in [0, 1); default math/rand/v2.
 	Jitter func() float64
+	// UploadChunk bounds one request of a blob body's upload (64 MiB): the relay
+	// makes each request durable before it answers, so an upload that is cut
+	// resumes from its end at worst (blob.go).
+	UploadChunk int64
 }
 
 func (o Options) withDefaults() Options {
@@ -130,6 +134,9 @@ func (o Options) withDefaults() Options {
 	if o.Jitter == nil {
 		o.Jitter = rand.Float64
 	}
+	if o.UploadChunk <= 0 {
+		o.UploadChunk = defaultUploadChunk
+	}
 	return o
 }
 
@@ -150,6 +157,9 @@ type Carrier struct {
 	// onLease after an attempt's lease step with whether this holder took the lease.
 	onPass  func(target string)
 	onLease func(envelopeID string, leased bool)
+	// onRenew is called after each lease renewal of an upload with whether the
+	// lease was still this holder's.
+	onRenew func(envelopeID string, kept bool)
 
 	// Loop-owned state (only Run's goroutine touches these).
 	inflight     map[string]bool      // targets with a pass running

@@ -136,6 +136,17 @@ func (t *HTTPTransport) Send(ctx context.Context, relayURL string, env []byte) R
 				res.Outcome, res.Receipt, res.ParsedReceipt = Accepted, bytes.TrimRight(body, "\r\n"), rcpt
 			}
 		}
+	case code == http.StatusAccepted:
+		// A blob envelope the relay keeps pending until it holds all of its body.
+		var bi relayproto.BodyIncomplete
+		res.Outcome = Failed
+		if rerr == nil && len(body) <= maxResponseBytes && json.Unmarshal(body, &bi) == nil &&
+			bi.Code == relayproto.CodeBodyIncomplete && bi.Offset >= 0 && bi.Size >= bi.Offset {
+			res.Code, res.Body = bi.Code, &BodyState{Offset: bi.Offset, Size: bi.Size}
+			res.Err = fmt.Errorf("HTTP 202 %s: the relay holds %d of the body's %d bytes", bi.Code, bi.Offset, bi.Size)
+		} else {
+			res.Err = errors.New("HTTP 202 that is not a BODY_INCOMPLETE answer")
+		}
 	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
 		res.Outcome, res.Err = Failed, fmt.Errorf("HTTP %d%s", code, errorCode(body))
 	case code >= 400 && code < 500:
@@ -337,4 +348,69 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 		}
 	}
 	return 0
+}
+
+// UploadBody appends n bytes of r at offset to the body of the pending envelope
+// envelopeID (PATCH relayURL/v1/bodies/<id>, relayproto.Client.UploadBody, which
+// streams r) and classifies the answer:
+//
+//	204 with the relay's new Upload-Offset                       → Accepted, Body set
+//	409 UPLOAD_OFFSET_MISMATCH (Body: the relay's offset)         → Failed
+//	404 UPLOAD_UNKNOWN, 422 BODY_DIGEST_MISMATCH (body discarded) → Failed, Code says which
+//	408, 429, 5xx, a timeout, a broken exchange                   → Failed (Retry-After kept)
+//	any other 4xx (413: bytes beyond the body's size)              → Refused
+//	connection refused, host or network unreachable, DNS, TLS      → Unreachable
+func (t *HTTPTransport) UploadBody(ctx context.Context, relayURL, envelopeID string, offset int64, r io.Reader, n int64) Result {
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	c := &relayproto.Client{BaseURL: relayURL, HTTP: t.client}
+	next, err := c.UploadBody(ctx, envelopeID, offset, r, n)
+	if err == nil {
+		return Result{Outcome: Accepted, Status: http.StatusNoContent, Body: &BodyState{Offset: next}}
+	}
+	res := t.bodyFailure(ctx, err)
+	if res.Code == relayproto.CodeUploadOffsetMismatch && next != offset {
+		res.Body = &BodyState{Offset: next}
+	} else if res.Code == relayproto.CodeUploadOffsetMismatch {
+		// The relay's answer named no offset (or ours): ask for it.
+		res.Body = nil
+	}
+	return res
+}
+
+// BodyOffset asks the relay how much of envelopeID's body it holds durably (HEAD
+// relayURL/v1/bodies/<id>): Accepted with Body, or a failure classified as
+// UploadBody's (404 UPLOAD_UNKNOWN: no upload of that id is pending).
+func (t *HTTPTransport) BodyOffset(ctx context.Context, relayURL, envelopeID string) Result {
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	c := &relayproto.Client{BaseURL: relayURL, HTTP: t.client}
+	off, size, err := c.BodyOffset(ctx, envelopeID)
+	if err == nil {
+		return Result{Outcome: Accepted, Status: http.StatusOK, Body: &BodyState{Offset: off, Size: size}}
+	}
+	return t.bodyFailure(ctx, err)
+}
+
+// bodyFailure classifies a failed body request as UploadBody says.
+func (t *HTTPTransport) bodyFailure(ctx context.Context, err error) Result {
+	var re *relayproto.Error
+	if !errors.As(err, &re) {
+		return Result{Outcome: classifyError(ctx, err), Err: err}
+	}
+	code := re.Status
+	res := Result{Status: code, Code: safeCode(re.Code), RetryAfter: time.Duration(re.RetryAfter) * time.Second,
+		Err: fmt.Errorf("HTTP %d%s", code, spaced(safeCode(re.Code)))}
+	switch {
+	case code == http.StatusConflict && re.Code == relayproto.CodeUploadOffsetMismatch,
+		code == http.StatusNotFound && re.Code == relayproto.CodeUploadUnknown,
+		code == http.StatusUnprocessableEntity && re.Code == relayproto.CodeBodyDigestMismatch,
+		code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
+		res.Outcome = Failed
+	case code >= 400 && code < 500:
+		res.Outcome = Refused
+	default:
+		res.Outcome = Failed
+	}
+	return res
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -104,8 +105,9 @@ type runResult struct {
 
 // leased is an envelope this holder leased for a send.
 type leased struct {
-	e   *store.OutboxSummary
-	env []byte
+	e    *store.OutboxSummary
+	env  []byte
+	blob *envelope.BlobRef // its body is this blob: it is sent alone (sendBlob)
 }
 
 // attemptRun leases the envelopes run (indexes into tp.envs, in order) in one
@@ -127,19 +129,28 @@ func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, bat
 			if err != nil {
 				return err
 			}
+			alone := false
 			if v == sent {
-				if batch && len(taken) > 0 && size+1+len(o.Envelope) > relayproto.MaxBatchBodySize {
-					break
+				var blob *envelope.BlobRef
+				if ref, ok := blobOf(o.Envelope); ok {
+					blob = &ref
+				}
+				if len(taken) > 0 && (blob != nil || batch && size+1+len(o.Envelope) > relayproto.MaxBatchBodySize) {
+					break // a blob envelope goes alone; it begins the next run
 				}
 				size += 1 + len(o.Envelope)
 				o.Lease = &record.Lease{Holder: c.o.HolderID, Until: now + c.o.LeaseFor.Milliseconds()}
 				if err := tx.Put(o); err != nil {
 					return err
 				}
-				taken = append(taken, leased{e: e, env: o.Envelope})
+				taken = append(taken, leased{e: e, env: o.Envelope, blob: blob})
+				alone = blob != nil
 			}
 			verdicts[k] = v
 			rr.consumed = k + 1
+			if alone {
+				break // nothing goes with a blob envelope
+			}
 		}
 		return nil
 	})
@@ -193,9 +204,7 @@ func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, bat
 		}
 	} else {
 		for _, l := range taken {
-			sendCtx, cancel := context.WithTimeout(ctx, c.o.SendTimeout)
-			res := c.t.Send(sendCtx, tp.url, l.env)
-			cancel()
+			res := c.sendOne(ctx, tp.url, l)
 			results = append(results, res)
 			if res.Outcome == Unreachable || ctx.Err() != nil {
 				break // the rest are released unsent
@@ -370,7 +379,11 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res R
 		}
 		return false, 0, c.messageTx(tx, o, now, record.StatusRelayed, "", "", batches)
 	case Refused:
-		return false, 0, c.closeTx(tx, o, now, record.ClosedByRefused, clip(record.RefusedPrefix+why), batches)
+		prefix := record.RefusedPrefix
+		if res.local {
+			prefix = record.CarrierRefusedPrefix // the carrier's own verdict (a missing blob)
+		}
+		return false, 0, c.closeTx(tx, o, now, record.ClosedByRefused, clip(prefix+why), batches)
 	}
 	if o.DeliveryDeadline <= now {
 		return true, 0, c.closeTx(tx, o, now, record.ClosedByDeadline, clip(errcode.OutboxDeadlineExpired.String()+": last attempt: "+why), batches)

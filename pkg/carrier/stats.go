@@ -29,6 +29,9 @@ type Stats struct {
 	Notifications uint64
 	// Watch names the change notification in use: "inotify", "poll" or "off".
 	Watch string
+	// UploadedBytes counts the blob body bytes relays acknowledged as durable
+	// (their offset moved forward by that much).
+	UploadedBytes uint64
 }
 
 type stats struct {
@@ -38,8 +41,8 @@ type stats struct {
 	storeErrors map[string]uint64
 	watch       string
 
-	leaseSkips, reconciles, sweeps, notifications atomic.Uint64
-	targets, targetsWaiting, inFlight             atomic.Int64
+	leaseSkips, reconciles, sweeps, notifications, uploaded atomic.Uint64
+	targets, targetsWaiting, inFlight                       atomic.Int64
 }
 
 func newStats() stats {
@@ -72,6 +75,7 @@ func (c *Carrier) Stats() Stats {
 	out.Reconciles = s.reconciles.Load()
 	out.Sweeps = s.sweeps.Load()
 	out.Notifications = s.notifications.Load()
+	out.UploadedBytes = s.uploaded.Load()
 	out.Targets = int(s.targets.Load())
 	out.TargetsWaiting = int(s.targetsWaiting.Load())
 	out.InFlight = int(s.inFlight.Load())

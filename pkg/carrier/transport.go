@@ -2,6 +2,7 @@ package carrier
 
 import (
 	"context"
+	"io"
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/envelope"
@@ -47,6 +48,24 @@ type Result struct {
 	Status int
 	// Err describes a failure for logs and lastError.
 	Err error
+	// Code is the relay's error code when it gave one (a short token such as
+	// UPLOAD_OFFSET_MISMATCH); the body upload decides by it. A transport may leave
+	// it empty for Send.
+	Code string
+	// Body is what the relay said it holds durably of a blob envelope's body: set by
+	// Send when the relay keeps the envelope pending for its body (202
+	// BODY_INCOMPLETE, Outcome Failed: upload from Body.Offset, then send again), and
+	// by BodyTransport's UploadBody and BodyOffset whenever the answer named the
+	// relay's offset.
+	Body *BodyState
+	// local: the carrier's own verdict, no relay's (a missing blob): a Refused
+	// closes the envelope as refused by the carrier.
+	local bool
+}
+
+// BodyState is how much of a blob body a relay holds durably.
+type BodyState struct {
+	Offset, Size int64
 }
 
 // Transport delivers one signed envelope to one relay. Send must honour ctx (the
@@ -70,4 +89,25 @@ type BatchTransport interface {
 	// was accepted as a batch, and the carrier sends the envelopes one at a time.
 	// Like Send it must honour ctx and be safe for concurrent use.
 	SendBatch(ctx context.Context, relayURL string, envs [][]byte) []Result
+}
+
+// BodyTransport is a Transport that can also upload the blob body of an envelope
+// (relayproto's tus-style upload, docs/RELAY.md "Bodies"). The carrier uploads a
+// blob envelope's body through it when Send reports the body incomplete; with a plain
+// Transport such an envelope is retried as failed until its deadline.
+type BodyTransport interface {
+	Transport
+	// UploadBody appends the n bytes of r, which are the body's bytes from offset, to
+	// the body of the pending envelope envelopeID at relayURL. Accepted: the relay
+	// holds them durably and Body.Offset is its new offset. Otherwise the outcome is
+	// classified as Send classifies an answer, with Code the relay's error code: a
+	// 409 UPLOAD_OFFSET_MISMATCH (offset is not the relay's) is Failed with Body
+	// set to the relay's offset, 404 UPLOAD_UNKNOWN says the relay holds no pending
+	// envelope of that id (post it again), 422 BODY_DIGEST_MISMATCH that the relay
+	// discarded a complete body whose digest was wrong. It must stream r (constant
+	// memory), honour ctx and be safe for concurrent use.
+	UploadBody(ctx context.Context, relayURL, envelopeID string, offset int64, r io.Reader, n int64) Result
+	// BodyOffset asks the relay how much of envelopeID's body it holds durably:
+	// Accepted with Body set, or a failure classified as UploadBody's.
+	BodyOffset(ctx context.Context, relayURL, envelopeID string) Result
 }
