@@ -10,11 +10,13 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -62,6 +64,13 @@ type fact struct {
 	Body       string `json:"body"` // standard base64 of the opened body
 }
 
+// blobFact is the fact of an observation whose body is a blob (Observation.Blob
+// says which): it holds no body.
+type blobFact struct {
+	EnvelopeID string `json:"envelopeId"`
+	ReceivedAt int64  `json:"receivedAt"`
+}
+
 // pendingReceipt is a receipt that is not terminal yet, with what it takes to finish it.
 type pendingReceipt struct {
 	envelopeID string
@@ -76,14 +85,21 @@ type pendingReceipt struct {
 // follower follows our inbox at Options.InboxRelay (DESIGN §13) and processes what
 // arrives: see processEnvelope.
 type follower struct {
-	d    *Daemon
-	rc   *relayproto.Client
-	url  string
-	kick chan struct{}
+	d  *Daemon
+	rc *relayproto.Client
+	// bodies downloads blob bodies (inbound_blob.go): a client without an
+	// overall timeout (a body takes as long as it takes; a stalled one is cut
+	// by blobStallTimeout); nil: rc.
+	bodies *relayproto.Client
+	url    string
+	kick   chan struct{}
 	// noWait: the relay refused wait= (an older relay); fetch without it.
 	noWait  bool
 	mu      sync.Mutex
 	pending map[string]*pendingReceipt // receipt id → pending work
+	// downloaded counts the body bytes written to partial files; redownloads the
+	// bodies downloaded again from 0 because the complete file did not match.
+	downloaded, redownloads atomic.Int64
 }
 
 // confirmationID is the (store) message id of the delivery-status we send for the
@@ -195,7 +211,8 @@ func (d *Daemon) follow(ctx context.Context) {
 		every = defaultPollEvery
 	}
 	f := &follower{d: d, url: d.opts.InboxRelay, kick: make(chan struct{}, 1), pending: map[string]*pendingReceipt{},
-		rc: &relayproto.Client{BaseURL: d.opts.InboxRelay, HTTP: &http.Client{Timeout: inboxFetchTimeout}}}
+		rc:     &relayproto.Client{BaseURL: d.opts.InboxRelay, HTTP: &http.Client{Timeout: inboxFetchTimeout}},
+		bodies: &relayproto.Client{BaseURL: d.opts.InboxRelay, HTTP: bodyHTTPClient()}}
 	followers.Store(d, f)
 	defer followers.Delete(d)
 	for attempt := 0; ; attempt++ {
@@ -444,14 +461,46 @@ func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvel
 	p := &pendingReceipt{envelopeID: env.ID(), state: record.ReceiptPersisted, digest: env.Digest(), sender: env.Sender()}
 	switch env.Kind() {
 	case envelope.KindMessage:
-		body, err := envelope.Open(d.id, env)
-		if err != nil {
-			return f.refuse(ctx, ie, env, record.RefusedBody, err)
-		}
-		fc, _ := json.Marshal(fact{EnvelopeID: env.ID(), ReceivedAt: now, Body: base64.StdEncoding.EncodeToString(body)})
 		obs := &record.Observation{MessageID: env.MessageID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
 			CreatedAt: env.CreatedAtMillis(), DeliveryDeadline: env.DeliveryDeadlineMillis(),
-			Facts: []json.RawMessage{fc}, Published: []string{}, RetainUntil: retain}
+			Published: []string{}, RetainUntil: retain}
+		if ref, ok := env.Blob(); ok {
+			// One download of a body at a time in this store; whoever waited for it
+			// may find the envelope recorded by the one before.
+			unlock := lockBlob(d.st, ref.EnvelopeID)
+			defer unlock()
+			if prev, err := store.GetAs[*record.Receipt](d.st, rid); err != nil {
+				return nil, false, err
+			} else if prev != nil {
+				return f.duplicate(ctx, ie, env, prev)
+			}
+			// Its message id observed already: refused below, without a download.
+			if o, err := store.GetAs[*record.Observation](d.st, obs.MessageID); err != nil {
+				return nil, false, err
+			} else if o != nil {
+				return f.refuse(ctx, ie, env, record.RefusedObserved, errors.New("message id already observed from another envelope"),
+					"message", env.MessageID())
+			}
+			plain, err := f.receiveBlob(ctx, ref)
+			var br *blobRefusal
+			if errors.As(err, &br) {
+				return f.refuse(ctx, ie, env, br.reason, br.err, "code", errcode.Of(br.err))
+			}
+			if err != nil {
+				return nil, false, err
+			}
+			// The blob is durable and verified: now the records that refer to it.
+			fc, _ := json.Marshal(blobFact{EnvelopeID: env.ID(), ReceivedAt: now})
+			obs.Facts = []json.RawMessage{fc}
+			obs.Blob = &record.ObservedBlob{EnvelopeID: ref.EnvelopeID, Digest: ref.Digest, Size: ref.Size, BodySize: plain}
+		} else {
+			body, err := envelope.Open(d.id, env)
+			if err != nil {
+				return f.refuse(ctx, ie, env, record.RefusedBody, err)
+			}
+			fc, _ := json.Marshal(fact{EnvelopeID: env.ID(), ReceivedAt: now, Body: base64.StdEncoding.EncodeToString(body)})
+			obs.Facts = []json.RawMessage{fc}
+		}
 		p.messageID = env.MessageID()
 		conflictObs := false
 		err = d.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
