@@ -296,6 +296,10 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("Idempotency-Key must be 1..%d printable ASCII characters", maxIdempotencyKey))
 		return
 	}
+	if streamed(r) {
+		d.serveSendStream(w, r, key) // stream_send.go
+		return
+	}
 	var req client.SendRequest
 	if !readBodyOr(w, r, maxRequestBytes, &req, "{to, relayUrl, body, deadline}", func(w http.ResponseWriter) {
 		writeBodyTooLarge(w, fmt.Sprintf("the request is over %d bytes, more than a send with a message body of at most %d bytes takes",
@@ -307,6 +311,14 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		writeBodyTooLarge(w, fmt.Sprintf("the message body is %d bytes, over the limit of %d bytes", len(req.Body), envelope.MaxBodySize))
 		return
 	}
+	d.acceptSend(w, r, key, req)
+}
+
+// acceptSend performs a send whose body is inline (at most envelope.MaxBodySize):
+// a JSON request, or a streamed one whose body turned out small. Its request
+// digest, for the Idempotency-Key, is that of req as JSON, so both forms of one
+// send are one request.
+func (d *Daemon) acceptSend(w http.ResponseWriter, r *http.Request, key string, req client.SendRequest) {
 	canonical, _ := json.Marshal(req)
 	now := time.Now()
 	deadline := now.Add(defaultDeadline)
