@@ -57,6 +57,7 @@ func (d *Daemon) handler() http.Handler {
 	mux.HandleFunc("GET /v1/messages", d.route("messages", d.serveMessages))
 	mux.HandleFunc("GET /v1/inbox", d.route("inbox", d.serveInbox))
 	mux.HandleFunc("GET /v1/inbox/refused", d.route("inbox-refused", d.serveInboxRefused))
+	mux.HandleFunc("GET /v1/inbox/{messageId}/body", d.route("inbox-body", d.serveInboxBody))
 	mux.HandleFunc("GET /v1/changes", d.route("changes", d.serveChanges))
 	mux.HandleFunc("GET /v1/targets", d.route("targets", d.serveTargets))
 	for _, op := range []string{record.ActionHold, record.ActionRelease, record.ActionCancel, record.ActionRetry} {
