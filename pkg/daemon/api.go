@@ -465,12 +465,14 @@ func sendAnswer(ms []*record.Message) []byte {
 	return body
 }
 
-// writeBodyTooLarge answers a send whose message body is over the limit (the one
-// limit: envelope.MaxBodySize): 413 BODY_TOO_LARGE with the limit and a hint.
+// writeBodyTooLarge answers a JSON send whose message body is over the inline limit
+// (envelope.MaxBodySize): 413 BODY_TOO_LARGE with the limit and a hint pointing at
+// the streamed send (stream_send.go), which takes larger bodies.
 func writeBodyTooLarge(w http.ResponseWriter, msg string) {
 	writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"code": codeBodyTooLarge, "message": msg,
 		"limit": envelope.MaxBodySize,
-		"hint": fmt.Sprintf("a message body is at most %d bytes (%d KiB): send a smaller body, or split it into several messages",
+		"hint": fmt.Sprintf("a message body in a JSON request is at most %d bytes (%d KiB): send a larger one as a streamed upload "+
+			"(Content-Type: application/octet-stream; sealbridge send does), up to the daemon's --max-body",
 			envelope.MaxBodySize, envelope.MaxBodySize>>10)})
 }
 
