@@ -424,8 +424,8 @@ func (b *idleReader) Read(p []byte) (int, error) {
 // stops it and waits for it.
 func (d *Daemon) renewLease(ctx context.Context, op *record.Operation) (stop func()) {
 	lease := time.Duration(op.LeaseUntil-d.storeNow().UnixMilli()) * time.Millisecond
-	if lease < 3*time.Second {
-		return func() {}
+	if lease < 300*time.Millisecond {
+		return func() {} // a lease this short (or ended) is not kept alive
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

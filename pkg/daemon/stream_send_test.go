@@ -399,3 +399,87 @@ func TestStreamedSendMemory(t *testing.T) {
 		t.Fatalf("the blob opens to %d bytes (%v) with another SHA-256 than the %d sent", n, err, size)
 	}
 }
+
+// gateReader yields head, then blocks until release is closed, then yields tail.
+type gateReader struct {
+	head, tail []byte
+	started    chan struct{} // closed when head has been read
+	release    chan struct{}
+	once       sync.Once
+}
+
+func (g *gateReader) Read(p []byte) (int, error) {
+	if len(g.head) > 0 {
+		n := copy(p, g.head)
+		g.head = g.head[n:]
+		return n, nil
+	}
+	g.once.Do(func() { close(g.started) })
+	<-g.release
+	if len(g.tail) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, g.tail)
+	g.tail = g.tail[n:]
+	return n, nil
+}
+
+// While a streamed body arrives for longer than the operation's lease, the lease is
+// renewed: the operation's leaseUntil moves forward, and a second request with the
+// key after the first lease would have ended is answered 409
+// IDEMPOTENCY_IN_PROGRESS instead of taking the operation over; the first then
+// finishes with the one message. (The store's lease is 3 s here; the test waits,
+// polling, for the renewal and for the first lease's end.)
+func TestStreamedSendRenewsItsLease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a 3 s lease")
+	}
+	d, hc := streamDaemon(t, func(o *Options) { o.Store.OperationLease = 3 * time.Second })
+	peer, _ := identity.Generate()
+	body := randomBody(5, 400<<10)
+	g := &gateReader{head: body[:200<<10], tail: body[200<<10:], started: make(chan struct{}), release: make(chan struct{})}
+	type result struct {
+		a   apiAnswer
+		err error
+	}
+	first := make(chan result, 1)
+	go func() {
+		a, err := streamPost(hc, "slow", peer.DID(), g, -1)
+		first <- result{a, err}
+	}()
+	<-g.started
+	op := func() *record.Operation {
+		b, err := store.GetAs[*record.Binding](d.Store(), record.IdempotencyID("slow"))
+		if err != nil || b == nil {
+			t.Fatalf("the binding of the key: %v %v", b, err)
+		}
+		o, err := store.GetAs[*record.Operation](d.Store(), b.OperationID)
+		if err != nil || o == nil {
+			t.Fatalf("the operation: %v %v", o, err)
+		}
+		return o
+	}
+	original := op().LeaseUntil
+	deadline := time.Now().Add(15 * time.Second)
+	for op().LeaseUntil == original || time.Now().UnixMilli() <= original+500 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease (until %d) was not renewed past its end (now %d)", original, time.Now().UnixMilli())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the store and the clock, bounded above
+	}
+	second, err := streamPost(hc, "slow", peer.DID(), bytes.NewReader(body), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.status != http.StatusConflict || second.body["code"] != errcode.IdempotencyInProgress.String() {
+		t.Fatalf("a second request after the first lease's end: %d %s; want 409 %s", second.status, second.raw, errcode.IdempotencyInProgress)
+	}
+	close(g.release)
+	r := <-first
+	if r.err != nil || r.a.status != http.StatusCreated {
+		t.Fatalf("the slow request: %d %s %v", r.a.status, r.a.raw, r.err)
+	}
+	if m := countMessages(t, d); m != 1 {
+		t.Fatalf("%d messages, want 1", m)
+	}
+}
