@@ -326,6 +326,7 @@ func (d *Daemon) replayStream(w http.ResponseWriter, op *record.Operation, body 
 	if resp.BodySHA256 != "" {
 		sum := sha256.New()
 		n, err := hashBody(sum, body, d.maxBody())
+		moveWriteDeadline(w)
 		switch {
 		case errors.Is(err, errOverMaxBody):
 			d.writeOverMaxBody(w, fmt.Sprintf("the message body is over this daemon's limit of %d bytes", d.maxBody()))
@@ -358,6 +359,7 @@ func hashBody(h hash.Hash, body io.Reader, max int64) (int64, error) {
 // writeStreamError answers a streamed send that failed: over MaxBody (413), a body
 // that could not be read (400: the client is probably gone), or as a send's error.
 func (d *Daemon) writeStreamError(w http.ResponseWriter, err error, msgID string, keyed bool) {
+	moveWriteDeadline(w)
 	var re *errBodyRead
 	switch {
 	case errors.Is(err, errOverMaxBody):
@@ -371,11 +373,16 @@ func (d *Daemon) writeStreamError(w http.ResponseWriter, err error, msgID string
 	}
 }
 
-// answer writes a send's answer, moving the write deadline first: a streamed
-// request may have outlasted the server's WriteTimeout.
+// answer writes a streamed send's answer, moving the write deadline first.
 func (d *Daemon) answer(w http.ResponseWriter, status int, body []byte) {
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(streamIdle))
+	moveWriteDeadline(w)
 	writeJSONBytes(w, status, body)
+}
+
+// moveWriteDeadline gives the answer to a streamed request streamIdle to be written:
+// the request may have outlasted the server's WriteTimeout.
+func moveWriteDeadline(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(streamIdle))
 }
 
 // limitWriter passes writes to w until more than max bytes went through: that write
