@@ -448,10 +448,15 @@ func TestStreamedSendRenewsItsLease(t *testing.T) {
 		first <- result{a, err}
 	}()
 	<-g.started
+	// The operation, once the daemon began it (the head of the body may be in the
+	// socket's buffers before).
 	op := func() *record.Operation {
 		b, err := store.GetAs[*record.Binding](d.Store(), record.IdempotencyID("slow"))
-		if err != nil || b == nil {
-			t.Fatalf("the binding of the key: %v %v", b, err)
+		if err != nil {
+			t.Fatalf("the binding of the key: %v", err)
+		}
+		if b == nil {
+			return nil
 		}
 		o, err := store.GetAs[*record.Operation](d.Store(), b.OperationID)
 		if err != nil || o == nil {
@@ -459,8 +464,15 @@ func TestStreamedSendRenewsItsLease(t *testing.T) {
 		}
 		return o
 	}
-	original := op().LeaseUntil
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	var first0 *record.Operation
+	for first0 = op(); first0 == nil; first0 = op() {
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon did not begin the operation")
+		}
+		time.Sleep(10 * time.Millisecond) // polling the store, bounded above
+	}
+	original := first0.LeaseUntil
 	for op().LeaseUntil == original || time.Now().UnixMilli() <= original+500 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the lease (until %d) was not renewed past its end (now %d)", original, time.Now().UnixMilli())
