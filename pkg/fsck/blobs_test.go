@@ -1,0 +1,256 @@
+package fsck_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sealbridge/sealbridge/fsfixtures"
+	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/fsck"
+)
+
+// plantBlob writes data as blobs/<name> (name "" = its SHA-256) with mode perm, blobs/
+// made 0700, and returns its path relative to the store directory.
+func plantBlob(t *testing.T, dir, name string, data []byte, perm os.FileMode) string {
+	t.Helper()
+	if name == "" {
+		sum := sha256.Sum256(data)
+		name = hex.EncodeToString(sum[:])
+	}
+	mkdir(t, filepath.Join(dir, "blobs"))
+	p := filepath.Join(dir, "blobs", name)
+	if err := os.WriteFile(p, data, perm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, perm); err != nil {
+		t.Fatal(err)
+	}
+	return path.Join("blobs", name)
+}
+
+func blobBytes(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + i/251)
+	}
+	return b
+}
+
+// TestBlobLayout: every name in blobs/ obeys the layout rules; a blob whose content
+// does not hash to its name is a problem moved to lost+found, an unreferenced one and
+// staged or partial ones are notes left in place, and a symbolic link is reported,
+// never followed, and moved (the link only).
+func TestBlobLayout(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid")
+	good := plantBlob(t, dir, "", blobBytes(300<<10), 0o600)
+	flipped := blobBytes(200 << 10)
+	sum := sha256.Sum256(flipped)
+	flipped[1000] ^= 1
+	bad := plantBlob(t, dir, hex.EncodeToString(sum[:]), flipped, 0o600)
+	loose := plantBlob(t, dir, "", blobBytes(10), 0o644)
+	tmp := plantBlob(t, dir, "."+fsfixtures.ID("blob-temp")+".tmp", blobBytes(100), 0o600)
+	part := plantBlob(t, dir, "."+fsfixtures.ID("blob-part")+".part", blobBytes(100), 0o600)
+	unknown := plantBlob(t, dir, "README", []byte("planted\n"), 0o600)
+	// A link named like a blob, to a file whose content hashes to that name: followed,
+	// it would look like a good blob.
+	outside := filepath.Join(t.TempDir(), "outside")
+	target := blobBytes(50)
+	if err := os.WriteFile(outside, target, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ts := sha256.Sum256(target)
+	link := path.Join("blobs", hex.EncodeToString(ts[:]))
+	if err := os.Symlink(outside, filepath.Join(dir, link)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "blobs"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+
+	faulty := fsx.NewFaulty(fsx.NewOS(dir))
+	rep := check(t, dir, fsck.Options{WrapFS: func(fsx.FS) fsx.FS { return faulty }})
+	if log := faulty.Log(); len(log) != 0 {
+		t.Fatalf("a check made %d mutating calls, first %+v", len(log), log[0])
+	}
+	want := []struct {
+		path string
+		code fsck.Code
+		sev  fsck.Severity
+	}{
+		{"blobs", fsck.CodeBadMode, fsck.Problem},
+		{good, fsck.CodeBlobUnreferenced, fsck.Note},
+		{bad, fsck.CodeBlobDigest, fsck.Problem},
+		{loose, fsck.CodeBadMode, fsck.Problem},
+		{loose, fsck.CodeBlobUnreferenced, fsck.Note},
+		{tmp, fsck.CodeBlobPartial, fsck.Note},
+		{part, fsck.CodeBlobPartial, fsck.Note},
+		{unknown, fsck.CodeUnknownFile, fsck.Problem},
+		{link, fsck.CodeSymlink, fsck.Problem},
+	}
+	for _, w := range want {
+		if f := mustFind(t, rep, w.path, w.code); f.Severity != w.sev || f.Repairable != (w.sev == fsck.Problem) {
+			t.Errorf("%s %s: %+v", w.path, w.code, f)
+		}
+	}
+	if len(rep.Findings) != len(want) {
+		t.Errorf("%d findings, want %d: %+v", len(rep.Findings), len(want), rep.Findings)
+	}
+	if rep.Blobs != 3 || rep.Records != 12 || rep.Valid != 12 {
+		t.Errorf("%d blobs, %d records, %d valid", rep.Blobs, rep.Records, rep.Valid)
+	}
+
+	files := fsfixtures.Files(t, dir)
+	rr := repair(t, dir, fsck.Options{})
+	for _, a := range rr.Actions {
+		if a.Result != fsck.ResultDone {
+			t.Errorf("%s %s: %s (%s)", a.Code, a.Path, a.Result, a.Detail)
+		}
+	}
+	if rr.After.Problems() != 0 {
+		t.Fatalf("problems after repair: %+v", rr.After.Findings)
+	}
+	moved := map[string]string{}
+	for to, n := range fsfixtures.LostFound(t, dir) {
+		moved[n.From] = n.Code
+		if n.From == link {
+			if fi, err := os.Lstat(filepath.Join(dir, to)); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+				t.Errorf("the link was not moved as a link: %v", err)
+			}
+		}
+	}
+	if len(moved) != 3 || moved[bad] != string(fsck.CodeBlobDigest) || moved[unknown] != string(fsck.CodeUnknownFile) || moved[link] != string(fsck.CodeSymlink) {
+		t.Errorf("moved %v", moved)
+	}
+	for _, p := range []string{good, loose, tmp, part} {
+		if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+	for _, p := range []string{"blobs", loose} {
+		fi, err := os.Lstat(filepath.Join(dir, p))
+		if err != nil || fi.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s: mode %v (%v)", p, fi.Mode(), err)
+		}
+	}
+	if data, err := os.ReadFile(outside); err != nil || string(data) != string(target) {
+		t.Errorf("the link's target changed: %v", err)
+	}
+	fsfixtures.AssertKept(t, dir, files, func(string) bool { return false })
+	if again := repair(t, dir, fsck.Options{}); len(again.Actions) != 0 || again.Before.Problems() != 0 {
+		t.Fatalf("second repair not a no-op: %+v", again.Actions)
+	}
+}
+
+// TestBlobsDirectory: blobs/ itself must be a real private directory.
+func TestBlobsDirectory(t *testing.T) {
+	t.Run("a symbolic link", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "valid")
+		elsewhere := t.TempDir()
+		plantBlob(t, elsewhere, "", blobBytes(100), 0o600)
+		if err := os.Symlink(filepath.Join(elsewhere, "blobs"), filepath.Join(dir, "blobs")); err != nil {
+			t.Fatal(err)
+		}
+		rep := check(t, dir, fsck.Options{})
+		mustFind(t, rep, "blobs", fsck.CodeSymlink)
+		if len(rep.Findings) != 1 || rep.Blobs != 0 {
+			t.Fatalf("the link was followed: %d blobs, %+v", rep.Blobs, rep.Findings)
+		}
+		repairedClean(t, dir)
+		if _, err := os.Lstat(filepath.Join(elsewhere, "blobs")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("a file", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "valid")
+		if err := os.WriteFile(filepath.Join(dir, "blobs"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		mustFind(t, check(t, dir, fsck.Options{}), "blobs", fsck.CodeWrongType)
+		repairedClean(t, dir)
+	})
+	t.Run("not unknown-top", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "valid")
+		mkdir(t, filepath.Join(dir, "blobs"))
+		if rep := check(t, dir, fsck.Options{}); len(rep.Findings) != 0 {
+			t.Fatalf("%+v", rep.Findings)
+		}
+	})
+	t.Run("a FIFO named like a blob", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "valid")
+		mkdir(t, filepath.Join(dir, "blobs"))
+		p := filepath.Join(dir, "blobs", strings.Repeat("ab", 32))
+		if err := syscall.Mkfifo(p, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		mustFind(t, check(t, dir, fsck.Options{}), "blobs/"+strings.Repeat("ab", 32), fsck.CodeWrongType)
+		repairedClean(t, dir)
+	})
+	t.Run("a hard-linked blob", func(t *testing.T) {
+		dir := fsfixtures.Build(t, "valid")
+		p := plantBlob(t, dir, "", blobBytes(100), 0o600)
+		if err := os.Link(filepath.Join(dir, p), filepath.Join(t.TempDir(), "other")); err != nil {
+			t.Skip("hard links across these directories:", err)
+		}
+		f := mustFind(t, check(t, dir, fsck.Options{}), p, fsck.CodeHardLink)
+		if f.Repairable || !strings.HasPrefix(f.Action, "none: ") {
+			t.Fatalf("%+v", f)
+		}
+	})
+}
+
+// TestBlobHashStreams: hashing a blob reads it through a fixed buffer; a 64 MiB blob
+// costs a check far less than 64 MiB of allocation (reading it whole would not).
+func TestBlobHashStreams(t *testing.T) {
+	dir := fsfixtures.Build(t, "valid")
+	const size = 64 << 20
+	mkdir(t, filepath.Join(dir, "blobs"))
+	tmp := filepath.Join(dir, "blobs", "."+fsfixtures.ID("sparse")+".tmp")
+	if err := os.WriteFile(tmp, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(tmp, size); err != nil { // sparse: zeros
+		t.Fatal(err)
+	}
+	f, err := os.Open(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	name := filepath.Join(dir, "blobs", hex.EncodeToString(h.Sum(nil)))
+	if err := os.Rename(tmp, name); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rep := check(t, dir, fsck.Options{Workers: 2})
+	runtime.ReadMemStats(&after)
+	if rep.Blobs != 1 || len(rep.Findings) != 1 || rep.Findings[0].Code != fsck.CodeBlobUnreferenced {
+		t.Fatalf("%d blobs, %+v", rep.Blobs, rep.Findings)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16<<20 {
+		t.Fatalf("a check of one %d MiB blob allocated %d MiB", size>>20, alloc>>20)
+	}
+	// One byte changed at the very end is seen: every byte is hashed.
+	g, err := os.OpenFile(name, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.WriteAt([]byte{1}, size-1); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	mustFind(t, check(t, dir, fsck.Options{}), "blobs/"+filepath.Base(name), fsck.CodeBlobDigest)
+}
