@@ -79,8 +79,8 @@ type result struct {
 	vanished bool
 	rec      record.Record // the record, if the store accepts its content
 	fp       fsx.Fingerprint
-	finding  *Finding // the record is unusable (invalid, oversize, symlink, …)
-	meta     *Finding // a valid record with a wrong mode, owner or link count
+	finding  *Finding  // the record is unusable (invalid, oversize, symlink, …)
+	meta     *Finding  // a valid record with a wrong mode, owner or link count
 	refs     []blobRef // the blobs a valid record names
 }
 
