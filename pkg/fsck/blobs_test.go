@@ -254,3 +254,66 @@ func TestBlobHashStreams(t *testing.T) {
 	g.Close()
 	mustFind(t, check(t, dir, fsck.Options{}), "blobs/"+filepath.Base(name), fsck.CodeBlobDigest)
 }
+
+// TestBlobRepairLeavesTheRecord: repair moves a damaged blob that a pending envelope
+// needs to lost+found (bytes and note) and leaves the envelope's record byte for byte;
+// the record then reports blob-missing, not repairable, saying where its blob went.
+func TestBlobRepairLeavesTheRecord(t *testing.T) {
+	for _, name := range []string{"blob-truncated", "blob-digest"} {
+		t.Run(name, func(t *testing.T) {
+			dir := fsfixtures.Build(t, name)
+			before := check(t, dir, fsck.Options{})
+			var blob, rec string
+			for _, f := range before.Findings {
+				if strings.HasPrefix(f.Path, "blobs/") {
+					blob = f.Path
+				}
+			}
+			for p := range fsfixtures.ValidRecords(t, dir) {
+				if strings.HasPrefix(p, "outbox/") || strings.HasPrefix(p, "observations/") {
+					if data, _ := os.ReadFile(filepath.Join(dir, p)); strings.Contains(string(data), strings.TrimPrefix(blob, "blobs/")) {
+						rec = p
+					}
+				}
+			}
+			if blob == "" || rec == "" {
+				t.Fatalf("blob %q, record %q", blob, rec)
+			}
+			recBytes, _ := os.ReadFile(filepath.Join(dir, rec))
+			blobBytes, _ := os.ReadFile(filepath.Join(dir, blob))
+			rr := repair(t, dir, fsck.Options{})
+			f := mustFind(t, rr.After, rec, fsck.CodeBlobMissing)
+			if f.Severity != fsck.Problem || f.Repairable || !strings.Contains(f.Explanation, "an earlier repair moved to lost+found") || !strings.HasPrefix(f.Action, "none: ") {
+				t.Errorf("%+v", f)
+			}
+			if rr.After.Problems() != 1 {
+				t.Errorf("after: %+v", rr.After.Findings)
+			}
+			if got, _ := os.ReadFile(filepath.Join(dir, rec)); string(got) != string(recBytes) {
+				t.Error("the record changed")
+			}
+			found := false
+			for to, n := range fsfixtures.LostFound(t, dir) {
+				if n.From == blob {
+					got, _ := os.ReadFile(filepath.Join(dir, to))
+					found = string(got) == string(blobBytes) && n.Code == string(before.Findings[0].Code)
+				}
+			}
+			if !found {
+				t.Errorf("%s is not in lost+found with its bytes and note", blob)
+			}
+		})
+	}
+}
+
+// TestBlobCheckWritesNothing: a check of every blob fixture makes no mutating call.
+func TestBlobCheckWritesNothing(t *testing.T) {
+	for _, name := range []string{"blobs-valid", "blob-missing", "blob-truncated", "blob-digest", "blob-unreferenced", "blob-partial", "blob-layout"} {
+		dir := fsfixtures.Build(t, name)
+		faulty := fsx.NewFaulty(fsx.NewOS(dir))
+		check(t, dir, fsck.Options{WrapFS: func(fsx.FS) fsx.FS { return faulty }})
+		if log := faulty.Log(); len(log) != 0 {
+			t.Errorf("%s: a check made %d mutating calls, first %+v", name, len(log), log[0])
+		}
+	}
+}

@@ -73,12 +73,6 @@ const (
 	// message record is unusable. Moved, after its marker. (An outbox record that a
 	// send left uncommitted is CodeOutboxUncommitted, a note.)
 	CodeOrphanOutbox Code = "orphan-outbox"
-	// CodeReceiptUnacknowledged (a note): a receipt still "persisted" while the
-	// observation of the same envelope exists. The daemon's inbox follower writes both
-	// in one transaction and raises the receipt only after acknowledging the envelope
-	// at the relay, so this is the state between the two (or after a crash between
-	// them), which the follower finishes at its next start. Kept.
-	CodeReceiptUnacknowledged Code = "receipt-unacknowledged"
 	// CodeDataRootUnsafe: the store directory sits in a data root
 	// (<root>/delivery/<hex>) and the data root, or its delivery/, identities/, run/
 	// or relay/ directory, breaks the data-root rules (internal/dataroot): a symbolic
@@ -162,6 +156,12 @@ const (
 	// CodeCancelUnrecorded: a message closed by "cancelled" without an operator's
 	// cancel recorded on it: who cancelled it cannot be told. Kept.
 	CodeCancelUnrecorded Code = "cancel-unrecorded"
+	// CodeReceiptUnacknowledged: a receipt still "persisted" while the
+	// observation of the same envelope exists. The daemon's inbox follower writes both
+	// in one transaction and raises the receipt only after acknowledging the envelope
+	// at the relay, so this is the state between the two (or after a crash between
+	// them), which the follower finishes at its next start. Kept.
+	CodeReceiptUnacknowledged Code = "receipt-unacknowledged"
 	// CodeBlobUnreferenced: a blob that no valid record names: what a send
 	// interrupted between committing the blob and enqueueing its records leaves, or a
 	// received body whose records were not written. Store maintenance removes it
