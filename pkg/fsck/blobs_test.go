@@ -1,7 +1,9 @@
 package fsck_test
 
 import (
+	"context"
 	"crypto/sha256"
+	"errors"
 	"encoding/hex"
 	"io"
 	"os"
@@ -315,5 +317,29 @@ func TestBlobCheckWritesNothing(t *testing.T) {
 		if log := faulty.Log(); len(log) != 0 {
 			t.Errorf("%s: a check made %d mutating calls, first %+v", name, len(log), log[0])
 		}
+	}
+}
+
+// cancelOnBlobOpen cancels a context when a blob is opened.
+type cancelOnBlobOpen struct {
+	fsx.FS
+	cancel func()
+}
+
+func (c cancelOnBlobOpen) OpenFile(name string, flag int, perm uint32) (fsx.File, error) {
+	if strings.HasPrefix(name, "blobs/") {
+		c.cancel()
+	}
+	return c.FS.OpenFile(name, flag, perm)
+}
+
+// TestBlobHashCancel: a check cancelled while it hashes a blob stops with ctx's error.
+func TestBlobHashCancel(t *testing.T) {
+	dir := fsfixtures.Build(t, "blobs-valid")
+	c, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, err := fsck.Check(c, dir, fsck.Options{WrapFS: func(inner fsx.FS) fsx.FS { return cancelOnBlobOpen{inner, cancel} }})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
 	}
 }
