@@ -3,8 +3,8 @@ package fsck_test
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"encoding/hex"
+	"errors"
 	"io"
 	"os"
 	"path"
