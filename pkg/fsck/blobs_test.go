@@ -16,7 +16,9 @@ import (
 
 	"github.com/sealbridge/sealbridge/fsfixtures"
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
+	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
 // plantBlob writes data as blobs/<name> (name "" = its SHA-256) with mode perm, blobs/
@@ -342,4 +344,43 @@ func TestBlobHashCancel(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("err %v", err)
 	}
+}
+
+// TestBlobEnvelopeThatDoesNotParse: an outbox record the store accepts whose envelope
+// holds a blob body but does not parse (here: its signature broken, the record signed
+// again by the owner) is record-invalid — what it refers to cannot be told, and the
+// carrier cannot send it — and its batch is unwound; the blob is then unreferenced.
+func TestBlobEnvelopeThatDoesNotParse(t *testing.T) {
+	dir := fsfixtures.Build(t, "blobs-valid")
+	env, ref, _ := fsfixtures.ReadBlobTestdata(t, fsfixtures.BlobOut)
+	p := record.Path(record.KindOutbox, env.ID())
+	data, err := os.ReadFile(filepath.Join(dir, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, _ := fsfixtures.OwnerDID().PublicKey()
+	rec, err := record.Parse(record.KindOutbox, env.ID(), data, fsfixtures.OwnerDID(), owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := rec.(*record.Outbox)
+	wire := []byte(string(o.Envelope))
+	i := strings.Index(string(wire), `"sig":"`) + len(`"sig":"`) + 3
+	wire[i] ^= 0x01 // still base64url: another signature
+	o.Envelope, o.EnvelopeDigest = wire, envelope.Digest(wire)
+	signed, err := record.Encode(fsfixtures.Owner().Signer(), fsfixtures.OwnerDID(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, p), signed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep := check(t, dir, fsck.Options{})
+	f := mustFind(t, rep, p, fsck.CodeRecordInvalid)
+	if !strings.Contains(f.Explanation, "holds a blob body but does not parse") || !f.Repairable {
+		t.Fatalf("%+v", f)
+	}
+	mustFind(t, rep, fsfixtures.BlobPath(ref.Digest), fsck.CodeBlobUnreferenced)
+	rr := repairedClean(t, dir)
+	mustFind(t, rr.After, fsfixtures.BlobPath(ref.Digest), fsck.CodeBlobUnreferenced)
 }

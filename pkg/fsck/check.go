@@ -754,7 +754,12 @@ func (c *checker) verify(j job) result {
 			moveFix(phase, true, dep{path: j.path, fp: fp}))
 		return result{fp: fp, finding: &f}
 	}
-	refs := blobRefsOf(j.path, rec) // before slim drops the envelope
+	refs, berr := blobRefsOf(j.path, rec) // before slim drops the envelope
+	if berr != nil {
+		f := problem(CodeRecordInvalid, j.path, "its envelope holds a blob body but does not parse: "+sanitize(berr.Error()), actionMove,
+			moveFix(phase, true, dep{path: j.path, fp: fp}))
+		return result{fp: fp, finding: &f}
+	}
 	r := result{rec: slim(rec), fp: fp, refs: refs}
 	if err := fsx.CheckPrivateFile(j.path, info); err != nil {
 		f := c.fileMetadata(j.path, "the record", info, j.kind)
