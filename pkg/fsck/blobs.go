@@ -126,7 +126,7 @@ func (c *checker) checkBlobFile(p, digest string) {
 		return
 	}
 	if err := fsx.CheckPrivateFile(p, info); err != nil {
-		c.add(blobMetadata(p, "the blob", info))
+		c.add(blobMetadata(p, "the blob", digest, info))
 	}
 	c.blobFiles = append(c.blobFiles, blobFile{path: p, digest: digest, info: info})
 }
@@ -148,23 +148,26 @@ func (c *checker) checkBlobPartial(p, why string) {
 		return
 	}
 	if err := fsx.CheckPrivateFile(p, info); err != nil {
-		c.add(blobMetadata(p, "the partial blob", info))
+		c.add(blobMetadata(p, "the partial blob", "", info))
 	}
 	c.add(note(CodeBlobPartial, p, why))
 }
 
 // blobMetadata is the finding of a blob or partial blob that fsx.CheckPrivateFile
-// refused. A wrong mode is set right in place; another owner or extra links cannot
-// be repaired without copying the body, which fsck does not do.
-func blobMetadata(p, what string, info fsx.Info) Finding {
+// refused. A wrong mode is set right in place; another owner or extra links are
+// repaired as a record's are, by a private copy of the same bytes — streamed, and for
+// a committed blob (digest set) only if they still hash to its name.
+func blobMetadata(p, what, digest string, info fsx.Info) Finding {
 	d := dep{path: p, fp: info.Fingerprint()}
+	copyFix := &fix{kind: fixCopyBlob, phase: phaseMetadata, digest: digest, deps: []dep{d}}
+	const copyAction = "replace it by a private copy of the same bytes"
 	switch {
 	case int(info.Uid) != os.Geteuid():
 		return problem(CodeBadOwner, p, fmt.Sprintf("%s is owned by uid %d, not by the user running fsck (uid %d)", what, info.Uid, os.Geteuid()),
-			"none: give it back to the store's owner (chown), then run again", nil)
+			copyAction, copyFix)
 	case info.Nlink != 1:
 		return problem(CodeHardLink, p, fmt.Sprintf("%s has %d links; a blob must have exactly one (another name can change its bytes)", what, info.Nlink),
-			"none: replace it by a private copy by hand (copy it to a new file in the same directory, then rename the copy over it), then run again", nil)
+			copyAction, copyFix)
 	}
 	return problem(CodeBadMode, p, fmt.Sprintf("%s has mode %04o: group or others have access (want 0600)", what, info.Perm()), "set mode 0600",
 		&fix{kind: fixChmod, phase: phaseMetadata, perm: 0o600, deps: []dep{d}})
@@ -360,4 +363,54 @@ func (c ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(p)
+}
+
+// copyBlob replaces the blob (or staged or partial blob) f.Path by a private copy of
+// its bytes: it opens the file beneath the store without following links, confirms it
+// is the file the check saw, streams it through one buffer into a staged temp in the
+// same directory (fsx.StageStream: O_EXCL, 0600, fsynced by Finish) while hashing it,
+// refuses (errChanged) bytes of another length or, for a committed blob, a SHA-256
+// other than its name, then renames the copy over the name and fsyncs the directory.
+// The old inode is not deleted: its other links (or its owner's) keep it.
+func (r *repairer) copyBlob(f Finding) error {
+	fx := f.fix
+	src, err := r.fs.OpenFile(f.Path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	info, err := src.Stat()
+	if err != nil {
+		return err
+	}
+	if info.Fingerprint() != fx.deps[0].fp {
+		return errChanged
+	}
+	dir := path.Dir(f.Path)
+	w, err := fsx.StageStream(r.fs, dir)
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	n, err := io.CopyBuffer(io.MultiWriter(w, h), struct{ io.Reader }{src}, make([]byte, hashBufSize))
+	switch {
+	case err != nil:
+	case n != info.Size:
+		err = fmt.Errorf("%w: its length changed while it was copied", errChanged)
+	case fx.digest != "" && hex.EncodeToString(h.Sum(nil)) != fx.digest:
+		err = fmt.Errorf("%w: its bytes no longer hash to its name", errChanged)
+	}
+	if err != nil {
+		_ = w.Abort()
+		return err
+	}
+	st, err := w.Finish()
+	if err != nil {
+		return err
+	}
+	if err := st.Publish(path.Base(f.Path)); err != nil {
+		_ = st.Cleanup()
+		return err
+	}
+	return r.fs.SyncDir(dir)
 }

@@ -197,16 +197,61 @@ func TestBlobsDirectory(t *testing.T) {
 		mustFind(t, check(t, dir, fsck.Options{}), "blobs/"+strings.Repeat("ab", 32), fsck.CodeWrongType)
 		repairedClean(t, dir)
 	})
-	t.Run("a hard-linked blob", func(t *testing.T) {
+	t.Run("hard-linked blobs", func(t *testing.T) {
+		// A blob and a partial one with a second name outside the store: each is
+		// replaced by a private copy of its bytes; the other name keeps the old inode.
 		dir := fsfixtures.Build(t, "valid")
-		p := plantBlob(t, dir, "", blobBytes(100), 0o600)
-		if err := os.Link(filepath.Join(dir, p), filepath.Join(t.TempDir(), "other")); err != nil {
+		data := blobBytes(300 << 10)
+		p := plantBlob(t, dir, "", data, 0o600)
+		part := plantBlob(t, dir, "."+fsfixtures.ID("linked-part")+".part", data[:1000], 0o600)
+		other := t.TempDir()
+		for _, q := range []string{p, part} {
+			if err := os.Link(filepath.Join(dir, q), filepath.Join(other, filepath.Base(q))); err != nil {
+				t.Skip("hard links across these directories:", err)
+			}
+		}
+		rep := check(t, dir, fsck.Options{})
+		for _, q := range []string{p, part} {
+			if f := mustFind(t, rep, q, fsck.CodeHardLink); !f.Repairable {
+				t.Fatalf("%+v", f)
+			}
+		}
+		repairedClean(t, dir)
+		for q, want := range map[string][]byte{p: data, part: data[:1000]} {
+			fi, err := os.Lstat(filepath.Join(dir, q))
+			if err != nil || fi.Sys().(*syscall.Stat_t).Nlink != 1 || fi.Mode().Perm() != 0o600 {
+				t.Fatalf("%s: %v %v", q, fi, err)
+			}
+			if got, _ := os.ReadFile(filepath.Join(dir, q)); string(got) != string(want) {
+				t.Errorf("%s: the copy's bytes differ", q)
+			}
+			if got, _ := os.ReadFile(filepath.Join(other, filepath.Base(q))); string(got) != string(want) {
+				t.Errorf("%s: the other name's bytes changed", q)
+			}
+		}
+	})
+	t.Run("a hard-linked blob whose bytes change before the copy", func(t *testing.T) {
+		// Written through its other name after the check: the copy is skipped (the
+		// file is not the one checked), and the next check sees the damage.
+		dir := fsfixtures.Build(t, "valid")
+		p := plantBlob(t, dir, "", blobBytes(1000), 0o600)
+		other := filepath.Join(t.TempDir(), "other")
+		if err := os.Link(filepath.Join(dir, p), other); err != nil {
 			t.Skip("hard links across these directories:", err)
 		}
-		f := mustFind(t, check(t, dir, fsck.Options{}), p, fsck.CodeHardLink)
-		if f.Repairable || !strings.HasPrefix(f.Action, "none: ") {
-			t.Fatalf("%+v", f)
+		calls := 0
+		rr := repair(t, dir, fsck.Options{DaemonLive: func(string) (bool, string, error) {
+			if calls++; calls == 2 { // the first recheck, after the check
+				if err := os.WriteFile(other, blobBytes(999), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return false, "", nil
+		}})
+		if len(rr.Actions) != 1 || rr.Actions[0].Code != fsck.CodeHardLink || rr.Actions[0].Result != fsck.ResultSkipped {
+			t.Fatalf("%+v", rr.Actions)
 		}
+		mustFind(t, rr.After, p, fsck.CodeBlobDigest) // no record names a size: its hash tells
 	})
 }
 

@@ -367,6 +367,7 @@ const (
 	fixBreakLock                         // lockfile.BreakStale
 	fixCleanLockTemps                    // lockfile.CleanOrphans
 	fixState                             // rewrite a record by a store transaction (state rules)
+	fixCopyBlob                          // replace a blob by a streamed private copy of its bytes
 )
 
 // Repair phases: the order in which fixes run.
@@ -390,6 +391,9 @@ type fix struct {
 	record record.Kind
 	// bump: grow .generation after the change (it changes a kind's listing).
 	bump bool
+	// digest: the name a fixCopyBlob's bytes must still hash to ("" for a staged or
+	// partial blob).
+	digest string
 	// state names the records of a fixState, whose rule is decided again under the
 	// store's lock.
 	state *stateRef
