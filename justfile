@@ -13,6 +13,12 @@ test:
 race:
     go test -race ./pkg/... ./internal/fsx ./internal/lockfile ./internal/lru ./internal/conctest
 
+# a large body from alice to bob through the binaries (1 GiB by default; `go test ./...`
+# carries 64 MiB): equal SHA-256, and each daemon's and the relay's RSS grows by at most
+# 64 MiB (internal/e2e TestLargeBodyThroughTheBinaries)
+large-body bytes="1073741824":
+    SEALBRIDGE_E2E_BODY={{bytes}} go test -count=1 -v -timeout 30m -run '^TestLargeBodyThroughTheBinaries$' ./internal/e2e
+
 # static checks
 vet:
     go vet ./...
