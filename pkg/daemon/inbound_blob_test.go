@@ -259,8 +259,8 @@ func observationOf(t *testing.T, d *Daemon, messageID string) *record.Observatio
 	return o
 }
 
-// blobFiles lists blobs/: the committed blobs and the partial or staged ones.
-func blobFiles(t *testing.T, d *Daemon) (blobs, partial []string) {
+// storedBlobs lists blobs/: the committed blobs and the partial or staged ones.
+func storedBlobs(t *testing.T, d *Daemon) (blobs, partial []string) {
 	t.Helper()
 	ents, err := os.ReadDir(filepath.Join(d.Store().Dir(), "blobs"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -404,7 +404,7 @@ func TestBlobInboundResumesFromTheDurableOffset(t *testing.T) {
 		t.Fatalf("the relay served %d bytes of a %d-byte body", served, len(sealed))
 	}
 	checkDelivered(t, d2, br, wire, sealed, body)
-	if _, partial := blobFiles(t, d2); len(partial) != 0 {
+	if _, partial := storedBlobs(t, d2); len(partial) != 0 {
 		t.Fatalf("partial files left: %v", partial)
 	}
 }
@@ -456,7 +456,7 @@ func TestBlobInboundRefusesADamagedCopy(t *testing.T) {
 			if n := f.redownloads.Load(); n != blobDownloadTries {
 				t.Fatalf("%d mismatched downloads counted, want %d", n, blobDownloadTries)
 			}
-			if blobs, partial := blobFiles(t, d); len(blobs)+len(partial) != 0 {
+			if blobs, partial := storedBlobs(t, d); len(blobs)+len(partial) != 0 {
 				t.Fatalf("blobs/ holds %v %v after a refusal of a damaged copy", blobs, partial)
 			}
 		})
@@ -549,8 +549,7 @@ func TestBlobInboundRefusesABodyOverTheLimit(t *testing.T) {
 	br := newBlobRelay(t)
 	d, f := blobFollower(t, t.TempDir(), br.srv.URL)
 	wire, sealed, _ := sealBlob(t, newSender(t), d.DID(), 300<<10, nil)
-	setMaxBody(d, int64(len(sealed))-1)
-	t.Cleanup(func() { setMaxBody(d, 0) })
+	d.opts.MaxBody = int64(len(sealed)) - 1
 	br.add(wire, sealed)
 	if _, _, err := f.poll(context.Background(), 0); err != nil {
 		t.Fatal(err)
@@ -561,7 +560,7 @@ func TestBlobInboundRefusesABodyOverTheLimit(t *testing.T) {
 	}
 	// At the limit it is taken.
 	wire, sealed, body := sealBlob(t, newSender(t), d.DID(), 300<<10, nil)
-	setMaxBody(d, int64(len(sealed)))
+	d.opts.MaxBody = int64(len(sealed))
 	br.add(wire, sealed)
 	if _, _, err := f.poll(context.Background(), 0); err != nil {
 		t.Fatal(err)
@@ -615,7 +614,7 @@ func TestBlobInboundConcurrentFollowers(t *testing.T) {
 	if n := countKind(t, d, record.KindReceipts); n != 1 {
 		t.Fatalf("%d receipts, want 1", n)
 	}
-	blobs, partial := blobFiles(t, d)
+	blobs, partial := storedBlobs(t, d)
 	if len(blobs) != 1 || len(partial) != 0 {
 		t.Fatalf("blobs/ holds %v and partial %v; want one blob", blobs, partial)
 	}
