@@ -13,12 +13,6 @@ test:
 race:
     go test -race ./pkg/... ./internal/fsx ./internal/lockfile ./internal/lru ./internal/conctest
 
-# a large body from alice to bob through the binaries (1 GiB by default; `go test ./...`
-# carries 64 MiB): equal SHA-256, and each daemon's and the relay's RSS grows by at most
-# 64 MiB (internal/e2e TestLargeBodyThroughTheBinaries)
-large-body bytes="1073741824":
-    SEALBRIDGE_E2E_BODY={{bytes}} go test -count=1 -v -timeout 30m -run '^TestLargeBodyThroughTheBinaries$' ./internal/e2e
-
 # static checks
 vet:
     go vet ./...
@@ -46,6 +40,13 @@ crash kills="5000" actionkills="1000":
 # the given time; a failing run prints the command that replays its seed (docs/TESTING.md)
 explore time="10m" seed="0":
     go test -count=1 -v -timeout 24h -run '^TestExplore$' ./internal/conctest -explore.for={{time}} -explore.seed={{seed}}
+
+# large bodies through the built binaries: a body of SIZE (default 1GiB) from alice to
+# bob, its SHA-256 compared and each process's resident set growth bounded, then the
+# same with the sending daemon, the relay and the receiving daemon SIGKILLed at seven
+# points mid-transfer (go test ./... runs both with 64MiB)
+large-body size="1GiB":
+    SEALBRIDGE_E2E_BODY={{size}} go test -count=1 -v -timeout 90m -run '^TestLargeBody' ./internal/e2e
 
 # mutation testing (gremlins, pinned, fetched by `go run`), one package at a time; fails
 # when a package's efficacy is not above its threshold: 90% for pkg/record, whose
