@@ -100,4 +100,3 @@ func TestBlobUploadThroughHTTPToARelay(t *testing.T) {
 		t.Fatalf("the recipient downloads %d bytes (%v), not the %d sealed", len(got), err, len(sealed))
 	}
 }
-
