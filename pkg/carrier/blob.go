@@ -157,6 +157,8 @@ func (c *Carrier) upload(ctx context.Context, bt BodyTransport, url, envelopeID 
 				next = h.Body.Offset
 			case h.Code == relayproto.CodeUploadUnknown:
 				return Result{Outcome: Accepted}
+			case h.Outcome == Unreachable:
+				return h // the relay went away (killed, restarting): the target waits and is probed
 			default:
 				return r
 			}
