@@ -54,6 +54,9 @@ type bodyRelay struct {
 	gate chan struct{}
 	// onUpload is told of every upload request as it starts.
 	onUpload chan upload
+	// down, while set, makes the relay unreachable for BodyOffset (a relay that
+	// went away in the middle of a request).
+	down bool
 }
 
 type heldBody struct {
@@ -195,6 +198,9 @@ func (r *bodyRelay) UploadBody(ctx context.Context, _, id string, off int64, in 
 func (r *bodyRelay) BodyOffset(_ context.Context, _, id string) Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.down {
+		return Result{Outcome: Unreachable, Err: errors.New("connection refused")}
+	}
 	b := r.bodies[id]
 	if b == nil || b.done {
 		return Result{Outcome: Failed, Status: 404, Code: relayproto.CodeUploadUnknown, Err: errors.New("HTTP 404 UPLOAD_UNKNOWN")}
@@ -516,5 +522,43 @@ func TestBlobEnvelopeIsSentAlone(t *testing.T) {
 	}
 	if len(br.posts) != 2 {
 		t.Fatalf("%d posts of the blob envelope, want 2", len(br.posts))
+	}
+}
+
+// A relay that goes away in the middle of an upload (the request breaks, the
+// offset cannot be asked) puts the target in a wait, as an unreachable post does
+// (no backoff of a failure); its probe, once the relay is back, resumes the upload
+// from the relay's offset and the envelope is relayed.
+func TestBlobUploadRelayGoneMidway(t *testing.T) {
+	const chunk, syncEvery = 128 << 10, 32 << 10
+	h, br := blobHarness(t, Options{UploadChunk: chunk}, syncEvery)
+	br.cut = func(req int) int64 {
+		if req == 2 {
+			return 50_000
+		}
+		return -1
+	}
+	br.hold = func(context.Context) { br.mu.Lock(); br.down = true; br.mu.Unlock() }
+	env, sealed := h.enqueueBlob("http://relay.test", "", 500<<10)
+	h.start()
+	h.kick()
+	o := h.outbox(env.ID())
+	if o.State != record.StatePending || o.UnreachableSince == 0 || o.Attempts != 1 {
+		t.Fatalf("after the relay went away: state %s, unreachableSince %d, attempts %d; want pending, waiting, 1",
+			o.State, o.UnreachableSince, o.Attempts)
+	}
+	if got := h.c.Stats().Attempts["unreachable"]; got != 1 {
+		t.Fatalf("attempts by outcome %v, want one unreachable", h.c.Stats().Attempts)
+	}
+	br.mu.Lock()
+	br.down = false
+	br.mu.Unlock()
+	h.runUntil(time.UnixMilli(o.NextAttemptAt))
+	waitFor(t, "the blob envelope relayed after the probe", func() bool { return h.outbox(env.ID()).State == record.StateRelayed })
+	if got := br.body(env.ID()); !bytes.Equal(got, sealed) {
+		t.Fatal("the relay's body differs from the sealed blob")
+	}
+	if ups := br.uploadLog(); ups[2].offset != chunk+32<<10 {
+		t.Fatalf("the probe's upload resumed at %d, want the relay's %d", ups[2].offset, chunk+32<<10)
 	}
 }
