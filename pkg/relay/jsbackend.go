@@ -153,6 +153,12 @@ func (j *jsBackend) ack(ctx context.Context, recipient identity.DID, ids []strin
 	return n, nil
 }
 
+// fetchable: the JetStream storage keeps no bodies yet (the relay answers
+// blob envelopes 501 BODY_UNSUPPORTED before it asks).
+func (j *jsBackend) fetchable(context.Context, identity.DID, string) (int64, bool, error) {
+	return 0, false, nil
+}
+
 func (j *jsBackend) status(ctx context.Context, recipient identity.DID) (relayproto.InboxStatus, error) {
 	st, err := j.st.StatusAt(ctx, recipient, j.now())
 	if err != nil {
