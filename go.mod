@@ -3,6 +3,7 @@ module github.com/sealbridge/sealbridge
 go 1.26.8
 
 require (
+	filippo.io/age v1.3.2
 	filippo.io/edwards25519 v1.2.0
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/gofrs/flock v0.13.2
@@ -18,6 +19,7 @@ require (
 )
 
 require (
+	filippo.io/hpke v0.4.0 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -32,7 +32,7 @@ var allowed = map[string][]string{
 	// It makes its key-file refusals' fixes as the data-root rules do (dataroot,
 	// errcode hints).
 	"pkg/identity": {"internal/fsx", "internal/dataroot", "pkg/errcode", "filippo.io/edwards25519", "github.com/mr-tron/base58"},
-	"pkg/envelope": {"pkg/identity", "internal/uuid"},
+	"pkg/envelope": {"pkg/identity", "internal/uuid", "filippo.io/age"},
 	"pkg/record":   {"pkg/envelope", "pkg/identity", "pkg/errcode", "internal/uuid"},
 	// relayproto: the relay protocol, both of its sides: relay serves it, carrier and daemon speak it.
 	"pkg/relayproto": {"pkg/envelope", "pkg/identity"},

@@ -38,6 +38,10 @@
 //	     with 0 < C < D ≤ 2⁵³−1.
 //	ENC  body.enc: the HPKE encapsulated key, 32 bytes.
 //	CT   body.ct: the HPKE ciphertext, the body's length + 16 bytes.
+//	     A large body is not in the envelope: "body" is then exactly
+//	     {"blob":"B","size":Z}, B the lower-case hex SHA-256 of the sealed
+//	     blob (64 digits) and Z its length in bytes, 1 ≤ Z ≤ MaxBlobSize
+//	     (see "Sealed blob"). The two forms never mix.
 //	G    confirms.envelopeDigest: the digest (below) of the message envelope
 //	     being confirmed, 64 lower-case hex digits.
 //	SIG  the signature, 64 bytes.
@@ -100,6 +104,31 @@
 // to its envelope: copied into another envelope — with another envelopeId or
 // messageId, re-addressed, or taken by another sender into an envelope of
 // its own — it does not open, even when the sender re-signs.
+//
+// # Sealed blob
+//
+// A body too large for an envelope (more than MaxBodySize) travels beside it
+// as a sealed blob, in the age format (C2SP age-encryption.org/v1) with
+// exactly one recipient stanza:
+//
+//	-> sealbridge-hpke ENC
+//	CT
+//
+// ENC is the HPKE encapsulated key (32 bytes, unpadded standard base64 as
+// age writes stanza arguments), CT age's 16-byte file key sealed with the
+// ciphersuite above (32 bytes, the stanza body), under the info
+//
+//	"sealbridge/blob-key/v1" 0x00 envelopeId 0x00 messageId 0x00 senderDid 0x00 recipientDid
+//
+// Then come age's header MAC, its 16-byte nonce and its STREAM payload:
+// chunks of BlobChunkSize (64 KiB) plaintext, each sealed with
+// ChaCha20-Poly1305 under the key HKDF-SHA256(file key, nonce, "payload") and a
+// nonce of an 11-byte big-endian chunk counter and a last-chunk flag byte, so a
+// truncated, extended, reordered, duplicated or spliced stream does not
+// verify. The envelope names the blob's SHA-256 and length under its
+// signature, so no byte of it can change; the info binds the file key to the
+// envelope as a small body's info does. OpenBlob and VerifyBlob check all of
+// it; NewBlobMessage makes it.
 //
 // # Verification
 //

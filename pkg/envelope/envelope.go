@@ -74,10 +74,13 @@ type payloadJSON struct {
 	Confirms         *confirmsJSON `json:"confirms,omitempty"`
 }
 
-// sealedJSON is the HPKE-sealed body of a message.
+// sealedJSON is the sealed body of a message: inline (Enc and Ct, HPKE) or a
+// blob (Blob and Size, see NewBlobMessage), never both.
 type sealedJSON struct {
-	Enc string `json:"enc"`
-	Ct  string `json:"ct"`
+	Enc  string `json:"enc,omitempty"`
+	Ct   string `json:"ct,omitempty"`
+	Blob string `json:"blob,omitempty"`
+	Size int64  `json:"size,omitempty"`
 }
 
 // confirmsJSON is what a delivery-status confirms.
@@ -221,6 +224,17 @@ func (p *payloadJSON) validate() (sender identity.PublicKey, enc, ct []byte, err
 	case KindMessage:
 		if p.Body == nil || p.Confirms != nil {
 			return nil, nil, nil, bad("a message carries a body and no confirms")
+		}
+		if p.Body.Blob != "" || p.Body.Size != 0 {
+			switch b := p.Body; {
+			case b.Enc != "" || b.Ct != "":
+				return nil, nil, nil, bad("a body is inline (enc, ct) or a blob (blob, size), not both")
+			case !IsHex(b.Blob, 2*sha256.Size):
+				return nil, nil, nil, bad("body.blob is not 64 lower-case hex digits")
+			case b.Size < 1 || b.Size > MaxBlobSize:
+				return nil, nil, nil, bad("body.size is not 1 to %d", MaxBlobSize)
+			}
+			break
 		}
 		if enc, err = decodeB64(p.Body.Enc, "body.enc"); err != nil {
 			return nil, nil, nil, err

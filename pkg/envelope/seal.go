@@ -75,6 +75,8 @@ func Open(recipient *identity.Identity, env *Envelope) ([]byte, error) {
 		return nil, fmt.Errorf("%w: nil envelope", ErrMalformed)
 	case env.p.Kind != KindMessage || env.p.Body == nil:
 		return nil, fmt.Errorf("%w: envelope %s is a %s and has no sealed body", ErrKind, env.p.EnvelopeID, env.p.Kind)
+	case env.p.Body.Blob != "":
+		return nil, fmt.Errorf("%w: envelope %s carries its body as a blob (OpenBlob)", ErrKind, env.p.EnvelopeID)
 	case recipient == nil:
 		return nil, fmt.Errorf("%w: nil identity", ErrRecipient)
 	}

@@ -69,6 +69,21 @@ var (
 	// MessageClosed: an operator action would change a message that is already
 	// delivered or closed, or cancel a relayed one with nothing pending.
 	MessageClosed = &Code{"MESSAGE_CLOSED", "the message is already delivered or closed"}
+	// BodyTooLarge: a message body is larger than the limit in force (the inline
+	// limit of the JSON API, or the streamed limit, sealbridged --max-body);
+	// nothing was written.
+	BodyTooLarge = &Code{"BODY_TOO_LARGE", "message body is larger than the limit"}
+	// BodyMissing: a record names a sealed blob the store does not hold.
+	BodyMissing = &Code{"BODY_MISSING", "the sealed body is missing"}
+	// BodySizeMismatch: a sealed blob's length differs from the size its
+	// envelope names.
+	BodySizeMismatch = &Code{"BODY_SIZE_MISMATCH", "the sealed body has the wrong size"}
+	// BodyDigestMismatch: a sealed blob's SHA-256 differs from the digest its
+	// envelope names.
+	BodyDigestMismatch = &Code{"BODY_DIGEST_MISMATCH", "the sealed body has the wrong digest"}
+	// BodyChunkInvalid: a chunk of a sealed blob does not verify (altered,
+	// reordered, duplicated, truncated), or its header does not open.
+	BodyChunkInvalid = &Code{"BODY_CHUNK_INVALID", "a chunk of the sealed body does not verify"}
 )
 
 // All lists every code, in catalogue order.
@@ -77,6 +92,7 @@ var All = []*Code{
 	OutboxDeadlineExpired, DeliveryRecordConflict, InvalidDeliveryStatus,
 	DeliveryStatusConflict, IdempotencyStoreFull, IdempotencyStoreBusy,
 	IdempotencyKeyReused, IdempotencyInProgress, MessageNotFound, MessageClosed,
+	BodyTooLarge, BodyMissing, BodySizeMismatch, BodyDigestMismatch, BodyChunkInvalid,
 }
 
 // Lookup returns the code with the given string, or nil.

@@ -36,6 +36,10 @@ func Clone(r Record) Record {
 			c.Facts[i] = bytes.Clone(f)
 		}
 		c.Published = slices.Clone(v.Published)
+		if v.Blob != nil {
+			b := *v.Blob
+			c.Blob = &b
+		}
 		return &c
 	case *Operation:
 		c := *v

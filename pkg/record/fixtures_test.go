@@ -92,6 +92,10 @@ func validObservation(t testing.TB) *record.Observation {
 	}
 }
 
+func validBlob() *record.ObservedBlob {
+	return &record.ObservedBlob{EnvelopeID: idA, Digest: digestOf([]byte("sealed")), Size: 1 << 20, BodySize: 1<<20 - 400}
+}
+
 func validOperation(t testing.TB) *record.Operation {
 	return &record.Operation{
 		OperationID: idD, RequestDigest: digestOf([]byte("request")), State: record.OperationDone,

@@ -180,17 +180,30 @@ type Receipt struct {
 	RetainUntil    int64  `json:"retainUntil"`
 }
 
-// Observation is an inbound message as observed. Its fixed fields never change and
-// Facts and Published only grow.
+// Observation is an inbound message as observed. Its fixed fields (Blob among
+// them) never change and Facts and Published only grow.
 type Observation struct {
-	MessageID        string            `json:"messageId"`
-	SenderDID        string            `json:"senderDid"`
-	EnvelopeDigest   string            `json:"envelopeDigest"`
-	CreatedAt        int64             `json:"createdAt"`
-	DeliveryDeadline int64             `json:"deliveryDeadline"`
-	Facts            []json.RawMessage `json:"facts"`
-	Published        []string          `json:"published"`
-	RetainUntil      int64             `json:"retainUntil"`
+	MessageID        string `json:"messageId"`
+	SenderDID        string `json:"senderDid"`
+	EnvelopeDigest   string `json:"envelopeDigest"`
+	CreatedAt        int64  `json:"createdAt"`
+	DeliveryDeadline int64  `json:"deliveryDeadline"`
+	// Blob, when set, names the sealed blob of a large body, held in the
+	// store's blobs/ (docs/FORMAT.md, "Blobs"); its facts then hold no body.
+	Blob        *ObservedBlob     `json:"blob,omitempty"`
+	Facts       []json.RawMessage `json:"facts"`
+	Published   []string          `json:"published"`
+	RetainUntil int64             `json:"retainUntil"`
+}
+
+// ObservedBlob is the sealed blob of an observed message: the envelope it came
+// in, the blob's digest (lower-case hex SHA-256 of the sealed bytes) and sealed
+// size, and the plaintext length the recipient verified.
+type ObservedBlob struct {
+	EnvelopeID string `json:"envelopeId"`
+	Digest     string `json:"digest"`
+	Size       int64  `json:"size"`
+	BodySize   int64  `json:"bodySize"`
 }
 
 // Refusal reasons: why the daemon refused an inbound envelope (a bounded set, the
@@ -205,11 +218,18 @@ const (
 	RefusedObserved  = "message-observed" // its message id was already observed from another envelope
 	RefusedKind      = "unknown-kind"     // a kind this daemon does not handle
 	RefusedBody      = "body-unopenable"  // its body does not open with our key
+	// The sealed blob of a large body (its codes: BODY_TOO_LARGE,
+	// BODY_CHUNK_INVALID, BODY_DIGEST_MISMATCH, BODY_SIZE_MISMATCH).
+	RefusedBodyTooLarge = "body-too-large"       // larger than this daemon's --max-body
+	RefusedBodyChunk    = "body-chunk-invalid"   // a chunk (or the header) does not verify
+	RefusedBodyDigest   = "body-digest-mismatch" // the downloaded bytes kept another SHA-256
+	RefusedBodySize     = "body-size-mismatch"   // the relay served another length
 )
 
 // RefusalReasons lists every refusal reason.
 var RefusalReasons = []string{RefusedOversize, RefusedMalformed, RefusedSignature, RefusedRecipient, RefusedExpired,
-	RefusedConflict, RefusedObserved, RefusedKind, RefusedBody}
+	RefusedConflict, RefusedObserved, RefusedKind, RefusedBody,
+	RefusedBodyTooLarge, RefusedBodyChunk, RefusedBodyDigest, RefusedBodySize}
 
 // Refusal is the evidence of an inbound envelope the daemon refused: never a receipt,
 // never delivered. EnvelopeID and SenderDID are what the envelope claims, when they
@@ -513,6 +533,14 @@ func (r *Observation) Validate() error {
 	if r.Facts == nil || r.Published == nil {
 		return invalid("facts and published must be lists")
 	}
+	if b := r.Blob; b != nil {
+		if err := firstErr(checkUUID("blob.envelopeId", b.EnvelopeID), checkDigest("blob.digest", b.Digest)); err != nil {
+			return err
+		}
+		if b.Size < 1 || b.Size > envelope.MaxBlobSize || b.BodySize < 0 || b.BodySize >= b.Size {
+			return invalid("blob.size is not 1 to %d, or blob.bodySize not below it", envelope.MaxBlobSize)
+		}
+	}
 	for _, f := range r.Facts {
 		if err := checkCompactObject("facts", f); err != nil {
 			return err
@@ -602,7 +630,8 @@ func CheckReplacement(prev, next Record) error {
 	case *Observation:
 		if p, ok := prev.(*Observation); ok {
 			if p.SenderDID != n.SenderDID || p.EnvelopeDigest != n.EnvelopeDigest || p.CreatedAt != n.CreatedAt ||
-				p.DeliveryDeadline != n.DeliveryDeadline || p.RetainUntil != n.RetainUntil {
+				p.DeliveryDeadline != n.DeliveryDeadline || p.RetainUntil != n.RetainUntil ||
+				(p.Blob == nil) != (n.Blob == nil) || p.Blob != nil && *p.Blob != *n.Blob {
 				return conflict(n, "an observation's fixed fields never change")
 			}
 			if len(n.Facts) < len(p.Facts) || len(n.Published) < len(p.Published) ||

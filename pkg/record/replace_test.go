@@ -237,6 +237,17 @@ func TestObservationReplacement(t *testing.T) {
 		{"a publication changed", conflict, func(_, n *record.Observation) { n.Published = []string{idA} }},
 		{"a fact inserted before the old", conflict, func(_, n *record.Observation) { n.Facts = append([]json.RawMessage{fact2}, n.Facts...) }},
 		{"a publication inserted before the old", conflict, func(_, n *record.Observation) { n.Published = append([]string{idA}, n.Published...) }},
+		{"a blob added", conflict, func(_, n *record.Observation) { n.Blob = validBlob() }},
+		{"a blob removed", conflict, func(p, _ *record.Observation) { p.Blob = validBlob() }},
+		{"a blob kept", nil, func(p, n *record.Observation) { p.Blob, n.Blob = validBlob(), validBlob() }},
+		{"a blob's digest changed", conflict, func(p, n *record.Observation) {
+			p.Blob, n.Blob = validBlob(), validBlob()
+			n.Blob.Digest = otherDigest
+		}},
+		{"a blob's body size changed", conflict, func(p, n *record.Observation) {
+			p.Blob, n.Blob = validBlob(), validBlob()
+			n.Blob.BodySize++
+		}},
 	})
 }
 

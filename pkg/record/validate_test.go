@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
 
@@ -333,6 +334,21 @@ func TestObservationRules(t *testing.T) {
 		{"nothing published yet", true, func(r *record.Observation) { r.Published = []string{} }},
 		{"facts not a list", false, func(r *record.Observation) { r.Facts = nil }},
 		{"published not a list", false, func(r *record.Observation) { r.Published = nil }},
+		{"a blob", true, func(r *record.Observation) { r.Blob = validBlob() }},
+		{"a blob of the largest size", true, func(r *record.Observation) {
+			r.Blob = validBlob()
+			r.Blob.Size = envelope.MaxBlobSize
+		}},
+		{"a blob of an empty body", true, func(r *record.Observation) { r.Blob = validBlob(); r.Blob.BodySize = 0 }},
+		{"a blob of size 0", false, func(r *record.Observation) { r.Blob = validBlob(); r.Blob.Size = 0 }},
+		{"a blob over the bound", false, func(r *record.Observation) {
+			r.Blob = validBlob()
+			r.Blob.Size = envelope.MaxBlobSize + 1
+		}},
+		{"a blob whose body is not smaller", false, func(r *record.Observation) { r.Blob = validBlob(); r.Blob.BodySize = r.Blob.Size }},
+		{"a blob of a negative body", false, func(r *record.Observation) { r.Blob = validBlob(); r.Blob.BodySize = -1 }},
+		{"a blob with a bad digest", false, func(r *record.Observation) { r.Blob = validBlob(); r.Blob.Digest = "AB" }},
+		{"a blob with a bad envelope id", false, func(r *record.Observation) { r.Blob = validBlob(); r.Blob.EnvelopeID = "x" }},
 	}...)
 	checkRules(t, validObservation, rs)
 }
