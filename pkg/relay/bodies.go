@@ -250,7 +250,6 @@ func (r *Relay) acceptBlob(ctx context.Context, env *envelope.Envelope, data []b
 	r.uploads[env.ID()] = u
 	r.addPending(u, 1)
 	r.upMu.Unlock()
-	r.count(func(s *Stats) { s.BodiesPending++ })
 	r.log.Info("relay: envelope pending its body", "envelopeId", env.ID(), "digest", env.Digest()[:16],
 		"sender", string(env.Sender()), "recipient", string(env.Recipient()), "bodySize", ref.Size)
 	return nil, r.incomplete(u)
@@ -333,7 +332,7 @@ func (r *Relay) finish(ctx context.Context, u *upload) ([]byte, error) {
 	r.upMu.Lock()
 	r.forgetLocked(u)
 	r.upMu.Unlock()
-	r.count(func(s *Stats) { s.BodiesCompleted++; s.BodiesPending-- })
+	r.count(func(s *Stats) { s.BodiesCompleted++ })
 	if err := r.bodies.unhold(ctx, id); err != nil {
 		// The envelope is in its inbox with its receipt record; the pending
 		// file left behind is forgotten at the next start.
@@ -367,7 +366,7 @@ func (r *Relay) dropUpload(ctx context.Context, u *upload) {
 	r.upMu.Lock()
 	r.forgetLocked(u)
 	r.upMu.Unlock()
-	r.count(func(s *Stats) { s.BodiesExpired++; s.BodiesPending-- })
+	r.count(func(s *Stats) { s.BodiesExpired++ })
 }
 
 // expireUploads drops the pending envelopes whose deadline is at or before

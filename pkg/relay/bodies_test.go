@@ -239,6 +239,10 @@ func TestBlobDigestMismatch(t *testing.T) {
 	if _, _, err := e.client.Post(ctx, wire); err != nil {
 		t.Fatal(err)
 	}
+	wantMetrics(t, e.scrape(), `sealbridge_relay_bodies_total{outcome="completed"} 1`,
+		`sealbridge_relay_bodies_total{outcome="digest_mismatch"} 1`, `sealbridge_relay_bodies_pending 0`,
+		`sealbridge_relay_body_bytes_total{direction="in"} `+strconv.FormatFloat(float64(2*size), 'g', -1, 64),
+		`sealbridge_relay_envelopes_total{outcome="accepted"} 1`)
 }
 
 // A body larger than --max-body is refused when its envelope is posted (413,
@@ -546,5 +550,3 @@ func TestBlobStreamsInBoundedMemory(t *testing.T) {
 
 // hexDID is the relay's directory name of a DID.
 func hexDID(did identity.DID) string { return relay.RecipientDir(did) }
-
-var _ = strconv.Itoa

@@ -233,9 +233,14 @@ const openTimeout = 30 * time.Second
 
 // Stats returns the counters.
 func (r *Relay) Stats() Stats {
+	r.upMu.Lock()
+	pending := int64(len(r.uploads))
+	r.upMu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.stats
+	st := r.stats
+	st.BodiesPending = pending
+	return st
 }
 
 // Close stops the maintenance pass and releases the storage (the inbox
