@@ -66,6 +66,9 @@ type bodyStore interface {
 	pendingAtOpen() []pendingFound
 	// hold keeps env (its wire bytes) pending, durably, before it returns.
 	hold(ctx context.Context, env *envelope.Envelope, wire []byte) error
+	// offset is the bytes of envelope id's body held durably (0: none): a
+	// new pending envelope's upload starts there.
+	offset(ctx context.Context, id string) (int64, error)
 	// append writes r's bytes to envelope id's body at offset (its durable
 	// offset), makes them durable, and returns the new durable offset —
 	// after an error too (what it made durable before it). A failure that
@@ -211,17 +214,7 @@ func (r *Relay) acceptBlob(ctx context.Context, env *envelope.Envelope, data []b
 			r.count(func(s *Stats) { s.Conflicts++ })
 			return nil, conflictError(env)
 		}
-		r.upMu.Lock()
-		mine := u.offset == u.size && !u.busy
-		if mine {
-			u.busy = true
-		}
-		r.upMu.Unlock()
-		if !mine {
-			return nil, r.incomplete(u)
-		}
-		defer r.unbusy(u)
-		return r.finish(ctx, u)
+		return r.resume(ctx, u)
 	}
 	now := r.now()
 	if err := env.CheckDeadline(now); err != nil {
@@ -241,18 +234,47 @@ func (r *Relay) acceptBlob(ctx context.Context, env *envelope.Envelope, data []b
 		return nil, lerr
 	}
 	defer r.release(res) // after the pending claim below: never a gap in the quota
+	off, err := r.bodies.offset(ctx, env.ID())
+	if err != nil {
+		return nil, err
+	}
+	if off > ref.Size { // not this body's bytes
+		if err := r.bodies.discard(ctx, env.ID()); err != nil {
+			return nil, err
+		}
+		off = 0
+	}
 	if err := r.bodies.hold(ctx, env, data); err != nil {
 		return nil, err
 	}
-	u = newUpload(env, data, ref, 0, false)
-	u.h, u.hashed = sha256.New(), 0
+	u = newUpload(env, data, ref, off, false)
+	if off == 0 {
+		u.h, u.hashed = sha256.New(), 0
+	}
 	r.upMu.Lock()
 	r.uploads[env.ID()] = u
 	r.addPending(u, 1)
 	r.upMu.Unlock()
 	r.log.Info("relay: envelope pending its body", "envelopeId", env.ID(), "digest", env.Digest()[:16],
-		"sender", string(env.Sender()), "recipient", string(env.Recipient()), "bodySize", ref.Size)
-	return nil, r.incomplete(u)
+		"sender", string(env.Sender()), "recipient", string(env.Recipient()), "bodySize", ref.Size, "offset", off)
+	return r.resume(ctx, u)
+}
+
+// resume answers the POST of a pending envelope: the receipt if its body is
+// complete (finish), else the 202 with its offset (also while another request
+// holds the upload). The envelope's stripe is held.
+func (r *Relay) resume(ctx context.Context, u *upload) ([]byte, error) {
+	r.upMu.Lock()
+	mine := u.offset == u.size && !u.busy
+	if mine {
+		u.busy = true
+	}
+	r.upMu.Unlock()
+	if !mine {
+		return nil, r.incomplete(u)
+	}
+	defer r.unbusy(u)
+	return r.finish(ctx, u)
 }
 
 func (r *Relay) unbusy(u *upload) {
@@ -351,10 +373,30 @@ func (r *Relay) resetBody(ctx context.Context, u *upload) (int64, error) {
 	return 0, err
 }
 
+// forgetHeld forgets a pending upload of envelope id, which has its receipt
+// record: on JetStream another relay process completed it. Its body is the
+// inbox entry's now. The envelope's stripe is held.
+func (r *Relay) forgetHeld(id string) {
+	r.upMu.Lock()
+	defer r.upMu.Unlock()
+	if u := r.uploads[id]; u != nil && !u.busy {
+		r.forgetLocked(u)
+	}
+}
+
 // dropUpload forgets u and removes its body and pending envelope (expiry).
 // The caller holds u busy.
 func (r *Relay) dropUpload(ctx context.Context, u *upload) {
 	id := u.env.ID()
+	if h, err := r.back.lookup(ctx, id); err != nil || h != nil {
+		if h != nil { // completed elsewhere: the body is its inbox entry's
+			_ = r.bodies.unhold(ctx, id)
+			r.upMu.Lock()
+			r.forgetLocked(u)
+			r.upMu.Unlock()
+		}
+		return
+	}
 	if err := r.bodies.discard(ctx, id); err != nil {
 		r.log.Warn("relay: expired body not removed", "envelopeId", id, "err", err)
 		return // kept: the next pass tries again

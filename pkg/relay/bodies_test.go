@@ -15,10 +15,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay"
+	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
@@ -84,7 +89,11 @@ func wantRelayCode(t *testing.T, err error, status int, code string) {
 // envelope is fetchable with its body, and a repeated POST answers the same
 // receipt.
 func TestBlobUploadResumesAfterRestart(t *testing.T) {
-	e := newEnv(t)
+	eachBackend(t, testBlobUploadResumesAfterRestart)
+}
+
+func testBlobUploadResumesAfterRestart(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob := ident(t, 2)
 	ctx := context.Background()
 	en, wire, sealed := e.blobMessage(bob.DID(), 9<<20, 72*time.Hour)
@@ -105,10 +114,17 @@ func TestBlobUploadResumesAfterRestart(t *testing.T) {
 	wantRelayCode(t, err, 404, relayproto.CodeBodyMissing)
 
 	e.restart()
+	if backend == fileBackend {
+		// The file relay keeps its pending envelopes; a JetStream relay
+		// learns of one again from its sender's POST.
+		if off, sz, err := e.client.BodyOffset(ctx, en.ID()); err != nil || off != half || sz != size {
+			t.Fatalf("after the restart: offset %d of %d, %v; want %d", off, sz, err, half)
+		}
+	}
+	e.postIncomplete(wire, half, size)
 	if off, sz, err := e.client.BodyOffset(ctx, en.ID()); err != nil || off != half || sz != size {
 		t.Fatalf("after the restart: offset %d of %d, %v; want %d", off, sz, err, half)
 	}
-	e.postIncomplete(wire, half, size)
 	if off, err := e.upload(en.ID(), half, sealed[half:]); err != nil || off != size {
 		t.Fatalf("second half: %d, %v", off, err)
 	}
@@ -145,16 +161,34 @@ func TestBlobUploadResumesAfterRestart(t *testing.T) {
 	}
 	_, err = e.fetchBody(bob, en.ID(), 0)
 	wantRelayCode(t, err, 404, relayproto.CodeBodyMissing)
-	if left, _ := filepath.Glob(filepath.Join(e.bodiesDir(), en.ID()+"*")); len(left) != 0 {
-		t.Fatalf("left after the ack: %v", left)
+	e.wantNoBody(backend, en.ID())
+}
+
+// wantNoBody checks that the relay's storage holds nothing of id's body.
+func (e *env) wantNoBody(backend, id string) {
+	e.t.Helper()
+	if backend == fileBackend {
+		if left, _ := filepath.Glob(filepath.Join(e.bodiesDir(), id+"*")); len(left) != 0 {
+			e.t.Fatalf("left of the body: %v", left)
+		}
+		return
+	}
+	b, err := jsstore.OpenBodies(context.Background(), jetstreamOf(e.t, e.nats), jsstore.BodiesOptions{Replicas: 1, SyncAlways: true})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if off, err := b.Offset(context.Background(), id); err != nil || off != 0 {
+		e.t.Fatalf("the Object Store holds %d bytes of the body (%v)", off, err)
 	}
 }
 
 // A PATCH whose connection ends early keeps what arrived: the upload resumes
 // from the relay's offset (above 0), and a PATCH at another offset is 409
 // with the relay's.
-func TestBlobUploadCutResumes(t *testing.T) {
-	e := newEnv(t)
+func TestBlobUploadCutResumes(t *testing.T) { eachBackend(t, testBlobUploadCutResumes) }
+
+func testBlobUploadCutResumes(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob := ident(t, 2)
 	en, wire, sealed := e.blobMessage(bob.DID(), 3<<20, time.Hour)
 	size := int64(len(sealed))
@@ -204,8 +238,10 @@ func (f *failingReader) Read(p []byte) (int, error) {
 // A body whose SHA-256 is not the envelope's digest is refused at its last
 // byte with 422, discarded (the upload starts again at 0), and nothing of it
 // is fetchable; the right body then completes.
-func TestBlobDigestMismatch(t *testing.T) {
-	e := newEnv(t)
+func TestBlobDigestMismatch(t *testing.T) { eachBackend(t, testBlobDigestMismatch) }
+
+func testBlobDigestMismatch(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob := ident(t, 2)
 	ctx := context.Background()
 	en, wire, sealed := e.blobMessage(bob.DID(), 1<<20, time.Hour)
@@ -248,8 +284,10 @@ func TestBlobDigestMismatch(t *testing.T) {
 // A body larger than --max-body is refused when its envelope is posted (413,
 // nothing pending); bytes past the body's size are refused (413, nothing
 // appended); a blob envelope in a batch is refused with BODY_INCOMPLETE.
-func TestBlobTooLarge(t *testing.T) {
-	e := newLimitedEnv(t, relay.Limits{MaxBody: 1 << 20})
+func TestBlobTooLarge(t *testing.T) { eachBackend(t, testBlobTooLarge) }
+
+func testBlobTooLarge(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{MaxBody: 1 << 20})
 	bob := ident(t, 2)
 	ctx := context.Background()
 	en, wire, _ := e.blobMessage(bob.DID(), 1<<20+1, time.Hour)
@@ -273,8 +311,10 @@ func TestBlobTooLarge(t *testing.T) {
 
 // A download resumes from any offset with a Range: a download cut short and
 // continued from the bytes it got yields the body.
-func TestBlobRangeDownloadResumes(t *testing.T) {
-	e := newEnv(t)
+func TestBlobRangeDownloadResumes(t *testing.T) { eachBackend(t, testBlobRangeDownloadResumes) }
+
+func testBlobRangeDownloadResumes(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob := ident(t, 2)
 	ctx := context.Background()
 	en, wire, sealed := e.blobMessage(bob.DID(), 2<<20, time.Hour)
@@ -319,7 +359,11 @@ func TestBlobRangeDownloadResumes(t *testing.T) {
 // Only the recipient gets a body: an unsigned request is 401, another
 // identity's signed one is 404 (nothing says the envelope exists).
 func TestBlobDownloadOnlyForTheRecipient(t *testing.T) {
-	e := newEnv(t)
+	eachBackend(t, testBlobDownloadOnlyForTheRecipient)
+}
+
+func testBlobDownloadOnlyForTheRecipient(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob, eve := ident(t, 2), ident(t, 5)
 	en, wire, sealed := e.blobMessage(bob.DID(), 100_000, time.Hour)
 	e.postIncomplete(wire, 0, int64(len(sealed)))
@@ -342,8 +386,10 @@ func TestBlobDownloadOnlyForTheRecipient(t *testing.T) {
 
 // A pending upload its sender abandons is removed at its envelope's deadline:
 // the upload is unknown, its files are gone, and its quota is free again.
-func TestBlobPendingExpires(t *testing.T) {
-	e := newLimitedEnv(t, relay.Limits{QuotaBytes: 3 << 20})
+func TestBlobPendingExpires(t *testing.T) { eachBackend(t, testBlobPendingExpires) }
+
+func testBlobPendingExpires(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{QuotaBytes: 3 << 20})
 	bob := ident(t, 2)
 	ctx := context.Background()
 	en, wire, sealed := e.blobMessage(bob.DID(), 2<<20, time.Minute)
@@ -361,9 +407,7 @@ func TestBlobPendingExpires(t *testing.T) {
 	}
 	_, _, err = e.client.BodyOffset(ctx, en.ID())
 	wantRelayCode(t, err, 404, relayproto.CodeUploadUnknown)
-	if left, _ := filepath.Glob(filepath.Join(e.bodiesDir(), en.ID()+"*")); len(left) != 0 {
-		t.Fatalf("left after expiry: %v", left)
-	}
+	e.wantNoBody(backend, en.ID())
 	if st := e.relay.Stats(); st.BodiesExpired != 1 || st.BodiesPending != 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -450,8 +494,10 @@ func TestBlobConcurrentPatches(t *testing.T) {
 
 // Many POSTs of one blob envelope at once make one pending upload; the body's
 // concurrent final PATCH races and a POST make one inbox entry.
-func TestBlobConcurrentPosts(t *testing.T) {
-	e := newEnv(t)
+func TestBlobConcurrentPosts(t *testing.T) { eachBackend(t, testBlobConcurrentPosts) }
+
+func testBlobConcurrentPosts(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
 	bob := ident(t, 2)
 	ctx := context.Background()
 	en, wire, sealed := e.blobMessage(bob.DID(), 1<<20, time.Hour)
@@ -476,7 +522,7 @@ func TestBlobConcurrentPosts(t *testing.T) {
 	if st := e.relay.Stats(); st.BodiesPending != 1 {
 		t.Fatalf("pending uploads: %d", st.BodiesPending)
 	}
-	if pend, _ := filepath.Glob(filepath.Join(e.bodiesDir(), "*.pending")); len(pend) != 1 {
+	if pend, _ := filepath.Glob(filepath.Join(e.bodiesDir(), "*.pending")); backend == fileBackend && len(pend) != 1 {
 		t.Fatalf("pending files: %v", pend)
 	}
 	// The last PATCH and POSTs race: one inbox entry, one receipt.
@@ -550,3 +596,71 @@ func TestBlobStreamsInBoundedMemory(t *testing.T) {
 
 // hexDID is the relay's directory name of a DID.
 func hexDID(did identity.DID) string { return relay.RecipientDir(did) }
+
+// jetstreamOf is a JetStream context on s, for reading what the relay stored.
+func jetstreamOf(t *testing.T, s *server.Server) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(natstest.Connect(t, s.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// Two relay processes on one JetStream share a body's upload: one begun at A
+// continues at B from the offset the Object Store holds (B learns of the
+// envelope from the sender's POST), concurrent PATCHes at A and B at one
+// offset append once, and the recipient downloads the body at A; both answer
+// the same receipt.
+func TestBlobUploadAcrossJetStreamRelays(t *testing.T) {
+	a := newEnvOn(t, jetStreamBackend, relay.Limits{})
+	_, b := a.second()
+	bob := ident(t, 2)
+	ctx := context.Background()
+	en, wire, sealed := a.blobMessage(bob.DID(), 3<<20, time.Hour)
+	size := int64(len(sealed))
+	a.postIncomplete(wire, 0, size)
+	first := int64(1 << 20)
+	if _, err := a.upload(en.ID(), 0, sealed[:first]); err != nil {
+		t.Fatal(err)
+	}
+	b.postIncomplete(wire, first, size)
+	a.postIncomplete(wire, first, size)
+	second := int64(2 << 20)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, e := range []*env{a, b} {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = e.upload(en.ID(), first, sealed[first:second])
+		})
+	}
+	close(start)
+	wg.Wait()
+	won := 0
+	for _, err := range errs {
+		if err == nil {
+			won++
+		} else {
+			wantRelayCode(t, err, 409, relayproto.CodeUploadOffsetMismatch)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d appends at one offset won: %v", won, errs)
+	}
+	if off, err := b.upload(en.ID(), second, sealed[second:]); err != nil || off != size {
+		t.Fatalf("the rest at B: %d %v", off, err)
+	}
+	rb, _, err := b.client.Post(ctx, wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra, _, err := a.client.Post(ctx, wire)
+	if err != nil || !bytes.Equal(ra, rb) {
+		t.Fatalf("A's answer: %v, same receipt %v", err, bytes.Equal(ra, rb))
+	}
+	if got, err := a.fetchBody(bob, en.ID(), 0); err != nil || !bytes.Equal(got, sealed) {
+		t.Fatalf("download at A: %d %v", len(got), err)
+	}
+}

@@ -160,6 +160,19 @@ func (b *fileBodies) hold(_ context.Context, env *envelope.Envelope, wire []byte
 	return nil
 }
 
+func (b *fileBodies) offset(_ context.Context, id string) (int64, error) {
+	for _, name := range []string{blobName(id), partName(id)} {
+		info, err := b.f.fs.Lstat(path.Join(bodiesDir, name))
+		if err == nil {
+			return info.Size, nil
+		}
+		if !fsx.IsNotExist(err) {
+			return 0, unavailable(relayproto.CodeInboxUnreadable, "the relay cannot read its bodies", err)
+		}
+	}
+	return 0, nil
+}
+
 func (b *fileBodies) unhold(_ context.Context, id string) error {
 	if err := fsx.RemoveFile(b.f.fs, bodiesDir, pendingName(id)); err != nil && !fsx.IsNotExist(err) {
 		return bodiesUnwritable(err)

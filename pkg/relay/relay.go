@@ -198,8 +198,12 @@ func New(opts Options) (*Relay, error) {
 	if opts.JetStream != nil {
 		r.backendName = "jetstream"
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
-		r.back, err = openJetStream(ctx, opts.JetStream, opts.JetStreamOptions, r.now, r.wake)
+		var j *jsBackend
+		j, err = openJetStream(ctx, opts.JetStream, opts.JetStreamOptions, r.now, r.log, r.wake)
 		cancel()
+		if err == nil {
+			r.back, r.bodies = j, j.bodies
+		}
 		if h := JetStreamHint(err); h != "" {
 			err = errcode.WithHint(err, h)
 		}
@@ -304,6 +308,7 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 		return nil, err
 	}
 	if h != nil {
+		r.forgetHeld(env.ID())
 		return r.existing(env, h)
 	}
 	if ref, ok := blobOf(env); ok {
