@@ -12,12 +12,14 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/natstest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
@@ -662,5 +664,66 @@ func TestBlobUploadAcrossJetStreamRelays(t *testing.T) {
 	}
 	if got, err := a.fetchBody(bob, en.ID(), 0); err != nil || !bytes.Equal(got, sealed) {
 		t.Fatalf("download at A: %d %v", len(got), err)
+	}
+}
+
+// An append fsyncs the part at least every 4 MiB and at the end of the PATCH
+// (its directory after the write that created it), so the offset it answers
+// is durable; a failed fsync discards the part (its state is unknown): 503,
+// and the upload starts again at 0.
+func TestBlobAppendSyncs(t *testing.T) {
+	var faulty *fsx.Faulty
+	e := &env{t: t, home: t.TempDir(), clock: newFakeClock(time.UnixMilli(1_767_225_600_000)), relID: ident(t, 9), backend: fileBackend}
+	e.opts.WrapFS = func(inner fsx.FS) fsx.FS {
+		f := fsx.NewFaulty(inner)
+		if filepath.Base(filepath.Dir(inner.Root())) == "relay" {
+			faulty = f
+		}
+		return f
+	}
+	e.start()
+	t.Cleanup(e.stop)
+	bob := ident(t, 2)
+	en, wire, sealed := e.blobMessage(bob.DID(), 10<<20, time.Hour)
+	e.postIncomplete(wire, 0, int64(len(sealed)))
+	part := "bodies/" + en.ID() + ".part"
+	if _, err := e.upload(en.ID(), 0, sealed[:9<<20]); err != nil {
+		t.Fatal(err)
+	}
+	unsynced, syncs, dirSynced := 0, 0, false
+	for _, op := range faulty.Log() {
+		switch {
+		case op.Kind == fsx.OpWrite && op.Path == part:
+			unsynced += len(op.Data)
+			if unsynced > 4<<20+256<<10 {
+				t.Fatalf("%d bytes written without an fsync", unsynced)
+			}
+		case op.Kind == fsx.OpSync && op.Path == part:
+			unsynced = 0
+			syncs++
+		case op.Kind == fsx.OpSyncDir && op.Path == "bodies" && syncs > 0:
+			dirSynced = true
+		}
+	}
+	if unsynced != 0 || syncs < 3 || !dirSynced {
+		t.Fatalf("after the PATCH: %d bytes not fsynced, %d fsyncs, directory fsynced %v", unsynced, syncs, dirSynced)
+	}
+	faulty.Inject = func(op fsx.Op) error {
+		if op.Kind == fsx.OpSync && op.Path == part {
+			return syscall.EIO
+		}
+		return nil
+	}
+	_, err := e.upload(en.ID(), 9<<20, sealed[9<<20:])
+	wantRelayCode(t, err, 503, relayproto.CodeInboxUnwritable)
+	faulty.Inject = nil
+	if off, _, err := e.client.BodyOffset(context.Background(), en.ID()); err != nil || off != 0 {
+		t.Fatalf("after a failed fsync the offset is %d (%v), want 0", off, err)
+	}
+	if _, err := e.upload(en.ID(), 0, sealed); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.client.Post(context.Background(), wire); err != nil {
+		t.Fatal(err)
 	}
 }
