@@ -727,3 +727,94 @@ func TestBlobAppendSyncs(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// newFaultyEnv is a file relay whose inbox directory's file system is a
+// Faulty (returned; it survives restarts).
+func newFaultyEnv(t *testing.T) (*env, *fsx.Faulty) {
+	faulty := new(fsx.Faulty)
+	e := &env{t: t, home: t.TempDir(), clock: newFakeClock(time.UnixMilli(1_767_225_600_000)), relID: ident(t, 9), backend: fileBackend}
+	e.opts.WrapFS = func(inner fsx.FS) fsx.FS {
+		if filepath.Base(filepath.Dir(inner.Root())) == "relay" {
+			faulty.Inner = inner
+			return faulty
+		}
+		return inner
+	}
+	e.start()
+	t.Cleanup(e.stop)
+	return e, faulty
+}
+
+// A crash between the sealed body and the envelope's entry into its inbox
+// (here: the inbox file cannot be written) loses nothing: after a restart the
+// envelope's POST puts it into its inbox from the sealed body, without the
+// body sent again. A crash after its entry and before its pending file's
+// removal leaves nothing pending after the restart, and the same receipt.
+func TestBlobCompletionSurvivesCrash(t *testing.T) {
+	e, faulty := newFaultyEnv(t)
+	bob := ident(t, 2)
+	ctx := context.Background()
+	en, wire, sealed := e.blobMessage(bob.DID(), 1<<20, time.Hour)
+	size := int64(len(sealed))
+	e.postIncomplete(wire, 0, size)
+	rdir := relay.RecipientDir(bob.DID())
+	faulty.Inject = func(op fsx.Op) error {
+		if op.Kind == fsx.OpCreate && filepath.Dir(op.Path) == rdir {
+			return syscall.ENOSPC
+		}
+		return nil
+	}
+	_, err := e.upload(en.ID(), 0, sealed)
+	wantRelayCode(t, err, 503, relayproto.CodeInboxUnwritable)
+	faulty.Inject = nil
+	if _, err := os.Stat(filepath.Join(e.bodiesDir(), en.ID()+".blob")); err != nil {
+		t.Fatalf("the body is not sealed: %v", err)
+	}
+	e.restart()
+	in := e.relay.Stats().BodyBytesIn
+	receipt, _, err := e.client.Post(ctx, wire)
+	if err != nil {
+		t.Fatalf("post after the restart: %v", err)
+	}
+	if st := e.relay.Stats(); st.BodyBytesIn != in || st.BodiesCompleted != 1 {
+		t.Fatalf("stats %+v: the body was sent again, or not completed", st)
+	}
+	if got, err := e.fetchBody(bob, en.ID(), 0); err != nil || !bytes.Equal(got, sealed) {
+		t.Fatalf("body: %d %v", len(got), err)
+	}
+
+	// The pending file's removal fails after the envelope entered its inbox.
+	en2, wire2, sealed2 := e.blobMessage(bob.DID(), 1<<20, time.Hour)
+	e.postIncomplete(wire2, 0, int64(len(sealed2)))
+	faulty.Inject = func(op fsx.Op) error {
+		if op.Kind == fsx.OpRemove && op.Path == "bodies/"+en2.ID()+".pending" {
+			return syscall.EIO
+		}
+		return nil
+	}
+	if _, err := e.upload(en2.ID(), 0, sealed2); err != nil {
+		t.Fatal(err)
+	}
+	faulty.Inject = nil
+	receipt2, _, err := e.client.Post(ctx, wire2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.restart()
+	if _, err := os.Stat(filepath.Join(e.bodiesDir(), en2.ID()+".pending")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the pending file is still there after the restart: %v", err)
+	}
+	if st := e.relay.Stats(); st.BodiesPending != 0 {
+		t.Fatalf("pending after the restart: %d", st.BodiesPending)
+	}
+	for _, c := range []struct {
+		wire, receipt []byte
+	}{{wire, receipt}, {wire2, receipt2}} {
+		if again, _, err := e.client.Post(ctx, c.wire); err != nil || !bytes.Equal(again, c.receipt) {
+			t.Fatalf("repeated post: %v, same receipt %v", err, bytes.Equal(again, c.receipt))
+		}
+	}
+	if page, _ := e.client.Fetch(ctx, bob, "", 0); len(page.Envelopes) != 2 {
+		t.Fatalf("inbox holds %d envelopes", len(page.Envelopes))
+	}
+}
