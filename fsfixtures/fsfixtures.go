@@ -10,7 +10,8 @@
 // Keys are fixed test keys (deterministic seeds) and record times are fixed, so record
 // file names and bytes are the same on every run. Valid records are written through
 // the store's own API (store.Open + Transaction, or record.Encode for the large
-// fixture) and then damaged by plain file operations.
+// fixture) and then damaged by plain file operations; so are blobs (store.CreateBlob,
+// store.PartialBlob), sealed once into testdata/blobs (blobs.go).
 //
 // The expected fsck findings of each fixture live in testdata/<name>.golden.json (see
 // Golden); they are rewritten only by `go test ./fsfixtures -update`.
@@ -93,6 +94,7 @@ var names = []string{
 	"symlinked-record", "symlinked-dir", "orphan-outbox", "batch-missing-member",
 	"oversize-record", "unknown-file", "expired-records", "unacknowledged-receipt", "combined",
 	"single-member", "message-status", "held-flags",
+	"blobs-valid", "blob-missing", "blob-truncated", "blob-digest", "blob-unreferenced", "blob-partial", "blob-layout",
 }
 
 // Names returns the name of every fixture, in a fixed order.
@@ -185,6 +187,34 @@ func Build(t testing.TB, name string, opts ...Option) string {
 	case "held-flags":
 		b.base()
 		b.heldFlags()
+	case "blobs-valid":
+		b.base()
+		b.sendBlob(BlobOut, record.StatePending)
+		b.receiveBlob()
+	case "blob-missing":
+		b.base()
+		_, out := b.sendBlob(BlobOut, record.StatePending)
+		in := b.receiveBlob()
+		b.sendBlob(BlobOutSettled, record.StateRelayed)
+		b.remove(BlobPath(out))
+		b.remove(BlobPath(in))
+	case "blob-truncated":
+		b.base()
+		_, d := b.sendBlob(BlobOut, record.StatePending)
+		b.truncateBlob(d)
+	case "blob-digest":
+		b.base()
+		b.flipBlobByte(b.receiveBlob())
+	case "blob-unreferenced":
+		b.base()
+		_, ref, sealed := ReadBlobTestdata(b.t, BlobOut)
+		b.writeBlob(ref.Digest, sealed)
+	case "blob-partial":
+		b.base()
+		b.blobPartials()
+	case "blob-layout":
+		b.base()
+		b.blobLayout()
 	case "combined":
 		b.base()
 		b.temps(false)

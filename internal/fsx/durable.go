@@ -44,37 +44,15 @@ type Staged struct {
 
 // Stage creates a fresh temp in dir with mode 0600, writes data, fsyncs and closes it.
 // On any error the temp is removed (best effort) and nothing is staged. A failed fsync
-// is reported, never retried. dir must pass CheckName ("." for the root).
+// is reported, never retried. dir must pass CheckName ("." for the root). It is
+// StageStream, one Write and Finish.
 func Stage(fsys FS, dir string, data []byte) (*Staged, error) {
-	if err := CheckName(dir); err != nil {
-		return nil, err
-	}
-	name := path.Join(dir, TempName())
-	f, err := fsys.OpenFile(name, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, 0o600)
+	w, err := StageStream(fsys, dir)
 	if err != nil {
 		return nil, err
 	}
-	s := &Staged{fsys: fsys, Dir: dir, Temp: name}
-	err = writeSyncClose(f, data)
-	if err != nil {
-		_ = s.Cleanup()
-		return nil, err
-	}
-	return s, nil
-}
-
-func writeSyncClose(f File, data []byte) error {
-	n, err := f.Write(data)
-	if err == nil && n != len(data) {
-		err = &fs.PathError{Op: "write", Path: f.Name(), Err: io.ErrShortWrite}
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	_, _ = w.Write(data) // an error is kept by w and returned by Finish
+	return w.Finish()
 }
 
 // Publish renames the temp over dir/base. The rename is atomic but not yet durable:
@@ -216,21 +194,11 @@ var ErrNotRegular = errors.New("fsx: not a regular file")
 // checks the type and size with fstat before reading, and returns the fstat Info taken
 // before reading.
 func ReadFile(fsys FS, name string, max int64) ([]byte, Info, error) {
-	f, err := fsys.OpenFile(name, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	f, info, err := OpenRegular(fsys, name, max)
 	if err != nil {
-		return nil, Info{}, err
+		return nil, info, err
 	}
 	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return nil, Info{}, err
-	}
-	if !info.IsRegular() {
-		return nil, info, &fs.PathError{Op: "read", Path: name, Err: ErrNotRegular}
-	}
-	if info.Size > max {
-		return nil, info, &fs.PathError{Op: "read", Path: name, Err: ErrTooLarge}
-	}
 	buf := make([]byte, info.Size+1)
 	n, err := io.ReadFull(f, buf)
 	switch {

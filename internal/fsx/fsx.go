@@ -14,6 +14,9 @@
 //   - Stage writes bytes to a fresh ".<uuid>.tmp" (O_CREAT|O_EXCL|O_NOFOLLOW, 0600) and
 //     fsyncs it; Staged.Publish renames it into place; the caller fsyncs the directory.
 //     A failed fsync is never retried: the temp is discarded and the error returned.
+//   - StageStream is Stage for bytes streamed rather than held (a large body): the
+//     same temp, written by StagedWriter.Write, fsynced and closed by Finish, which
+//     returns the Staged temp. Stage is StageStream, one Write and Finish.
 //   - WriteFile = Stage + Publish + SyncDir: when it returns nil the bytes are durable.
 //   - Staged.PublishNoReplace and CreateFile = Stage + PublishNoReplace + SyncDir do the
 //     same for a name that must not exist yet (renameat2 RENAME_NOREPLACE, or link and
@@ -21,6 +24,12 @@
 //   - RemoveFile = unlink + SyncDir: when it returns nil the removal is durable.
 //   - ReadFile opens with O_NONBLOCK|O_NOFOLLOW (a FIFO never blocks us), checks with
 //     fstat that it is a regular file no larger than a bound, then reads it.
+//     OpenRegular is its open and checks, returning the open file for a caller that
+//     streams it (a large body).
+//   - An Appender is a file grown in place and published when whole (a resumable
+//     download): OpenAppender opens or creates it (private, one link, no symlink),
+//     Append writes at its end, Persist fsyncs it (and its directory once after
+//     creating it), Stage hands it to Publish.
 //   - MkdirPrivate creates a 0700 directory (or finds a private one) and fsyncs its
 //     parent either way, so the directory it returns is durable; DirsMade pays that
 //     fsync once per directory and process.

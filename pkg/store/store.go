@@ -34,6 +34,10 @@ type Limits struct {
 	Receipts          int   // receipt records (default 100,000)
 	Operations        int   // operation records (default 10,000)
 	CachedResultBytes int64 // operation responses (default 64 MiB)
+	// BlobGrace is how old (by mtime, on the store's clock) an unreferenced blob or a
+	// leftover staged or partial blob must be before maintenance removes it (default
+	// DefaultBlobGrace, 1 h).
+	BlobGrace time.Duration
 }
 
 // DefaultLimits returns the limits of DESIGN §5.
@@ -41,7 +45,7 @@ func DefaultLimits() Limits {
 	return Limits{
 		RecordBytes: 256 << 10, OperationBytes: 64 << 10, WireBytes: 128 << 10,
 		PendingEnvelopes: 10_000, EnvelopeBytes: 256 << 20, Messages: 100_000,
-		Receipts: 100_000, Operations: 10_000, CachedResultBytes: 64 << 20,
+		Receipts: 100_000, Operations: 10_000, CachedResultBytes: 64 << 20, BlobGrace: DefaultBlobGrace,
 	}
 }
 
@@ -65,6 +69,7 @@ func (l Limits) withDefaults() Limits {
 		EnvelopeBytes: pick(l.EnvelopeBytes, d.EnvelopeBytes), Messages: pickInt(l.Messages, d.Messages),
 		Receipts: pickInt(l.Receipts, d.Receipts), Operations: pickInt(l.Operations, d.Operations),
 		CachedResultBytes: pick(l.CachedResultBytes, d.CachedResultBytes),
+		BlobGrace:         time.Duration(pick(int64(l.BlobGrace), int64(d.BlobGrace))),
 	}
 }
 
@@ -261,10 +266,11 @@ func (s *Store) checkDirs() error {
 			return invalidAt("", err)
 		}
 	}
-	kinds := make([]string, len(record.Kinds))
+	kinds := make([]string, len(record.Kinds), len(record.Kinds)+1)
 	for i, k := range record.Kinds {
 		kinds[i] = string(k)
 	}
+	kinds = append(kinds, BlobDir) // held to the kind directories' rules
 	if err := dataroot.CheckStore(s.dir, kinds); err != nil {
 		return invalidAt("", err)
 	}
