@@ -818,3 +818,42 @@ func TestBlobCompletionSurvivesCrash(t *testing.T) {
 		t.Fatalf("inbox holds %d envelopes", len(page.Envelopes))
 	}
 }
+
+// A write that fails part-way (a full disk) leaves the part longer than the
+// offset answered: the next PATCH is told the part's length (409), and the
+// body continued from there verifies — those bytes are the body's, in order.
+func TestBlobShortWriteResumes(t *testing.T) {
+	e, faulty := newFaultyEnv(t)
+	bob := ident(t, 2)
+	en, wire, sealed := e.blobMessage(bob.DID(), 6<<20, time.Hour)
+	size := int64(len(sealed))
+	e.postIncomplete(wire, 0, size)
+	part := "bodies/" + en.ID() + ".part"
+	writes := 0
+	faulty.Inject = func(op fsx.Op) error {
+		if op.Kind == fsx.OpWrite && op.Path == part {
+			if writes++; writes == 20 { // past the first 4 MiB fsync
+				return fsx.ErrShortWrite
+			}
+		}
+		return nil
+	}
+	off, err := e.upload(en.ID(), 0, sealed)
+	wantRelayCode(t, err, 503, relayproto.CodeInboxUnwritable)
+	faulty.Inject = nil
+	held, _, err := e.client.BodyOffset(context.Background(), en.ID())
+	if err != nil || held < 4<<20 || off != held {
+		t.Fatalf("the relay holds %d (%v), its 503 said %d; want the first fsync's 4 MiB at least", held, err, off)
+	}
+	got, err := e.upload(en.ID(), held, sealed[held:])
+	wantRelayCode(t, err, 409, relayproto.CodeUploadOffsetMismatch)
+	if got <= held {
+		t.Fatalf("the 409 says %d, not the part's longer length", got)
+	}
+	if o, err := e.upload(en.ID(), got, sealed[got:]); err != nil || o != size {
+		t.Fatalf("resume from %d: %d %v", got, o, err)
+	}
+	if _, _, err := e.client.Post(context.Background(), wire); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"path"
 	"strings"
 	"syscall"
@@ -20,7 +21,7 @@ import (
 // the envelopes pending them, all named by envelope id:
 //
 //	<id>.pending  the wire envelope, pending its body (fsx.CreateFile)
-//	<id>.part     the body's bytes so far (fsx.Appender: fsynced at least
+//	<id>.part     the body's bytes so far (fsx.Appender: persisted at least
 //	              every bodySyncEvery bytes and at the end of each append)
 //	<id>.blob     the complete, verified body (.part renamed, directory fsynced)
 //
@@ -180,9 +181,12 @@ func (b *fileBodies) unhold(_ context.Context, id string) error {
 	return nil
 }
 
-// append copies r into the .part at offset through a bodyBuffer buffer,
-// fsyncing every bodySyncEvery bytes and at the end (or when r fails: what
-// arrived is kept). A failed fsync discards the part.
+// append copies r to the end of the .part (fsx.Appender) through a
+// bodyBuffer buffer, persisting it every bodySyncEvery bytes and at the end
+// (or when r fails: what arrived is kept). A failed fsync discards the part.
+// A part longer than offset — a write that failed after some of its bytes,
+// each a byte of the body in order — is made durable and answered as a 409 at
+// its length.
 func (b *fileBodies) append(_ context.Context, id string, offset int64, r io.Reader) (int64, error) {
 	fsys := b.f.fs
 	if offset == 0 {
@@ -191,43 +195,53 @@ func (b *fileBodies) append(_ context.Context, id string, offset int64, r io.Rea
 			return 0, bodiesUnwritable(err)
 		}
 	}
-	a, err := fsx.OpenAppend(fsys, bodiesDir, partName(id), offset, offset == 0)
+	a, err := fsx.OpenAppender(fsys, bodiesDir, partName(id))
 	if err != nil {
 		return offset, bodiesUnwritable(err)
 	}
 	defer a.Close()
-	fail := func(err error) (int64, error) {
-		if cerr := a.Checkpoint(); cerr != nil {
-			return b.lost(id, cerr)
+	if a.Size() != offset {
+		if a.Size() < offset {
+			return b.lost(id, fmt.Errorf("the part holds %d bytes, not the %d answered", a.Size(), offset))
 		}
-		return a.Durable(), err
+		if err := a.Persist(); err != nil {
+			return b.lost(id, err)
+		}
+		return a.Size(), newError(http.StatusConflict, relayproto.CodeUploadOffsetMismatch,
+			"the relay holds %d bytes of this body; upload from there", a.Size())
 	}
+	durable := offset
 	buf := make([]byte, bodyBuffer)
 	since := 0
 	for {
 		n, rerr := r.Read(buf)
 		if n > 0 {
-			if _, werr := a.Write(buf[:n]); werr != nil {
-				return fail(bodiesUnwritable(werr))
+			if _, werr := a.Append(buf[:n]); werr != nil {
+				// The Appender is unusable; what the last Persist made durable
+				// stands (the next append finds the rest).
+				return durable, bodiesUnwritable(werr)
 			}
 			if since += n; since >= bodySyncEvery {
-				if err := a.Checkpoint(); err != nil {
+				if err := a.Persist(); err != nil {
 					return b.lost(id, err)
 				}
-				since = 0
+				durable, since = a.Size(), 0
 			}
+		}
+		if rerr != nil && rerr != io.EOF {
+			if err := a.Persist(); err != nil {
+				return b.lost(id, err)
+			}
+			return a.Size(), rerr
 		}
 		if rerr == io.EOF {
 			break
 		}
-		if rerr != nil {
-			return fail(rerr)
-		}
 	}
-	if err := a.Checkpoint(); err != nil {
+	if err := a.Persist(); err != nil {
 		return b.lost(id, err)
 	}
-	return a.Durable(), nil
+	return a.Size(), nil
 }
 
 // lost discards a part whose fsync failed: its state is unknown.
