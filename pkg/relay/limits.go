@@ -15,7 +15,8 @@ import (
 )
 
 // Limits are what an operator bounds on a relay (docs/RELAY.md "Limits"). The
-// zero value bounds nothing. They are checked where an envelope is accepted
+// zero value bounds nothing but a blob body's size (MaxBody: 4 GiB) and the
+// held polls per address. They are checked where an envelope is accepted
 // (Accept, AcceptBatch), for new envelopes only: a duplicate of an envelope
 // the relay already holds is answered with its receipt whatever the limits.
 type Limits struct {
