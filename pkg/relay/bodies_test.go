@@ -857,3 +857,24 @@ func TestBlobShortWriteResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The expiry pass removes an inbox envelope's body with it.
+func TestBlobInboxExpiryRemovesBody(t *testing.T) { eachBackend(t, testBlobInboxExpiryRemovesBody) }
+
+func testBlobInboxExpiryRemovesBody(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
+	bob := ident(t, 2)
+	ctx := context.Background()
+	en, wire, sealed := e.blobMessage(bob.DID(), 1<<20, time.Minute)
+	e.postIncomplete(wire, 0, int64(len(sealed)))
+	if _, err := e.upload(en.ID(), 0, sealed); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Add(2 * time.Minute)
+	_, err := e.fetchBody(bob, en.ID(), 0)
+	wantRelayCode(t, err, 404, relayproto.CodeBodyMissing) // past its deadline: never served
+	if n, err := e.relay.Expire(ctx); err != nil || n != 1 {
+		t.Fatalf("expire: %d %v", n, err)
+	}
+	e.wantNoBody(backend, en.ID())
+}
