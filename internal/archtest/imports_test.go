@@ -35,7 +35,7 @@ var allowed = map[string][]string{
 	"pkg/envelope": {"pkg/identity", "internal/uuid", "filippo.io/age"},
 	"pkg/record":   {"pkg/envelope", "pkg/identity", "pkg/errcode", "internal/uuid"},
 	// relayproto: the relay protocol, both of its sides: relay serves it, carrier and daemon speak it.
-	"pkg/relayproto": {"pkg/envelope", "pkg/identity"},
+	"pkg/relayproto": {"pkg/envelope", "pkg/identity", "internal/uuid"},
 	"pkg/store": {"pkg/record", "internal/fsx", "internal/lockfile", "internal/lru", "internal/dataroot", "pkg/identity",
 		"pkg/envelope", "pkg/errcode", "internal/uuid"},
 	// fsck: envelope only to learn an outbox envelope's blob (envelope.Parse, Blob).

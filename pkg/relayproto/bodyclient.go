@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
@@ -17,7 +18,7 @@ import (
 const maxBodyAnswer = 4 << 10
 
 func (c *Client) bodyURL(base, envelopeID string) (string, error) {
-	if !ValidEnvelopeID(envelopeID) {
+	if !uuid.Valid(envelopeID) {
 		return "", fmt.Errorf("relay: %q is not an envelope id", envelopeID)
 	}
 	return strings.TrimRight(c.BaseURL, "/") + base + envelopeID, nil
