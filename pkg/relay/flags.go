@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sealbridge/sealbridge/internal/bytesize"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
@@ -54,8 +55,8 @@ const LimitFlagsUsage = `  --quota-envelopes N   envelopes one recipient's inbox
   --sender-byte-burst N  bytes a sender may send at once (default: the rate, at least
                         131072); a larger body is taken on a full bucket, then the
                         sender waits
-  --max-body N          largest sealed body of a blob envelope kept, in bytes (default
-                        4294967296, 4 GiB); larger → 413 BODY_TOO_LARGE
+  --max-body SIZE       largest sealed body of a blob envelope kept: 4GiB, 512MiB, or
+                        bytes (default 4GiB); larger → 413 BODY_TOO_LARGE
   --allow-list          accept envelopes only for recipients that registered
                         (POST /v1/recipients/register); others → 403 RECIPIENT_NOT_ALLOWED
   --expire-every D      period of the pass removing inbox envelopes past their deadline
@@ -117,9 +118,12 @@ func AddLimitFlags(fs *flag.FlagSet) *LimitFlags {
 		return nil
 	})
 	fs.Func("max-body", "", func(s string) error {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || v < 1 || v > envelope.MaxBlobSize {
-			return fmt.Errorf("want a number of bytes, 1 to %d, not %q", envelope.MaxBlobSize, s)
+		v, err := bytesize.Parse(s)
+		if err != nil {
+			return err
+		}
+		if v < 1 || v > envelope.MaxBlobSize {
+			return fmt.Errorf("want a size from 1 byte to %s, not %q", bytesize.Format(envelope.MaxBlobSize), s)
 		}
 		f.Limits.MaxBody = v
 		return nil
