@@ -335,3 +335,28 @@ func TestAppenderFailedPersistAndRemove(t *testing.T) {
 		t.Fatalf("second Remove: %v", err)
 	}
 }
+
+// DropIf drops only the fsyncs it chooses: here those of directory "d" and of files
+// in it, while another directory's are made and recorded.
+func TestFaultyDropIf(t *testing.T) {
+	fz := newFaultyStore(t)
+	mkdirAll(t, fz, "e")
+	fz.DropIf = func(op Op) bool { return op.Path == "d" || path.Dir(op.Path) == "d" }
+	for _, dir := range []string{"d", "e"} {
+		if err := WriteFile(fz, dir, "x", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, op := range fz.Log() {
+		switch op.Kind {
+		case OpSync:
+			got = append(got, "fsync "+path.Dir(op.Path))
+		case OpSyncDir:
+			got = append(got, "syncdir "+op.Path)
+		}
+	}
+	if !slices.Equal(got, []string{"fsync e", "syncdir e"}) {
+		t.Fatalf("recorded syncs %v, want only e's", got)
+	}
+}
