@@ -93,6 +93,7 @@ var names = []string{
 	"symlinked-record", "symlinked-dir", "orphan-outbox", "batch-missing-member",
 	"oversize-record", "unknown-file", "expired-records", "unacknowledged-receipt", "combined",
 	"single-member", "message-status", "held-flags",
+	"blobs-valid", "blob-missing", "blob-truncated", "blob-digest", "blob-unreferenced", "blob-partial", "blob-layout",
 }
 
 // Names returns the name of every fixture, in a fixed order.
@@ -185,6 +186,34 @@ func Build(t testing.TB, name string, opts ...Option) string {
 	case "held-flags":
 		b.base()
 		b.heldFlags()
+	case "blobs-valid":
+		b.base()
+		b.sendBlob(BlobOut, record.StatePending)
+		b.receiveBlob()
+	case "blob-missing":
+		b.base()
+		_, out := b.sendBlob(BlobOut, record.StatePending)
+		in := b.receiveBlob()
+		b.sendBlob(BlobOutSettled, record.StateRelayed)
+		b.remove(BlobPath(out))
+		b.remove(BlobPath(in))
+	case "blob-truncated":
+		b.base()
+		_, d := b.sendBlob(BlobOut, record.StatePending)
+		b.truncateBlob(d)
+	case "blob-digest":
+		b.base()
+		b.flipBlobByte(b.receiveBlob())
+	case "blob-unreferenced":
+		b.base()
+		_, ref, sealed := ReadBlobTestdata(b.t, BlobOut)
+		b.writeBlob(ref.Digest, sealed)
+	case "blob-partial":
+		b.base()
+		b.blobPartials()
+	case "blob-layout":
+		b.base()
+		b.blobLayout()
 	case "combined":
 		b.base()
 		b.temps(false)

@@ -61,6 +61,10 @@ type checker struct {
 	// quarantined holds the paths that an earlier repair moved into lost+found
 	// (movedFrom of its entries).
 	quarantined map[string]bool
+	// blobFiles are the regular files in blobs/ named by a digest; blobsListed says
+	// that blobs/ is a real directory that was listed.
+	blobFiles   []blobFile
+	blobsListed bool
 }
 
 // job is one "<kind>/<id>.json" name to verify.
@@ -75,8 +79,9 @@ type result struct {
 	vanished bool
 	rec      record.Record // the record, if the store accepts its content
 	fp       fsx.Fingerprint
-	finding  *Finding // the record is unusable (invalid, oversize, symlink, …)
-	meta     *Finding // a valid record with a wrong mode, owner or link count
+	finding  *Finding  // the record is unusable (invalid, oversize, symlink, …)
+	meta     *Finding  // a valid record with a wrong mode, owner or link count
+	refs     []blobRef // the blobs a valid record names
 }
 
 func (o Options) withDefaults() Options {
@@ -147,6 +152,9 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	c.relate(results)
+	if err := c.checkBlobs(ctx, results); err != nil {
+		return nil, err
+	}
 	if err := c.checkForeign(); err != nil {
 		return nil, err
 	}
@@ -369,6 +377,10 @@ func (c *checker) walk(ctx context.Context) error {
 			}
 		case name == store.LostAndFound:
 			c.checkLostFound()
+		case name == blobsDir:
+			if err := c.checkBlobsDir(); err != nil {
+				return err
+			}
 		case fsx.IsTempName(name):
 			c.checkTemp(name)
 		default:
@@ -742,7 +754,13 @@ func (c *checker) verify(j job) result {
 			moveFix(phase, true, dep{path: j.path, fp: fp}))
 		return result{fp: fp, finding: &f}
 	}
-	r := result{rec: slim(rec), fp: fp}
+	refs, berr := blobRefsOf(j.path, rec) // before slim drops the envelope
+	if berr != nil {
+		f := problem(CodeRecordInvalid, j.path, "its envelope holds a blob body but does not parse: "+sanitize(berr.Error()), actionMove,
+			moveFix(phase, true, dep{path: j.path, fp: fp}))
+		return result{fp: fp, finding: &f}
+	}
+	r := result{rec: slim(rec), fp: fp, refs: refs}
 	if err := fsx.CheckPrivateFile(j.path, info); err != nil {
 		f := c.fileMetadata(j.path, "the record", info, j.kind)
 		r.meta = &f

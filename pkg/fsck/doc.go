@@ -31,7 +31,14 @@
 //   - staged temps (with their age) and unknown names (in kind directories a problem;
 //     at the top a note, never moved);
 //   - the lock (lockfile.Inspect: absent, live with its holder, held, stale,
-//     planted) and orphan lock temps.
+//     planted) and orphan lock temps;
+//   - blobs/ (blobs.go): every name a committed blob "<digest>", a staged
+//     ".<uuid>.tmp" or a partial ".<envelopeId>.part", each a private regular file
+//     with one link, never followed; each blob against the records that name it (an
+//     outbox envelope's blob body, an observation's Blob): absent (blob-missing, or
+//     blob-missing-settled for an envelope never sent again), of another size
+//     (blob-truncated), not hashing to its name (blob-digest: the SHA-256 is streamed
+//     through a fixed buffer per worker), named by no record (blob-unreferenced).
 //
 // Check never writes: it lists, lstats, reads, and tries (and at once releases) the
 // lock's flock. It never needs the private key: the owner's DID comes from
@@ -43,7 +50,7 @@
 // Repair refuses to run while the lock is live or a daemon serves the store, and
 // confirms before every change that the directory is still the store it checked
 // and that no daemon has started. It moves
-// (never deletes) every file it will not keep into lost+found/ with a JSON note, removes
+// (never deletes) every file it will not keep — bad blobs included — into lost+found/ with a JSON note, removes
 // stale temps, a stale lock and orphan lock temps, unwinds broken batches marker first,
 // fixes modes, and rewrites hard-linked or foreign-owned valid records as private
 // copies of the same bytes. Given the owner's key (Options.Signer), it also repairs

@@ -73,12 +73,6 @@ const (
 	// message record is unusable. Moved, after its marker. (An outbox record that a
 	// send left uncommitted is CodeOutboxUncommitted, a note.)
 	CodeOrphanOutbox Code = "orphan-outbox"
-	// CodeReceiptUnacknowledged (a note): a receipt still "persisted" while the
-	// observation of the same envelope exists. The daemon's inbox follower writes both
-	// in one transaction and raises the receipt only after acknowledging the envelope
-	// at the relay, so this is the state between the two (or after a crash between
-	// them), which the follower finishes at its next start. Kept.
-	CodeReceiptUnacknowledged Code = "receipt-unacknowledged"
 	// CodeDataRootUnsafe: the store directory sits in a data root
 	// (<root>/delivery/<hex>) and the data root, or its delivery/, identities/, run/
 	// or relay/ directory, breaks the data-root rules (internal/dataroot): a symbolic
@@ -111,6 +105,18 @@ const (
 	// CodeCancelIncomplete: a pending envelope of a message closed by cancel (an
 	// interrupted cancel). Repair closes the envelope as the cancel would have.
 	CodeCancelIncomplete Code = "cancel-incomplete"
+	// CodeBlobMissing: a record that still needs its body — a pending outbox envelope
+	// (the carrier uploads it) or an observation (the recipient reads it) — names a
+	// blob that is not in blobs/ as a regular file. Not repairable: the record is
+	// left, and the daemon closes such an envelope with BODY_MISSING (a received
+	// body is lost; its sender must send it again).
+	CodeBlobMissing Code = "blob-missing"
+	// CodeBlobTruncated: a blob whose size is not the size a record names for it
+	// (shorter: truncated; or longer). Moved to lost+found.
+	CodeBlobTruncated Code = "blob-truncated"
+	// CodeBlobDigest: a blob whose content's SHA-256 is not its name (or that cannot
+	// be read). Moved to lost+found.
+	CodeBlobDigest Code = "blob-digest"
 )
 
 // Notes: facts worth knowing that are not damage. They never change the exit code and
@@ -150,6 +156,26 @@ const (
 	// CodeCancelUnrecorded: a message closed by "cancelled" without an operator's
 	// cancel recorded on it: who cancelled it cannot be told. Kept.
 	CodeCancelUnrecorded Code = "cancel-unrecorded"
+	// CodeReceiptUnacknowledged: a receipt still "persisted" while the
+	// observation of the same envelope exists. The daemon's inbox follower writes both
+	// in one transaction and raises the receipt only after acknowledging the envelope
+	// at the relay, so this is the state between the two (or after a crash between
+	// them), which the follower finishes at its next start. Kept.
+	CodeReceiptUnacknowledged Code = "receipt-unacknowledged"
+	// CodeBlobUnreferenced: a blob that no valid record names: what a send
+	// interrupted between committing the blob and enqueueing its records leaves, or a
+	// received body whose records were not written. Store maintenance removes it
+	// after its grace time. Kept.
+	CodeBlobUnreferenced Code = "blob-unreferenced"
+	// CodeBlobPartial: a staged blob ("blobs/.<uuid>.tmp") or a partial download
+	// ("blobs/.<envelopeId>.part"): a transfer in progress or interrupted; the daemon
+	// resumes a download from its end, and maintenance removes what is abandoned.
+	// Kept.
+	CodeBlobPartial Code = "blob-partial"
+	// CodeBlobMissingSettled: an outbox envelope that is relayed or closed names a
+	// blob that is absent: it is never sent again, so nothing needs the body (the
+	// daemon closes an envelope whose blob is missing, which leaves this). Kept.
+	CodeBlobMissingSettled Code = "blob-missing-settled"
 )
 
 // Severity says whether a finding is a problem or a note.
@@ -210,6 +236,8 @@ type Report struct {
 	// accepts by content (a valid record with a wrong mode counts as valid).
 	Records int `json:"records"`
 	Valid   int `json:"valid"`
+	// Blobs counts the committed blob files (blobs/<digest>, regular files) examined.
+	Blobs int `json:"blobs"`
 	// LostFound counts the entries already in lost+found (moved by earlier repairs).
 	LostFound int `json:"lostFound"`
 	// Lock is the state of the store lock: "absent", "live", "held", "stale" or
@@ -339,6 +367,7 @@ const (
 	fixBreakLock                         // lockfile.BreakStale
 	fixCleanLockTemps                    // lockfile.CleanOrphans
 	fixState                             // rewrite a record by a store transaction (state rules)
+	fixCopyBlob                          // replace a blob by a streamed private copy of its bytes
 )
 
 // Repair phases: the order in which fixes run.
@@ -362,6 +391,9 @@ type fix struct {
 	record record.Kind
 	// bump: grow .generation after the change (it changes a kind's listing).
 	bump bool
+	// digest: the name a fixCopyBlob's bytes must still hash to ("" for a staged or
+	// partial blob).
+	digest string
 	// state names the records of a fixState, whose rule is decided again under the
 	// store's lock.
 	state *stateRef

@@ -71,7 +71,7 @@ func (c *checker) checkForeign() error {
 // store itself makes.
 func layoutTopName(name string) bool {
 	return record.Kind(name).Valid() || name == lockfile.LockName || lockfile.IsTempName(name) ||
-		name == store.GenerationFile || name == store.LostAndFound || fsx.IsTempName(name)
+		name == store.GenerationFile || name == store.LostAndFound || name == blobsDir || fsx.IsTempName(name)
 }
 
 // movable reports whether Repair may move p: a name inside a kind directory (or a
@@ -84,7 +84,7 @@ func movable(p string) bool {
 		return false
 	}
 	if nested {
-		return (record.Kind(first).Valid() || first == store.LostAndFound && fsx.IsTempName(rest)) && rest != ""
+		return (record.Kind(first).Valid() || first == blobsDir || first == store.LostAndFound && fsx.IsTempName(rest)) && rest != ""
 	}
 	return first != store.LostAndFound && layoutTopName(first)
 }

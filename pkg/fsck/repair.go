@@ -329,6 +329,10 @@ func (r *repairer) run(f Finding, res ActionResult) (ActionResult, error) {
 		if err = r.rewrite(f); err == nil {
 			res.Detail = "rewritten as a private file with the same bytes"
 		}
+	case fixCopyBlob:
+		if err = r.copyBlob(f); err == nil {
+			res.Detail = "replaced by a private copy of the same bytes"
+		}
 	case fixCleanLockTemps:
 		_, err = lockfile.CleanOrphans(r.fs, r.opts.lockOptions())
 		switch {

@@ -10,7 +10,11 @@ import (
 // that must tell the closer from the envelope alone (maintenance, fsck) read these.
 const (
 	RefusedPrefix = "refused by the relay: "
-	ExpiredPrefix = "expired: "
+	// CarrierRefusedPrefix: the carrier itself found the envelope undeliverable
+	// for good (its sealed blob is missing or damaged in the store); it closes
+	// as refused, as a relay's permanent refusal does.
+	CarrierRefusedPrefix = "refused by the carrier: "
+	ExpiredPrefix        = "expired: "
 )
 
 // CloserOf returns the closedBy that closed envelope o implies: an operator's cancel
@@ -21,7 +25,7 @@ func CloserOf(o *Outbox, nowMs int64) string {
 	switch {
 	case o.Operator != nil && o.Operator.Op == ActionCancel:
 		return ClosedByCancelled
-	case strings.HasPrefix(o.LastError, RefusedPrefix):
+	case strings.HasPrefix(o.LastError, RefusedPrefix), strings.HasPrefix(o.LastError, CarrierRefusedPrefix):
 		return ClosedByRefused
 	case strings.HasPrefix(o.LastError, ExpiredPrefix):
 		return ClosedByExpired

@@ -218,11 +218,18 @@ const (
 	RefusedObserved  = "message-observed" // its message id was already observed from another envelope
 	RefusedKind      = "unknown-kind"     // a kind this daemon does not handle
 	RefusedBody      = "body-unopenable"  // its body does not open with our key
+	// The sealed blob of a large body (its codes: BODY_TOO_LARGE,
+	// BODY_CHUNK_INVALID, BODY_DIGEST_MISMATCH, BODY_SIZE_MISMATCH).
+	RefusedBodyTooLarge = "body-too-large"       // larger than this daemon's --max-body
+	RefusedBodyChunk    = "body-chunk-invalid"   // a chunk (or the header) does not verify
+	RefusedBodyDigest   = "body-digest-mismatch" // the downloaded bytes kept another SHA-256
+	RefusedBodySize     = "body-size-mismatch"   // the relay served another length
 )
 
 // RefusalReasons lists every refusal reason.
 var RefusalReasons = []string{RefusedOversize, RefusedMalformed, RefusedSignature, RefusedRecipient, RefusedExpired,
-	RefusedConflict, RefusedObserved, RefusedKind, RefusedBody}
+	RefusedConflict, RefusedObserved, RefusedKind, RefusedBody,
+	RefusedBodyTooLarge, RefusedBodyChunk, RefusedBodyDigest, RefusedBodySize}
 
 // Refusal is the evidence of an inbound envelope the daemon refused: never a receipt,
 // never delivered. EnvelopeID and SenderDID are what the envelope claims, when they

@@ -48,14 +48,27 @@ func (c *Client) now() time.Time {
 
 // Post sends one wire envelope and returns the receipt bytes and the parsed,
 // verified receipt, which must match the envelope. A relay's refusal is
-// returned as an *Error.
+// returned as an *Error. For an envelope with a blob body that the relay does
+// not hold in full yet (a 202), the error is a *BodyIncompleteError: upload
+// the body from its Offset (UploadBody), then Post again.
 func (c *Client) Post(ctx context.Context, wire []byte) ([]byte, *envelope.RelayReceipt, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+PathEnvelopes, bytes.NewReader(wire))
 	if err != nil {
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	body, err := c.do(req, envelope.MaxReceiptSize)
+	var incomplete *BodyIncompleteError
+	body, err := c.doWith(req, envelope.MaxReceiptSize, func(status int, body []byte) error {
+		if status != http.StatusAccepted {
+			return nil
+		}
+		var bi BodyIncomplete
+		if err := json.Unmarshal(body, &bi); err != nil || bi.Code != CodeBodyIncomplete || bi.Offset < 0 || bi.Size < bi.Offset {
+			return errors.New("relay: a 202 that is not a BodyIncomplete answer")
+		}
+		incomplete = &BodyIncompleteError{Offset: bi.Offset, Size: bi.Size, Upload: bi.Upload}
+		return incomplete
+	})
 	if err != nil {
 		return nil, nil, err
 	}

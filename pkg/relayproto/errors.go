@@ -69,6 +69,13 @@ func newError(status int, code, format string, args ...any) *Error {
 
 // do sends req and returns the body of a 200, or the relay's *Error.
 func (c *Client) do(req *http.Request, max int64) ([]byte, error) {
+	return c.doWith(req, max, nil)
+}
+
+// doWith is do where other answers than 200 and 4xx/5xx errors matter:
+// other(status, body) is called for a 2xx other than 200, and its error is
+// returned (nil: the answer is refused as an error status).
+func (c *Client) doWith(req *http.Request, max int64, other func(status int, body []byte) error) ([]byte, error) {
 	resp, err := c.http().Do(req)
 	if err != nil {
 		return nil, err
@@ -80,6 +87,11 @@ func (c *Client) do(req *http.Request, max int64) ([]byte, error) {
 	}
 	if int64(len(body)) > max {
 		return nil, fmt.Errorf("relay: answer larger than %d bytes", max)
+	}
+	if other != nil && resp.StatusCode != http.StatusOK && resp.StatusCode/100 == 2 {
+		if err := other(resp.StatusCode, body); err != nil {
+			return nil, err
+		}
 	}
 	if resp.StatusCode != http.StatusOK {
 		e := &Error{Status: resp.StatusCode}

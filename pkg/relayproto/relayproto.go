@@ -3,7 +3,9 @@
 // signed inbox request (SignInboxRequest for a client, VerifyInboxRequest for
 // the relay), and a Client for its endpoints (POST /v1/envelopes, POST
 // /v1/envelopes/batch, GET /v1/inbox, GET /v1/inbox/status, POST /v1/inbox/ack,
-// POST /v1/recipients/register and /v1/recipients/unregister). pkg/relay serves
+// POST /v1/recipients/register and /v1/recipients/unregister, and for large
+// bodies HEAD and PATCH /v1/bodies/{id} and GET /v1/inbox/bodies/{id}, body.go).
+// pkg/relay serves
 // it; the daemon's inbox follower speaks it.
 package relayproto
 
