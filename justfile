@@ -41,6 +41,13 @@ crash kills="5000" actionkills="1000":
 explore time="10m" seed="0":
     go test -count=1 -v -timeout 24h -run '^TestExplore$' ./internal/conctest -explore.for={{time}} -explore.seed={{seed}}
 
+# large bodies through the built binaries: a body of SIZE (default 1GiB) from alice to
+# bob, its SHA-256 compared and each process's resident set growth bounded, then the
+# same with the sending daemon, the relay and the receiving daemon SIGKILLed at seven
+# points mid-transfer (go test ./... runs both with 64MiB)
+large-body size="1GiB":
+    SEALBRIDGE_E2E_BODY={{size}} go test -count=1 -v -timeout 90m -run '^TestLargeBody' ./internal/e2e
+
 # mutation testing (gremlins, pinned, fetched by `go run`), one package at a time; fails
 # when a package's efficacy is not above its threshold: 90% for pkg/record, whose
 # mutator coverage must also be above 80%, and 85% for the others (docs/TESTING.md).

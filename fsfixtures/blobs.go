@@ -129,22 +129,45 @@ func ReadBlobTestdata(t testing.TB, name string) (*envelope.Envelope, envelope.B
 // BlobPath returns the path of a blob, relative to the store directory.
 func BlobPath(digest string) string { return path.Join("blobs", digest) }
 
-// writeBlob writes sealed as blobs/<digest>, a private file in the private blobs/, as
-// the store commits it.
+// writeBlob commits sealed as blobs/<digest> through the store, as a send does
+// (store.CreateBlob, Write, Commit).
 func (b *builder) writeBlob(digest string, sealed []byte) {
 	b.t.Helper()
-	b.blobsDir()
-	b.write(BlobPath(digest), sealed, 0o600)
+	w, err := b.s.CreateBlob()
+	if err != nil {
+		b.t.Fatalf("fsfixtures: %v", err)
+	}
+	if _, err := w.Write(sealed); err != nil {
+		b.t.Fatalf("fsfixtures: %v", err)
+	}
+	if d, n, err := w.Commit(); err != nil || d != digest || n != int64(len(sealed)) {
+		b.t.Fatalf("fsfixtures: commit blob: %s %d %v, want %s", d, n, err, digest)
+	}
 }
 
-// blobsDir makes blobs/ (0700) as the first blob write does.
-func (b *builder) blobsDir() {
+// receiveBlobBytes writes sealed as the partial download of envelopeID through the
+// store (store.PartialBlob, Write, Persist) and, if commit, commits it under digest as
+// the daemon does once the download is whole.
+func (b *builder) receiveBlobBytes(envelopeID, digest string, sealed []byte, commit bool) {
 	b.t.Helper()
-	if err := os.MkdirAll(b.path("blobs"), 0o700); err != nil {
-		b.t.Fatal(err)
+	p, err := b.s.PartialBlob(envelopeID)
+	if err != nil {
+		b.t.Fatalf("fsfixtures: %v", err)
 	}
-	if err := os.Chmod(b.path("blobs"), 0o700); err != nil {
-		b.t.Fatal(err)
+	if _, err := p.Write(sealed); err != nil {
+		b.t.Fatalf("fsfixtures: %v", err)
+	}
+	if err := p.Persist(); err != nil {
+		b.t.Fatalf("fsfixtures: %v", err)
+	}
+	if !commit {
+		if err := p.Close(); err != nil {
+			b.t.Fatalf("fsfixtures: %v", err)
+		}
+		return
+	}
+	if err := p.Commit(digest, int64(len(sealed))); err != nil {
+		b.t.Fatalf("fsfixtures: commit partial blob: %v", err)
 	}
 }
 
@@ -199,12 +222,13 @@ func (b *builder) sendBlob(name, state string) (*record.Outbox, string) {
 	return o, ref.Digest
 }
 
-// receiveBlob writes testdata blob BlobIn and then the receipt (processed) and the
-// observation naming it, as the daemon stores a received large body.
+// receiveBlob downloads testdata blob BlobIn into the store (a partial blob, then
+// committed) and then writes the receipt (processed) and the observation naming it,
+// as the daemon stores a received large body.
 func (b *builder) receiveBlob() string {
 	b.t.Helper()
 	env, ref, sealed := ReadBlobTestdata(b.t, BlobIn)
-	b.writeBlob(ref.Digest, sealed)
+	b.receiveBlobBytes(env.ID(), ref.Digest, sealed, true)
 	r, o := inboundRecords("in-blob", record.ReceiptProcessed, Far.Add(week))
 	r.EnvelopeID, r.EnvelopeDigest = env.ID(), env.Digest()
 	o.MessageID, o.EnvelopeDigest = env.MessageID(), env.Digest()
@@ -213,16 +237,16 @@ func (b *builder) receiveBlob() string {
 	return ref.Digest
 }
 
-// blobPartials leaves what interrupted transfers leave in blobs/: a staged blob (the
-// first half of BlobOut's sealed bytes, a send killed while it wrote the body) and a
-// partial download (the first chunk of BlobIn's, named by its envelope id).
+// blobPartials leaves what interrupted transfers leave in blobs/: a partial download
+// (the first chunk of BlobIn's sealed bytes, through store.PartialBlob) and a staged
+// blob (the first half of BlobOut's, a send killed while it wrote the body; written
+// directly, since the store names its temps at random).
 func (b *builder) blobPartials() {
 	b.t.Helper()
 	_, _, out := ReadBlobTestdata(b.t, BlobOut)
-	in, _, inSealed := ReadBlobTestdata(b.t, BlobIn)
-	b.blobsDir()
+	in, ref, inSealed := ReadBlobTestdata(b.t, BlobIn)
+	b.receiveBlobBytes(in.ID(), ref.Digest, inSealed[:envelope.BlobChunkSize], false)
 	b.write(path.Join("blobs", "."+ID("blob-staged")+".tmp"), out[:len(out)/2], 0o600)
-	b.write(path.Join("blobs", "."+in.ID()+".part"), inSealed[:envelope.BlobChunkSize], 0o600)
 }
 
 // BlobOutDigest returns the digest of testdata blob BlobOut.

@@ -10,7 +10,8 @@
 // Keys are fixed test keys (deterministic seeds) and record times are fixed, so record
 // file names and bytes are the same on every run. Valid records are written through
 // the store's own API (store.Open + Transaction, or record.Encode for the large
-// fixture) and then damaged by plain file operations.
+// fixture) and then damaged by plain file operations; so are blobs (store.CreateBlob,
+// store.PartialBlob), sealed once into testdata/blobs (blobs.go).
 //
 // The expected fsck findings of each fixture live in testdata/<name>.golden.json (see
 // Golden); they are rewritten only by `go test ./fsfixtures -update`.

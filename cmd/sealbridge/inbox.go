@@ -25,7 +25,9 @@ func inboxCommand() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "inbox [--limit N] [--after ID] [--refused] [--json] [--home DIR] [--identity NAME]",
 		Short: "list received messages (--refused: the envelopes the daemon refused)",
-		Long: `Lists received messages. The daemon receives only when it runs with --inbox-relay.
+		Long: `Lists received messages: id, when received, sender, the body's size and its
+first bytes (a large body is not shown: sealbridge get ID writes it out). The daemon
+receives only when it runs with --inbox-relay.
 With --refused, lists the inbound envelopes the daemon refused instead (bad
 signature, wrong recipient, oversize, expired, …): evidence, never delivered; kept
 for the daemon's --closed-retention.`,
@@ -73,9 +75,13 @@ func runInbox(ctx context.Context, w *who, f inboxFlags, stdout, stderr io.Write
 		}
 	} else {
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "MESSAGE\tRECEIVED\tFROM\tBODY")
+		fmt.Fprintln(tw, "MESSAGE\tRECEIVED\tFROM\tSIZE\tBODY")
 		for _, m := range l.Messages {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.MessageID, formatTime(m.ReceivedAt), m.From, preview(m.Body))
+			body := preview(m.Body)
+			if m.Blob {
+				body = "(sealbridge get " + m.MessageID + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.MessageID, formatTime(m.ReceivedAt), m.From, sizeCell(m.BodySize), body)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -85,6 +91,20 @@ func runInbox(ctx context.Context, w *who, f inboxFlags, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "sealbridge: more: sealbridge inbox %s --after %s\n", w.flags(), shellQuote(l.Next))
 	}
 	return nil
+}
+
+// sizeCell is a body's length as the inbox table shows it: bytes below 1 KiB, else
+// in KiB, MiB or GiB with one decimal (--json has it exact, bodySize).
+func sizeCell(n int64) string {
+	const units = "KMGT"
+	if n < 1<<10 {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, i := float64(n)/(1<<10), 0
+	for v >= 1<<10 && i < len(units)-1 {
+		v, i = v/(1<<10), i+1
+	}
+	return fmt.Sprintf("%.1f %ciB", v, units[i])
 }
 
 // preview shows a body on one line: quoted text up to 60 bytes, or its size.

@@ -90,6 +90,7 @@ func newRoot() *cobra.Command {
   echo hello | sealbridge send --home ~/sb --identity alice --to did:key:z6Mk… --relay http://127.0.0.1:8470
   sealbridge status --home ~/sb --identity alice 0190b6a4-…
   sealbridge ls --home ~/sb --identity alice --status queued
+  sealbridge get --home ~/sb --identity bob 0190b6a4-… --out report.pdf
   sealbridge queue --json | jq -r 'select(.state == "unreachable") | .relayUrl' | sealbridge retry --target -
   sealbridge relay --listen 127.0.0.1:8470 --home ~/sb-relay`,
 	}
@@ -103,7 +104,7 @@ func newRoot() *cobra.Command {
 `)
 	root.Flags().Bool("version", false, "print the version and exit")
 	root.AddCommand(initCommand(), whoamiCommand(), sendCommand(), statusCommand(), lsCommand(), queueCommand(),
-		inboxCommand(), watchCommand())
+		inboxCommand(), getCommand(), watchCommand())
 	for _, op := range actionOps {
 		root.AddCommand(op.command())
 	}

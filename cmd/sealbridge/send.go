@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -87,18 +88,24 @@ func sendCommand() *cobra.Command {
 		Long: `Sends a message through the identity's daemon and prints its id. The body is read
 from --file F, or from standard input (a terminal is refused). With --to repeated
 (at most 64 distinct recipients) it sends one message to each, as one request, and
-prints one line per recipient: the message id, its status and the recipient. A body is at most
-97280 bytes (95 KiB, what one envelope carries); a larger one is refused before
-anything is sent.
+prints one line per recipient: the message id, its status and the recipient.
+
+A body of at most 97280 bytes (95 KiB) travels inside its envelope. A larger one is
+streamed to the daemon, never held in memory, and sealed there in 64 KiB chunks as
+a blob the envelope names, up to the daemon's --max-body (default 4 GiB, counted
+sealed: the body plus 16 bytes per 64 KiB); it goes to one recipient (one --to).
 
 send always sends an Idempotency-Key (a random one unless --idempotency-key gives
 it) and retries a lost connection or a 5xx with it (5 attempts, at most 10 s in
 all); failing that it prints the key and the command that finishes the send
-without a duplicate (exit 4). Retries with one --idempotency-key must send the
-same request: use the default --deadline or an RFC 3339 TIME, not a duration.`,
+without a duplicate (exit 4). A large body from a pipe is sent once (it cannot be
+read again); from a file it is streamed again from its start. Retries with one
+--idempotency-key must send the same request and body: use the default --deadline
+or an RFC 3339 TIME, not a duration.`,
 		Example: `  echo hello | sealbridge send --home ~/sb --identity alice --to did:key:z6Mk… --relay http://127.0.0.1:8470
   sealbridge send --to did:key:z6Mk… --relay http://127.0.0.1:8470 --file note.txt --deadline 2030-01-01T00:00:00Z
-  sealbridge send --to did:key:z6MkA… --to did:key:z6MkB… --relay http://127.0.0.1:8470 --file note.txt`,
+  sealbridge send --to did:key:z6MkA… --to did:key:z6MkB… --relay http://127.0.0.1:8470 --file note.txt
+  tar c data/ | sealbridge send --to did:key:z6Mk… --relay http://127.0.0.1:8470`,
 		Args: cli.NoArgs,
 	}
 	w := identityFlags(c)
@@ -145,9 +152,14 @@ func runSend(ctx context.Context, w *who, f sendFlags, stdout io.Writer) error {
 		return withHint(usageErrorf("send: --relay %q: %v", *relayURL, err), "%s", relayproto.RelayURLFix(err))
 	}
 	*relayURL = canonical
-	body, err := readBody(*file)
+	body, err := openBody(*file)
 	if err != nil {
 		return err
+	}
+	defer body.close()
+	if body.large() && len(f.to) > 1 {
+		return usageErrorf("send: a body over %d bytes is streamed to one recipient; this one has %d --to (send it once per recipient)",
+			envelope.MaxBodySize, len(f.to))
 	}
 	if err := w.resolve(); err != nil {
 		return err
@@ -157,12 +169,17 @@ func runSend(ctx context.Context, w *who, f sendFlags, stdout io.Writer) error {
 		return err
 	}
 	// The request is made once: every attempt sends the same bytes with one key.
-	req := client.SendRequest{To: client.Recipients(f.to), RelayURL: *relayURL, Body: body, DeadlineMs: deadlineMs}
+	req := client.SendRequest{To: client.Recipients(f.to), RelayURL: *relayURL, Body: body.small, DeadlineMs: deadlineMs}
 	k := *key
 	if k == "" {
 		k = uuid.NewString()
 	}
-	ms, err := sendRetries.send(ctx, d.c, req, k)
+	var ms []client.Message
+	if body.large() {
+		ms, err = sendRetries.stream(ctx, d.c, client.SendStreamRequest{To: f.to[0], RelayURL: *relayURL, DeadlineMs: deadlineMs, Key: k}, body)
+	} else {
+		ms, err = sendRetries.send(ctx, d.c, req, k)
+	}
 	var ie *incompleteSend
 	if errors.As(err, &ie) {
 		return ie.explain(d.w, req, *file)
@@ -253,11 +270,31 @@ func (e *incompleteSend) explain(w *who, req client.SendRequest, file string) er
 // daemon not running at the first attempt too (nothing was sent). Otherwise the
 // result is an *incompleteSend.
 func (p retryPolicy) send(ctx context.Context, c *client.Client, req client.SendRequest, key string) ([]client.Message, error) {
+	return p.run(ctx, key, func() ([]client.Message, error) { return c.SendAll(ctx, req, key) }, nil)
+}
+
+// stream is send for a large body, streamed (client.SendStream) with r's key: each
+// retry streams the body again from its start, which only a regular file can do; a
+// body from a pipe is sent once, and an attempt whose outcome is open ends the
+// retries there (the hint says to pipe the same body again with the key).
+func (p retryPolicy) stream(ctx context.Context, c *client.Client, r client.SendStreamRequest, body *messageBody) ([]client.Message, error) {
+	return p.run(ctx, r.Key, func() ([]client.Message, error) {
+		m, err := c.SendStream(ctx, r, body.reader(), body.size)
+		if err != nil {
+			return nil, err
+		}
+		return []client.Message{*m}, nil
+	}, body.rewind)
+}
+
+// run is send's retry loop around attempt; rewind, if set, prepares each retry's
+// request (an error ends the retries).
+func (p retryPolicy) run(ctx context.Context, key string, attempt func() ([]client.Message, error), rewind func() error) ([]client.Message, error) {
 	out := &incompleteSend{key: key}
 	wait, waited := p.backoff, time.Duration(0)
 	for {
 		out.attempts++
-		ms, err := c.SendAll(ctx, req, key)
+		ms, err := attempt()
 		if err == nil {
 			return ms, nil
 		}
@@ -298,6 +335,11 @@ func (p retryPolicy) send(ctx context.Context, c *client.Client, req client.Send
 		if err := p.sleep(ctx, d); err != nil {
 			return nil, out
 		}
+		if rewind != nil {
+			if err := rewind(); err != nil {
+				return nil, out
+			}
+		}
 		waited += d
 		wait *= 2
 	}
@@ -328,10 +370,24 @@ func parseDeadline(s string, now time.Time) (int64, error) {
 	return t.UnixMilli(), nil
 }
 
-// readBody reads the message body from file, or from standard input when file
-// is "" or "-"; a terminal on standard input is refused.
-func readBody(file string) ([]byte, error) {
-	r, name := stdin, "standard input"
+// messageBody is a send's body: small (at most envelope.MaxBodySize bytes, held:
+// the JSON send of today) or large (streamed from its source, never held whole).
+type messageBody struct {
+	small  []byte    // the body when small; the first bytes read when large
+	src    io.Reader // large: where the rest comes from
+	name   string    // the file's name, or "standard input"
+	file   *os.File  // large, a regular file: rewound for a retry
+	start  int64     // where the body starts in file
+	size   int64     // large: its length if known (a regular file), else -1
+	closer io.Closer // the file send opened, if any
+}
+
+// openBody opens the message body: file, or standard input when file is "" or "-"
+// (a terminal is refused). It reads up to one byte over envelope.MaxBodySize to tell
+// a small body from a large one, and no further.
+func openBody(file string) (*messageBody, error) {
+	b := &messageBody{name: "standard input", size: -1}
+	r := stdin
 	if file != "" && file != "-" {
 		f, err := os.Open(file)
 		if errors.Is(err, os.ErrNotExist) {
@@ -340,21 +396,62 @@ func readBody(file string) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer f.Close()
-		r, name = f, file
+		r, b.name, b.closer = f, file, f
 	} else if isTerminal(r) {
 		return nil, usageErrorf("send: no body: give --file F or pipe the body on standard input")
 	}
-	// The one limit (the daemon's too), checked before anything is sent.
-	data, err := io.ReadAll(io.LimitReader(r, envelope.MaxBodySize+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
+	if f, ok := r.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+			if start, err := f.Seek(0, io.SeekCurrent); err == nil {
+				b.file, b.start, b.size = f, start, fi.Size()-start
+			}
+		}
 	}
-	if len(data) > envelope.MaxBodySize {
-		return nil, withHint(fmt.Errorf("send: the body (%s) is over the limit of %d bytes", name, envelope.MaxBodySize),
-			"a message body is at most %d bytes (%d KiB): send a smaller body, or split it into several messages", envelope.MaxBodySize, envelope.MaxBodySize>>10)
+	head := make([]byte, envelope.MaxBodySize+1)
+	n, err := io.ReadFull(r, head)
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		b.small = head[:n]
+		b.close()
+		return b, nil
+	case err != nil:
+		b.close()
+		return nil, fmt.Errorf("read %s: %w", b.name, err)
 	}
-	return data, nil
+	b.small, b.src = head, r
+	if b.file == nil {
+		b.size = -1
+	}
+	return b, nil
+}
+
+// large reports whether the body is over envelope.MaxBodySize (streamed).
+func (b *messageBody) large() bool { return b.src != nil }
+
+// reader is a large body from its start.
+func (b *messageBody) reader() io.Reader {
+	return io.MultiReader(bytes.NewReader(b.small), b.src)
+}
+
+// rewind prepares a large body to be sent again from its start: a regular file is
+// read again from where the body starts (the bytes of every attempt are the same,
+// as the Idempotency-Key requires, as long as the file is not changed meanwhile); a
+// pipe cannot be.
+func (b *messageBody) rewind() error {
+	if b.file == nil {
+		return fmt.Errorf("%s cannot be read again", b.name)
+	}
+	if _, err := b.file.Seek(b.start+int64(len(b.small)), io.SeekStart); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (b *messageBody) close() {
+	if b.closer != nil {
+		b.closer.Close()
+		b.closer = nil
+	}
 }
 
 func statusCommand() *cobra.Command {

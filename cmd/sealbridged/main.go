@@ -69,6 +69,9 @@ and exits 0. A second daemon for the same identity exits 1 with "already running
 	pollEvery := fs.Duration("poll-every", 0, "least spacing `D` of empty inbox fetches, which are long polls (default 1s)")
 	keepDelivered := fs.Duration("delivered-retention", 0, "keep a delivered message's record this long (`D`) after its delivery (default 24h)")
 	keepClosed := fs.Duration("closed-retention", 0, "keep a closed (failed or cancelled) message's record, and a refused inbound envelope's, this long (`D`; default 168h)")
+	var maxBody int64
+	cli.SizeVar(fs, &maxBody, "max-body", daemon.DefaultMaxBody,
+		"bound `SIZE` on a large message body sent or received, counted sealed (the body plus 16 bytes per 64 KiB), e.g. 4GiB or 512MiB")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	c.RunE = func(*cobra.Command, []string) error {
 		if *showVersion {
@@ -81,7 +84,8 @@ and exits 0. A second daemon for the same identity exits 1 with "already running
 		}
 		d, err := daemon.New(daemon.Options{Home: home, Identity: name, Logger: log, DrainTimeout: *drain,
 			Version: version(), Carrier: carrier.Options{SendTimeout: *sendTimeout, LeaseFor: *leaseFor},
-			InboxRelay: *inboxRelay, PollEvery: *pollEvery, DeliveredRetention: *keepDelivered, ClosedRetention: *keepClosed})
+			InboxRelay: *inboxRelay, PollEvery: *pollEvery, DeliveredRetention: *keepDelivered, ClosedRetention: *keepClosed,
+			MaxBody: maxBody})
 		if err != nil {
 			if errors.Is(err, iofs.ErrNotExist) && errcode.HintOf(err) == "" {
 				if root, rerr := dataroot.Resolve(home); rerr == nil {

@@ -42,6 +42,9 @@ var fileCallExceptions = map[string]string{
 	// Flushing the relay command's stdout (an *os.File) so a parent reading its
 	// listening address sees it.
 	"pkg/relay/command.go: .Sync()": "stdout, not a file the relay keeps",
+	// get --out writes the user's file through fsx (a temp beside it, renamed over
+	// it): the Sync is fsx.File's, on a file fsx created.
+	"cmd/sealbridge/get.go: .Sync()": "fsx.File.Sync of get --out's temp before its rename",
 	// The demo removes the temporary home it created (and only when asked to).
 	"cmd/sealbridge/demo.go: os.RemoveAll": "the demo's own temp directory",
 	// Test-only packages: they build broken stores and crash states on purpose.

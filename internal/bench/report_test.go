@@ -112,6 +112,9 @@ var (
 	jsR3Put16      = bench{name: "JetStreamClusterPut16", fn: BenchmarkJetStreamClusterPut16, unit: "env/s", optional: true}
 	jsR3Pub1       = bench{name: "FloorJetStreamClusterPublish1", fn: BenchmarkFloorJetStreamClusterPublish1, unit: "env/s", optional: true}
 	jsR3Pub16      = bench{name: "FloorJetStreamClusterPublish16", fn: BenchmarkFloorJetStreamClusterPublish16, unit: "env/s", optional: true}
+	sealBlob       = bench{name: "SealBlob", fn: BenchmarkSealBlob, unit: "MiB/s"}
+	floorAEAD      = bench{name: "FloorAEAD", fn: BenchmarkFloorAEAD, unit: "MiB/s"}
+	floorAEADHash  = bench{name: "FloorAEADHash", fn: BenchmarkFloorAEADHash, unit: "MiB/s"}
 )
 
 // sendersMinTime is the shortest benchtime of the 8-senders benchmarks: with the quick
@@ -197,6 +200,10 @@ var rows = []row{
 	{what: "jsstore Put, 16 goroutines, 1 node, sync_interval: always (env/s)", ours: jsPut16, base: ref(jsPub16), baseWhat: "plain publishes, 16 goroutines"},
 	{what: "jsstore Put, 1 at a time, 3 nodes, R3 (env/s)", ours: jsR3Put1, base: ref(jsR3Pub1), baseWhat: "plain publish to an R3 stream"},
 	{what: "jsstore Put, 16 goroutines, 3 nodes, R3 (env/s)", ours: jsR3Put16, base: ref(jsR3Pub16), baseWhat: "plain publishes to an R3 stream, 16 goroutines"},
+	// Large bodies: sealing (age's STREAM of 64 KiB ChaCha20-Poly1305 chunks and the
+	// SHA-256 the envelope signs) beside the raw AEAD over the same chunks, one core.
+	{what: "sealing a large body, 1 core (MiB/s of plaintext)", ours: sealBlob, base: ref(floorAEAD), baseWhat: "raw ChaCha20-Poly1305 over the same 64 KiB chunks", min: 0.8},
+	{what: "sealing a large body vs the AEAD and the SHA-256 of its output, 1 core (MiB/s)", ours: sealBlob, base: ref(floorAEADHash), baseWhat: "raw ChaCha20-Poly1305 + SHA-256 of the sealed bytes"},
 	// Late in every round: delivery replaces (and so frees) two records per envelope,
 	// which slows creates near them for a minute or more, like the churn rows.
 	{what: "delivery of 10,000 envelopes to one local relay, send → relayed (env/s)", ours: deliverRelay, base: ref(deliverRelay.with("raw-env/s")),

@@ -206,6 +206,9 @@ func newClient(candidates []string) *Client {
 		},
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     30 * time.Second,
+		// A streamed send asks for 100-continue (SendStream): the daemon answers a
+		// refusal it can make from the headers before the body is sent.
+		ExpectContinueTimeout: 5 * time.Second,
 	}
 	return &Client{candidates: candidates, hc: &http.Client{Transport: tr}}
 }
@@ -348,20 +351,12 @@ func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, b
 		return fmt.Errorf("sealbridged at %s: %w", c.socketPath(), err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return c.answerError(resp)
+	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
 	if err != nil {
 		return fmt.Errorf("sealbridged at %s: %w", c.socketPath(), err)
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		e := &Error{Status: resp.StatusCode}
-		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
-			e.RetryAfter = time.Duration(secs) * time.Second
-		}
-		if jerr := json.Unmarshal(data, e); jerr != nil || e.Code == "" {
-			e.Code = http.StatusText(resp.StatusCode)
-			e.Message = string(bytes.TrimSpace(data))
-		}
-		return e
 	}
 	if out == nil {
 		return nil
@@ -370,6 +365,24 @@ func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, b
 		return fmt.Errorf("sealbridged: bad response: %w", err)
 	}
 	return nil
+}
+
+// answerError reads a non-2xx answer into an *Error: its JSON {code, message, …},
+// or the status text and the body when it is not one.
+func (c *Client) answerError(resp *http.Response) error {
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	if err != nil {
+		return fmt.Errorf("sealbridged at %s: %w", c.socketPath(), err)
+	}
+	e := &Error{Status: resp.StatusCode}
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+		e.RetryAfter = time.Duration(secs) * time.Second
+	}
+	if jerr := json.Unmarshal(data, e); jerr != nil || e.Code == "" {
+		e.Code = http.StatusText(resp.StatusCode)
+		e.Message = string(bytes.TrimSpace(data))
+	}
+	return e
 }
 
 // IsNotRunning reports whether err means no daemon listens on the socket (it is

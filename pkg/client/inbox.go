@@ -10,12 +10,17 @@ import (
 )
 
 // InboxMessage is one received message of GET /v1/inbox: its id, sender, when it
-// was received and its opened body (base64 in JSON).
+// was received, its opened body (base64 in JSON) and the body's length. A large body
+// (over envelope.MaxBodySize, kept as a sealed blob) is not in the list: Blob is
+// true, Body is empty, and Client.Body (GET /v1/inbox/{messageId}/body) streams it;
+// Client.Body streams a small one too.
 type InboxMessage struct {
 	MessageID  string    `json:"messageId"`
 	From       string    `json:"from"`
 	ReceivedAt time.Time `json:"receivedAt"`
 	Body       []byte    `json:"body"`
+	BodySize   int64     `json:"bodySize"`
+	Blob       bool      `json:"blob,omitempty"`
 }
 
 // InboxList is one page of GET /v1/inbox, oldest first; Next, if set, is the

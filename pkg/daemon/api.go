@@ -57,6 +57,7 @@ func (d *Daemon) handler() http.Handler {
 	mux.HandleFunc("GET /v1/messages", d.route("messages", d.serveMessages))
 	mux.HandleFunc("GET /v1/inbox", d.route("inbox", d.serveInbox))
 	mux.HandleFunc("GET /v1/inbox/refused", d.route("inbox-refused", d.serveInboxRefused))
+	mux.HandleFunc("GET /v1/inbox/{messageId}/body", d.route("inbox-body", d.serveInboxBody))
 	mux.HandleFunc("GET /v1/changes", d.route("changes", d.serveChanges))
 	mux.HandleFunc("GET /v1/targets", d.route("targets", d.serveTargets))
 	for _, op := range []string{record.ActionHold, record.ActionRelease, record.ActionCancel, record.ActionRetry} {
@@ -296,6 +297,10 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("Idempotency-Key must be 1..%d printable ASCII characters", maxIdempotencyKey))
 		return
 	}
+	if streamed(r) {
+		d.serveSendStream(w, r, key) // stream_send.go
+		return
+	}
 	var req client.SendRequest
 	if !readBodyOr(w, r, maxRequestBytes, &req, "{to, relayUrl, body, deadline}", func(w http.ResponseWriter) {
 		writeBodyTooLarge(w, fmt.Sprintf("the request is over %d bytes, more than a send with a message body of at most %d bytes takes",
@@ -307,6 +312,14 @@ func (d *Daemon) serveSend(w http.ResponseWriter, r *http.Request) {
 		writeBodyTooLarge(w, fmt.Sprintf("the message body is %d bytes, over the limit of %d bytes", len(req.Body), envelope.MaxBodySize))
 		return
 	}
+	d.acceptSend(w, r, key, req)
+}
+
+// acceptSend performs a send whose body is inline (at most envelope.MaxBodySize):
+// a JSON request, or a streamed one whose body turned out small. Its request
+// digest, for the Idempotency-Key, is that of req as JSON, so both forms of one
+// send are one request.
+func (d *Daemon) acceptSend(w http.ResponseWriter, r *http.Request, key string, req client.SendRequest) {
 	canonical, _ := json.Marshal(req)
 	now := time.Now()
 	deadline := now.Add(defaultDeadline)
@@ -452,12 +465,14 @@ func sendAnswer(ms []*record.Message) []byte {
 	return body
 }
 
-// writeBodyTooLarge answers a send whose message body is over the limit (the one
-// limit: envelope.MaxBodySize): 413 BODY_TOO_LARGE with the limit and a hint.
+// writeBodyTooLarge answers a JSON send whose message body is over the inline limit
+// (envelope.MaxBodySize): 413 BODY_TOO_LARGE with the limit and a hint pointing at
+// the streamed send (stream_send.go), which takes larger bodies.
 func writeBodyTooLarge(w http.ResponseWriter, msg string) {
 	writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"code": codeBodyTooLarge, "message": msg,
 		"limit": envelope.MaxBodySize,
-		"hint": fmt.Sprintf("a message body is at most %d bytes (%d KiB): send a smaller body, or split it into several messages",
+		"hint": fmt.Sprintf("a message body in a JSON request is at most %d bytes (%d KiB): send a larger one as a streamed upload "+
+			"(Content-Type: application/octet-stream; sealbridge send does), up to the daemon's --max-body",
 			envelope.MaxBodySize, envelope.MaxBodySize>>10)})
 }
 

@@ -68,6 +68,12 @@ type Options struct {
 	// ClosedRetention also how long a refused inbound envelope's record is kept; 0
 	// means the default, else 1 minute to 10 years. They override the Store's.
 	DeliveredRetention, ClosedRetention time.Duration
+	// MaxBody bounds a large message body, as its sealed blob's size in bytes
+	// (sealbridged --max-body; 0: DefaultMaxBody, 4 GiB): a streamed send over it is
+	// refused while it streams (413 BODY_TOO_LARGE) and an inbound envelope naming a
+	// larger blob is refused. From envelope.MaxBodySize to envelope.MaxBlobSize
+	// (body_limit.go).
+	MaxBody int64
 	// Store holds further options of the identity's store (tests inject faults with
 	// its WrapFS); its Home and Dir are ignored.
 	Store store.Options
@@ -111,6 +117,12 @@ type Daemon struct {
 func New(opts Options) (*Daemon, error) {
 	if err := checkOptions(opts); err != nil {
 		return nil, err
+	}
+	if err := checkMaxBody(opts.MaxBody); err != nil {
+		return nil, err
+	}
+	if opts.MaxBody == 0 {
+		opts.MaxBody = DefaultMaxBody
 	}
 	if u, err := relayproto.CanonicalRelayURL(opts.InboxRelay); err == nil {
 		opts.InboxRelay = u // one form of a relay URL everywhere

@@ -14,7 +14,9 @@ import (
 )
 
 // serveInbox answers GET /v1/inbox?limit=&after=: received messages (observations)
-// ordered by reception time (newest last), bodies opened. after is the messageId
+// ordered by reception time (newest last), bodies opened, each with its body's
+// length; a large body (a blob) is not in the list, only its length (body_api.go
+// serves it). after is the messageId
 // of the last message of the previous page.
 func (d *Daemon) serveInbox(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -45,6 +47,11 @@ func (d *Daemon) serveInbox(w http.ResponseWriter, r *http.Request) {
 		}
 		if m.Body == nil {
 			m.Body = []byte{}
+		}
+		m.BodySize = int64(len(m.Body))
+		if o.Blob != nil {
+			// A large body stays in its blob: GET /v1/inbox/{messageId}/body streams it.
+			m.Body, m.BodySize, m.Blob = []byte{}, o.Blob.BodySize, true
 		}
 		all = append(all, m)
 		return nil

@@ -8,39 +8,22 @@ import (
 	"io"
 	"os"
 	"path"
-	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
-	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // The blob layout (docs/FORMAT.md, the store's blobs): a large body's sealed bytes in
-// "blobs/<digest>" (digest: lower-case hex SHA-256 of the file's content), a staged
-// write in "blobs/.<uuid>.tmp", an inbound partial download in
-// "blobs/.<envelopeId>.part". blobs/ is a private directory like the kind
-// directories; every blob a private regular file with one link.
+// "blobs/<digest>" (digest: lower-case hex SHA-256 of the file's content,
+// store.ValidBlobDigest), a staged write in "blobs/.<uuid>.tmp", an inbound partial
+// download in "blobs/.<envelopeId>.part" (store.BlobPartEnvelope). blobs/ is a private
+// directory like the kind directories; every blob a private regular file with one link.
 const (
-	blobsDir    = "blobs"
-	partPrefix  = "."
-	partSuffix  = ".part"
-	hashBufSize = 256 << 10 // the read buffer of one hashing worker
+	blobsDir    = store.BlobDir
+	hashBufSize = 256 << 10 // the read buffer of one hashing worker (and of a copy)
 )
-
-// isBlobName reports whether base names a committed blob: 64 lower-case hex digits.
-func isBlobName(base string) bool { return record.ValidID(record.KindIdempotency, base) }
-
-// isPartName reports whether base names an inbound partial download:
-// ".<envelopeId>.part", the envelope id a lower-case UUID.
-func isPartName(base string) bool {
-	id, ok := strings.CutPrefix(base, partPrefix)
-	if !ok {
-		return false
-	}
-	id, ok = strings.CutSuffix(id, partSuffix)
-	return ok && record.ValidID(record.KindOutbox, id)
-}
 
 // blobRef is one record's reference to a blob: the outbox record whose envelope has
 // a blob body, or the observation whose Blob names it.
@@ -94,12 +77,12 @@ func (c *checker) checkBlobsDir() error {
 	for _, e := range ents {
 		name := path.Join(p, e.Name)
 		switch {
-		case isBlobName(e.Name):
+		case store.ValidBlobDigest(e.Name):
 			c.checkBlobFile(name, e.Name)
 		case fsx.IsTempName(e.Name):
 			c.checkBlobPartial(name, "a body being written (a staged blob): a send in progress, or one interrupted before it committed the blob; the store's maintenance removes it once abandoned")
-		case isPartName(e.Name):
-			id := strings.TrimSuffix(strings.TrimPrefix(e.Name, partPrefix), partSuffix)
+		case isPart(e.Name):
+			id, _ := store.BlobPartEnvelope(e.Name)
 			c.checkBlobPartial(name, "a body being received (the partial download of envelope "+id+"): the daemon resumes it from its end; the store's maintenance removes it once abandoned")
 		default:
 			c.unknown(name, false)
@@ -107,6 +90,8 @@ func (c *checker) checkBlobsDir() error {
 	}
 	return nil
 }
+
+func isPart(base string) bool { _, ok := store.BlobPartEnvelope(base); return ok }
 
 // checkBlobFile checks the type and metadata of blobs/<digest>; a regular file is
 // kept for checkBlobs.
