@@ -235,30 +235,40 @@ func TestMaintainRemovesUnreferencedBlobs(t *testing.T) {
 
 // The references are checked again under the lock: a record that refers to a blob,
 // published after maintenance scanned the references and before it removes the blob,
-// keeps the blob.
+// keeps the blob — an enqueued envelope, an observation, each alone (the check under
+// the lock must see a publication of either kind).
 func TestMaintainRechecksReferencesUnderTheLock(t *testing.T) {
-	clock := newTestClock(time.Now())
-	s := openStore(t, store.Options{Now: clock.Now})
-	ctx := context.Background()
-	clock.Advance(store.DefaultBlobGrace + time.Minute) // every blob written now is old
-	req, ref := blobSend(t, s, clock.Now(), 3000)
-	observed, size := writeBlob(t, s, blobBytes(100, 1), 10)
-	store.OnBlobsScanned(t, func() {
-		if _, err := s.Enqueue(ctx, req); err != nil {
-			t.Error(err)
-		}
-		putObservation(t, s, clock.Now(), observed, size)
-	})
-	rep := maintain(t, s)
-	if rep.BlobsRemoved != 0 {
-		t.Fatalf("removed %d blobs that records referred to by the time of the removal", rep.BlobsRemoved)
-	}
-	for _, d := range []string{ref.Digest, observed} {
-		b, err := s.OpenBlob(d)
-		if err != nil {
-			t.Fatalf("blob %s: %v", d, err)
-		}
-		b.Close()
+	for _, kind := range []record.Kind{record.KindOutbox, record.KindObservations} {
+		t.Run(string(kind), func(t *testing.T) {
+			clock := newTestClock(time.Now())
+			s := openStore(t, store.Options{Now: clock.Now})
+			ctx := context.Background()
+			enqueue(t, s, 1) // records of both kinds exist, so the scan has something to keep
+			putObservation(t, s, clock.Now(), sha([]byte("none")), 10)
+			clock.Advance(store.DefaultBlobGrace + time.Minute) // every blob written now is old
+			req, ref := blobSend(t, s, clock.Now(), 3000)
+			digest := ref.Digest
+			if kind == record.KindObservations {
+				var size int64
+				digest, size = writeBlob(t, s, blobBytes(100, 1), 10)
+				store.OnBlobsScanned(t, func() { putObservation(t, s, clock.Now(), digest, size) })
+			} else {
+				store.OnBlobsScanned(t, func() {
+					if _, err := s.Enqueue(ctx, req); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			rep, err := s.Maintain(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := s.OpenBlob(digest)
+			if err != nil {
+				t.Fatalf("blob referred to by a %s record published before the removal: %v (report %+v)", kind, err, rep)
+			}
+			b.Close()
+		})
 	}
 }
 

@@ -425,7 +425,10 @@ func (s *Store) removeOldTemps(tx *Tx, k record.Kind, names []string, rep *Maint
 // none). A record's reference never changes while its file does not: an outbox
 // record's envelope and an observation's blob are immutable, and a record is only
 // ever replaced by a rename, which changes its fingerprint.
-type blobScan map[string]blobScanEntry
+type blobScan struct {
+	gen     generation // the generation file's state before the records were read
+	entries map[string]blobScanEntry
+}
 
 type blobScanEntry struct {
 	fp     fsx.Fingerprint
@@ -437,12 +440,29 @@ type blobScanEntry struct {
 var blobRefKinds = []record.Kind{record.KindOutbox, record.KindObservations}
 
 // scanBlobRefs reads every outbox record and observation and returns what they refer
-// to. With prev (a scan made earlier) it reads again only the records whose file is
-// not the one prev read (new, replaced, or racy then), and takes the rest from prev:
-// one lstat each. Any record it cannot read makes the scan fail (OUTBOX_STORE_INVALID):
-// what that record refers to cannot be told, so no blob may be removed.
-func (s *Store) scanBlobRefs(ctx context.Context, prev blobScan) (blobScan, error) {
-	scan := blobScan{}
+// to. With prev (a scan made earlier) it first asks the generation file (DESIGN §7):
+// if no outbox record or observation was published since prev began, and this
+// process has no unmarked publication, prev is still what they refer to and nothing
+// is read. Otherwise it reads again only the records whose file is not the one prev
+// read (new, replaced, or racy then), and takes the rest from prev: one lstat each.
+// Any record it cannot read makes the scan fail (OUTBOX_STORE_INVALID): what that
+// record refers to cannot be told, so no blob may be removed.
+func (s *Store) scanBlobRefs(ctx context.Context, prev *blobScan) (*blobScan, error) {
+	gen, err := s.generation()
+	if err != nil {
+		return nil, err
+	}
+	if prev != nil && !s.hasUnmarked() {
+		counts, known := s.markCounts(prev.gen, gen)
+		if known && counts[record.KindOutbox] == 0 && counts[record.KindObservations] == 0 {
+			return &blobScan{gen: gen, entries: prev.entries}, nil
+		}
+	}
+	var old map[string]blobScanEntry
+	if prev != nil {
+		old = prev.entries
+	}
+	scan := &blobScan{gen: gen, entries: map[string]blobScanEntry{}}
 	for _, k := range blobRefKinds {
 		ids, err := s.List(k)
 		if err != nil {
@@ -453,10 +473,10 @@ func (s *Store) scanBlobRefs(ctx context.Context, prev blobScan) (blobScan, erro
 				return nil, err
 			}
 			p := record.Path(k, id)
-			if e, ok := prev[p]; ok && !e.racy {
+			if e, ok := old[p]; ok && !e.racy {
 				info, err := s.fs.Lstat(p)
 				if err == nil && info.Fingerprint() == e.fp {
-					scan[p] = e
+					scan.entries[p] = e
 					continue
 				}
 			}
@@ -483,16 +503,16 @@ func (s *Store) scanBlobRefs(ctx context.Context, prev blobScan) (blobScan, erro
 					e.digest = v.Blob.Digest
 				}
 			}
-			scan[p] = e
+			scan.entries[p] = e
 		}
 	}
 	return scan, nil
 }
 
 // referenced returns the set of digests the scan's records refer to.
-func (scan blobScan) referenced() map[string]bool {
+func (scan *blobScan) referenced() map[string]bool {
 	refs := map[string]bool{}
-	for _, e := range scan {
+	for _, e := range scan.entries {
 		if e.digest != "" {
 			refs[e.digest] = true
 		}
@@ -531,7 +551,7 @@ func (s *Store) maintainBlobs(ctx context.Context, step func(func(tx *Tx) error)
 		return nil
 	}
 	slices.Sort(old)
-	var scan blobScan
+	var scan *blobScan
 	if blobs {
 		if scan, err = s.scanBlobRefs(ctx, nil); err != nil {
 			if ctx.Err() != nil {
