@@ -20,7 +20,8 @@ var allowed = map[string][]string{
 	"internal/uuid":      {},
 	// cli: the command trees' conventions; cobra (with pflag and its doc package)
 	// makes each binary's help, completions and man pages from one definition.
-	"internal/cli":       {"pkg/errcode", "github.com/spf13/cobra", "github.com/spf13/pflag"},
+	"internal/cli":       {"pkg/errcode", "internal/bytesize", "github.com/spf13/cobra", "github.com/spf13/pflag"},
+	"internal/bytesize":  {},
 	"internal/fsx":       {"internal/uuid", "golang.org/x/sys"},
 	"internal/lockfile":  {"internal/fsx", "github.com/gofrs/flock", "golang.org/x/sys"},
 	"internal/crashtest": {"internal/fsx"},
@@ -35,13 +36,13 @@ var allowed = map[string][]string{
 	"pkg/envelope": {"pkg/identity", "internal/uuid", "filippo.io/age"},
 	"pkg/record":   {"pkg/envelope", "pkg/identity", "pkg/errcode", "internal/uuid"},
 	// relayproto: the relay protocol, both of its sides: relay serves it, carrier and daemon speak it.
-	"pkg/relayproto": {"pkg/envelope", "pkg/identity"},
+	"pkg/relayproto": {"pkg/envelope", "pkg/identity", "internal/uuid"},
 	"pkg/store": {"pkg/record", "internal/fsx", "internal/lockfile", "internal/lru", "internal/dataroot", "pkg/identity",
 		"pkg/envelope", "pkg/errcode", "internal/uuid"},
 	// fsck: envelope only to learn an outbox envelope's blob (envelope.Parse, Blob).
 	"pkg/fsck":    {"pkg/record", "pkg/store", "pkg/envelope", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
 	"pkg/carrier": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "internal/uuid", "golang.org/x/sys"},
-	"pkg/relay": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "internal/fsx", "internal/uuid",
+	"pkg/relay": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "internal/fsx", "internal/uuid", "internal/bytesize",
 		"pkg/relay/jsstore", "internal/promx", "github.com/nats-io/nats.go", "github.com/prometheus/client_golang"},
 	// relay/jsstore: the relay's JetStream storage; it keeps bytes and fields and
 	// neither parses envelopes nor signs (pkg/envelope only for the strict decoder).

@@ -59,6 +59,11 @@ type Faulty struct {
 	// DropSync and DropSyncDir turn File.Sync and SyncDir into unrecorded no-ops: test
 	// switches that weaken the write protocol, for proving the crash tests catch it.
 	DropSync, DropSyncDir bool
+	// DropIf, if set, is asked about every File.Sync and SyncDir (with the call's Kind
+	// and Path): true turns that one call into an unrecorded no-op, as DropSync and
+	// DropSyncDir do for all of them — to weaken the protocol of one directory only.
+	// It is called without Faulty's lock held.
+	DropIf func(op Op) bool
 
 	mu  sync.Mutex
 	seq int
@@ -194,7 +199,7 @@ func (f *Faulty) RemoveDir(name string) error {
 
 // SyncDir implements FS.
 func (f *Faulty) SyncDir(name string) error {
-	if f.DropSyncDir {
+	if f.DropSyncDir || (f.DropIf != nil && f.DropIf(Op{Kind: OpSyncDir, Path: name})) {
 		return nil
 	}
 	return f.do(Op{Kind: OpSyncDir, Path: name}, func() error { return f.Inner.SyncDir(name) })
@@ -261,7 +266,7 @@ func (ff *faultyFile) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (ff *faultyFile) Sync() error {
-	if ff.fs.DropSync {
+	if ff.fs.DropSync || (ff.fs.DropIf != nil && ff.fs.DropIf(Op{Kind: OpSync, Path: ff.name})) {
 		return nil
 	}
 	return ff.fs.do(Op{Kind: OpSync, Path: ff.name}, ff.File.Sync)

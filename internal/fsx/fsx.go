@@ -26,10 +26,11 @@
 //     fstat that it is a regular file no larger than a bound, then reads it.
 //     OpenRegular is its open and checks, returning the open file for a caller that
 //     streams it (a large body).
-//   - An Appender is a file grown in place and published when whole (a resumable
-//     download): OpenAppender opens or creates it (private, one link, no symlink),
-//     Append writes at its end, Persist fsyncs it (and its directory once after
-//     creating it), Stage hands it to Publish.
+//   - An Appender is a file grown in place (a resumable upload or download):
+//     OpenAppend opens or creates it (private, one link, no symlink) at a known
+//     offset, Write appends, Checkpoint fsyncs it (and its directory once after
+//     creating it); Stage fsyncs and closes it and hands it to Publish when whole,
+//     Remove unlinks it durably.
 //   - MkdirPrivate creates a 0700 directory (or finds a private one) and fsyncs its
 //     parent either way, so the directory it returns is durable; DirsMade pays that
 //     fsync once per directory and process.

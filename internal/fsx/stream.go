@@ -126,128 +126,19 @@ func OpenRegular(fsys FS, name string, max int64) (File, Info, error) {
 	return f, info, nil
 }
 
-// Appender is a file that is grown in place and published when whole: a resumable
-// download. OpenAppender opens it, or creates it 0600 if it is absent; Append writes
-// at its end; Persist makes what was appended durable (the file's fsync and, after it
-// was created, its directory's fsync once), so a crash after Persist keeps at least
-// Size bytes; Stage fsyncs and closes it and returns it as a Staged temp for Publish
-// (a rename: its name is its own, not a ".<uuid>.tmp"). Not safe for concurrent use.
-type Appender struct {
-	fsys    FS
-	dir     string
-	name    string
-	f       File
-	size    int64
-	created bool // this Appender created the file and its directory is not fsynced yet
-	err     error
-	done    bool
-}
-
-// OpenAppender opens dir/base for reading and writing without following a link, or
-// creates it (O_CREAT|O_EXCL, 0600) if absent, and checks that it is a private regular
-// file with one link (CheckPrivateFile). Its size is where the next Append writes.
-// dir must pass CheckName and base CheckBase.
-func OpenAppender(fsys FS, dir, base string) (*Appender, error) {
-	if err := CheckName(dir); err != nil {
-		return nil, err
-	}
-	if err := CheckBase(base); err != nil {
-		return nil, err
-	}
-	name := path.Join(dir, base)
-	created := true
-	f, err := fsys.OpenFile(name, syscall.O_RDWR|syscall.O_CREAT|syscall.O_EXCL, 0o600)
-	if IsExist(err) {
-		created = false
-		f, err = fsys.OpenFile(name, syscall.O_RDWR|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
-	}
-	if err != nil {
-		return nil, err
-	}
-	info, err := f.Stat()
-	if err == nil {
-		err = CheckPrivateFile(name, info)
-	}
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return &Appender{fsys: fsys, dir: dir, name: name, f: f, size: info.Size, created: created}, nil
-}
-
 // Name returns the file's name, relative to the root.
-func (a *Appender) Name() string { return a.name }
-
-// Size returns the file's length: what it held when opened plus what was appended.
-func (a *Appender) Size() int64 { return a.size }
-
-// Created reports whether OpenAppender created the file.
-func (a *Appender) Created() bool { return a.created }
-
-// Append writes all of p at the end of the file or returns an error; after an error
-// the file's end is unknown, and every later call fails with that error (close it and
-// open it again, or Remove it).
-func (a *Appender) Append(p []byte) (int, error) {
-	if a.done {
-		return 0, errStagedDone
-	}
-	if a.err != nil {
-		return 0, a.err
-	}
-	n, err := a.f.WriteAt(p, a.size)
-	a.size += int64(n)
-	if err == nil && n != len(p) {
-		err = &fs.PathError{Op: "pwrite", Path: a.name, Err: io.ErrShortWrite}
-	}
-	if err != nil {
-		a.err = err
-	}
-	return n, err
-}
-
-// ReadAt reads from the file (pread), for verifying what it holds.
-func (a *Appender) ReadAt(p []byte, off int64) (int, error) {
-	if a.done {
-		return 0, errStagedDone
-	}
-	return a.f.ReadAt(p, off)
-}
-
-// Persist fsyncs the file and, the first time after OpenAppender created it, its
-// directory: when it returns nil, Size bytes survive a crash under the file's name. A
-// failed fsync is never retried: the file is unusable afterwards (every later call
-// fails with the error), since Linux reports a write-back error once.
-func (a *Appender) Persist() error {
-	if a.done {
-		return errStagedDone
-	}
-	if a.err != nil {
-		return a.err
-	}
-	if err := a.f.Sync(); err != nil {
-		a.err = err
-		return err
-	}
-	if a.created {
-		if err := a.fsys.SyncDir(a.dir); err != nil {
-			a.err = err
-			return err
-		}
-		a.created = false
-	}
-	return nil
-}
+func (a *Appender) Name() string { return a.f.Name() }
 
 // Stage fsyncs and closes the file and returns it as a Staged temp (its Temp is the
-// file's own name) for Publish or PublishNoReplace and the caller's SyncDir. On error
-// the file is closed and left in place. The Appender is done afterwards.
+// file's own name) for Publish or PublishNoReplace and the caller's SyncDir: a file
+// grown in place published once whole (a downloaded body). After a failed Checkpoint
+// it fails (the file's contents are unknown), closing the file. Either way the
+// Appender is closed afterwards; on error the file is left in place.
 func (a *Appender) Stage() (*Staged, error) {
-	if a.done {
-		return nil, errStagedDone
-	}
-	a.done = true
-	err := a.err
-	if err == nil {
+	var err error
+	if a.failed {
+		err = &fs.PathError{Op: "fsync", Path: a.f.Name(), Err: syscall.EIO}
+	} else {
 		err = a.f.Sync()
 	}
 	if cerr := a.f.Close(); err == nil {
@@ -256,28 +147,18 @@ func (a *Appender) Stage() (*Staged, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Staged{fsys: a.fsys, Dir: a.dir, Temp: a.name}, nil
+	name := a.f.Name()
+	return &Staged{fsys: a.fsys, Dir: a.dir, Temp: name}, nil
 }
 
-// Close closes the file, keeping it (and what was appended, durable or not).
-func (a *Appender) Close() error {
-	if a.done {
-		return nil
-	}
-	a.done = true
-	return a.f.Close()
-}
-
-// Remove closes the file and durably removes it (RemoveFile: unlink, fsync the
-// directory). A missing file is not an error.
+// Remove closes the file (if still open) and durably removes it: unlink, fsync the
+// directory (a missing file is not an error).
 func (a *Appender) Remove() error {
-	if !a.done {
-		a.done = true
-		_ = a.f.Close()
+	_ = a.f.Close() // an error here (already closed) changes nothing
+	name := a.f.Name()
+	err := a.fsys.Remove(name)
+	if err != nil && !IsNotExist(err) {
+		return err
 	}
-	err := RemoveFile(a.fsys, a.dir, path.Base(a.name))
-	if IsNotExist(err) {
-		return a.fsys.SyncDir(a.dir)
-	}
-	return err
+	return a.fsys.SyncDir(a.dir)
 }

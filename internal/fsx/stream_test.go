@@ -203,25 +203,24 @@ func TestOpenRegular(t *testing.T) {
 	}
 }
 
-// An Appender creates its file 0600 and makes it durable at its first Persist (the
-// file's fsync, then its directory's, once); reopened, it continues at the end; Stage
-// fsyncs it and hands it to Publish. It never opens a symlink, a second link or a
-// file others can read.
-func TestAppender(t *testing.T) {
+// An Appender created makes its directory durable at its first Checkpoint (the
+// file's fsync, then its directory's, once); reopened at its end it continues there;
+// Stage fsyncs and closes it and hands it to Publish; Remove unlinks it durably.
+func TestAppenderStageAndRemove(t *testing.T) {
 	fz := newFaultyStore(t)
-	a, err := OpenAppender(fz, "d", ".x.part")
+	a, err := OpenAppend(fz, "d", ".x.part", 0, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !a.Created() || a.Size() != 0 || a.Name() != "d/.x.part" {
-		t.Fatalf("created %v size %d name %s", a.Created(), a.Size(), a.Name())
+	if a.Name() != "d/.x.part" {
+		t.Fatalf("Name = %s", a.Name())
 	}
-	a.Append([]byte("hello "))
-	if err := a.Persist(); err != nil {
+	a.Write([]byte("hello "))
+	if err := a.Checkpoint(); err != nil {
 		t.Fatal(err)
 	}
-	a.Append([]byte("wor"))
-	if err := a.Persist(); err != nil {
+	a.Write([]byte("wor"))
+	if err := a.Checkpoint(); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Close(); err != nil {
@@ -232,18 +231,11 @@ func TestAppender(t *testing.T) {
 		t.Fatalf("calls %v (%+v), want %v", kinds(log), log, want)
 	}
 	fz.Reset()
-	a, err = OpenAppender(fz, "d", ".x.part")
+	a, err = OpenAppend(fz, "d", ".x.part", 9, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Created() || a.Size() != 9 {
-		t.Fatalf("reopened: created %v size %d", a.Created(), a.Size())
-	}
-	a.Append([]byte("ld"))
-	buf := make([]byte, 11)
-	if n, err := a.ReadAt(buf, 0); n != 11 || err != nil || string(buf) != "hello world" {
-		t.Fatalf("ReadAt = %d %v %q", n, err, buf)
-	}
+	a.Write([]byte("ld"))
 	st, err := a.Stage()
 	if err != nil {
 		t.Fatal(err)
@@ -251,68 +243,63 @@ func TestAppender(t *testing.T) {
 	if err := st.Publish("done"); err != nil {
 		t.Fatal(err)
 	}
-	// The failed exclusive create is recorded as failed; no directory fsync for a file
-	// the Appender did not create.
-	want = []OpKind{OpCreate, OpWrite, OpSync, OpClose, OpRename}
-	if log := fz.Log(); !slices.Equal(kinds(log), want) || log[0].Err == nil || log[1].Offset != 9 {
+	want = []OpKind{OpWrite, OpSync, OpClose, OpRename}
+	if log := fz.Log(); !slices.Equal(kinds(log), want) || log[0].Offset != 9 {
 		t.Fatalf("calls %v (%+v), want %v", kinds(log), log, want)
 	}
 	if got := readRaw(t, fz, "d/done"); string(got) != "hello world" {
 		t.Fatalf("published %q", got)
 	}
-	if _, err := a.Append([]byte("x")); err == nil {
-		t.Fatal("Append after Stage succeeded")
+
+	fz.Reset()
+	a, err = OpenAppend(fz, "d", "p", 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Write([]byte("abc"))
+	if err := a.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if log := fz.Log(); !slices.Equal(kinds(log), []OpKind{OpCreate, OpWrite, OpClose, OpRemove, OpSyncDir}) {
+		t.Fatalf("Remove calls %v", kinds(log))
+	}
+	if _, err := os.Lstat(abs(fz, "d/p")); !os.IsNotExist(err) {
+		t.Fatalf("removed file still there: %v", err)
 	}
 
 	writeRaw(t, fz, "d/shared", []byte("x"), 0o644)
-	if _, err := OpenAppender(fz, "d", "shared"); !errors.Is(err, ErrNotPrivate) {
+	if _, err := OpenAppend(fz, "d", "shared", 1, false); !errors.Is(err, ErrNotPrivate) {
 		t.Fatalf("0644 file: %v", err)
-	}
-	writeRaw(t, fz, "d/two", []byte("x"), 0o600)
-	if err := os.Link(abs(fz, "d/two"), abs(fz, "d/two2")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := OpenAppender(fz, "d", "two"); !errors.Is(err, ErrNotPrivate) {
-		t.Fatalf("two links: %v", err)
 	}
 	if err := os.Symlink(abs(fz, "d/done"), abs(fz, "d/link")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenAppender(fz, "d", "link"); Errno(err) != syscall.ELOOP {
+	if _, err := OpenAppend(fz, "d", "link", 0, false); Errno(err) != syscall.ELOOP {
 		t.Fatalf("symlink: %v", err)
-	}
-	if _, err := OpenAppender(fz, "d", "a/b"); !errors.Is(err, ErrNotLocal) {
-		t.Fatalf("name with a slash: %v", err)
 	}
 }
 
-// A failed fsync of an Appender is never retried: Persist and Stage fail with it from
-// then on. Remove unlinks the file durably.
-func TestAppenderFailedPersistAndRemove(t *testing.T) {
+// After a failed Checkpoint, Stage fails too (never a retried fsync), and the file is
+// left in place.
+func TestAppenderStageAfterAFailedCheckpoint(t *testing.T) {
 	fz := newFaultyStore(t)
-	a, err := OpenAppender(fz, "d", "p")
+	a, err := OpenAppend(fz, "d", "p", 0, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Append([]byte("abc"))
+	a.Write([]byte("abc"))
 	fz.Inject = func(op Op) error {
 		if op.Kind == OpSync {
 			return syscall.EIO
 		}
 		return nil
 	}
-	if err := a.Persist(); Errno(err) != syscall.EIO {
-		t.Fatalf("Persist = %v", err)
+	if err := a.Checkpoint(); Errno(err) != syscall.EIO {
+		t.Fatalf("Checkpoint = %v", err)
 	}
 	fz.Inject = nil
-	if err := a.Persist(); Errno(err) != syscall.EIO {
-		t.Fatalf("Persist after a failed fsync = %v, want the first error", err)
-	}
-	if _, err := a.Append([]byte("d")); Errno(err) != syscall.EIO {
-		t.Fatalf("Append after a failed fsync = %v", err)
-	}
 	if st, err := a.Stage(); st != nil || Errno(err) != syscall.EIO {
-		t.Fatalf("Stage = %v, %v", st, err)
+		t.Fatalf("Stage after a failed fsync = %v, %v", st, err)
 	}
 	syncs := 0
 	for _, op := range fz.Log() {
@@ -323,15 +310,32 @@ func TestAppenderFailedPersistAndRemove(t *testing.T) {
 	if syncs != 1 {
 		t.Fatalf("%d fsyncs, want one", syncs)
 	}
-	fz.Reset()
-	if err := a.Remove(); err != nil {
-		t.Fatal(err)
+	if got := readRaw(t, fz, "d/p"); string(got) != "abc" {
+		t.Fatalf("file %q", got)
 	}
-	if log := fz.Log(); !slices.Equal(kinds(log), []OpKind{OpRemove, OpSyncDir}) {
-		t.Fatalf("Remove calls %v", kinds(log))
+}
+
+// DropIf drops only the fsyncs it chooses: here those of directory "d" and of files
+// in it, while another directory's are made and recorded.
+func TestFaultyDropIf(t *testing.T) {
+	fz := newFaultyStore(t)
+	mkdirAll(t, fz, "e")
+	fz.DropIf = func(op Op) bool { return op.Path == "d" || path.Dir(op.Path) == "d" }
+	for _, dir := range []string{"d", "e"} {
+		if err := WriteFile(fz, dir, "x", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
 	}
-	assertEmptyDir(t, fz, "d")
-	if err := a.Remove(); err != nil {
-		t.Fatalf("second Remove: %v", err)
+	var got []string
+	for _, op := range fz.Log() {
+		switch op.Kind {
+		case OpSync:
+			got = append(got, "fsync "+path.Dir(op.Path))
+		case OpSyncDir:
+			got = append(got, "syncdir "+op.Path)
+		}
+	}
+	if !slices.Equal(got, []string{"fsync e", "syncdir e"}) {
+		t.Fatalf("recorded syncs %v, want only e's", got)
 	}
 }

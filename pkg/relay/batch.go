@@ -132,7 +132,13 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 			r.count(func(s *Stats) { s.Refused++ })
 			continue
 		}
-		res, lerr := r.admit(ctx, env, len(wires[i]))
+		if _, blob := blobOf(env); blob {
+			it.refuse(newError(http.StatusBadRequest, relayproto.CodeBodyIncomplete,
+				"a blob envelope is sent alone to %s, its body to %s", relayproto.PathEnvelopes, relayproto.PathBodies+env.ID()))
+			r.count(func(s *Stats) { s.Refused++ })
+			continue
+		}
+		res, lerr := r.admit(ctx, env, int64(len(wires[i])))
 		if lerr != nil {
 			it.refuse(lerr)
 			r.count(func(s *Stats) { s.Refused++ })

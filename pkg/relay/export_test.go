@@ -9,3 +9,6 @@ func (r *Relay) Wakeups() int64 {
 
 // AddressKey is addressKey: what the per-address bound of held fetches counts.
 var AddressKey = addressKey
+
+// RecipientDir is recipientDir: the directory name of a DID.
+var RecipientDir = recipientDir

@@ -50,13 +50,15 @@ type fileStore struct {
 	allowed  map[string]bool // recipient dir names registered (the allow-list)
 
 	regMu sync.Mutex // serializes registrations
+
+	bodies *fileBodies // the blob bodies and pending envelopes (filebodies.go)
 }
 
 // inbox is one recipient's waiting envelopes, in sequence order.
 type inbox struct {
 	dir     string
 	entries []*entry
-	bytes   int64 // the sum of the entries' sizes
+	bytes   int64 // the sum of the entries' sizes and body sizes
 }
 
 // entry is one waiting envelope.
@@ -66,6 +68,7 @@ type entry struct {
 	digest     string
 	receivedAt int64
 	size       int
+	body       int64  // the sealed size of its blob body (0: inline), in bodies/<envelopeId>.blob
 	deadline   int64  // delivery deadline, Unix ms: never served at or after it
 	file       string // name of the envelope file in f.fs: "<recipient dir>/<file name>"
 	recipient  string // recipient dir name
@@ -114,6 +117,10 @@ func openFiles(opts Options, now func() time.Time, log *slog.Logger, wake func(s
 		return nil, err
 	}
 	if err := f.loadRegistry(); err != nil {
+		f.lockFile.Close()
+		return nil, err
+	}
+	if f.bodies, err = openFileBodies(f); err != nil {
 		f.lockFile.Close()
 		return nil, err
 	}
@@ -228,7 +235,7 @@ func (f *fileStore) load(ctx context.Context) error {
 				continue
 			}
 			e := &entry{seq: seq, envelopeID: envID, digest: env.Digest(), receivedAt: rec.ReceivedAt,
-				size: len(data), deadline: env.DeliveryDeadlineMillis(), file: file, recipient: rdir}
+				size: len(data), body: blobSize(env), deadline: env.DeliveryDeadlineMillis(), file: file, recipient: rdir}
 			f.insert(e)
 			f.lastSeq = max(f.lastSeq, seq)
 			loaded++
@@ -260,7 +267,7 @@ func (f *fileStore) insert(e *entry) {
 	}
 	i := firstAtLeast(ib.entries, e.seq)
 	ib.entries = slices.Insert(ib.entries, i, e)
-	ib.bytes += int64(e.size)
+	ib.bytes += int64(e.size) + e.body
 	f.byID[e.envelopeID] = e
 	if e.seq < f.visibleBelow() {
 		f.wake(e.recipient)
@@ -385,7 +392,7 @@ func (f *fileStore) putOne(ctx context.Context, it *newEnvelope) error {
 		return tx.Put(rec)
 	})
 	e := &entry{seq: seq, envelopeID: env.ID(), digest: env.Digest(), receivedAt: rec.ReceivedAt,
-		size: len(data), deadline: env.DeliveryDeadlineMillis(), file: path.Join(rdir, name), recipient: rdir}
+		size: len(data), body: blobSize(env), deadline: env.DeliveryDeadlineMillis(), file: path.Join(rdir, name), recipient: rdir}
 	if err != nil {
 		// Keep the file only if the record made it to disk after all (a
 		// failure after publication): it is then the envelope the record names.
@@ -494,6 +501,15 @@ func (f *fileStore) removeEntries(ctx context.Context, rdir string, gone []*entr
 	if firstErr != nil {
 		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", firstErr)
 	}
+	// Then their bodies: an envelope file is never there without its body,
+	// and a body left by a crash here is removed at the next start.
+	for _, e := range gone {
+		if e.body > 0 {
+			if err := f.bodies.discard(ctx, e.envelopeID); err != nil {
+				f.log.Warn("relay: body of a removed envelope not removed", "envelopeId", e.envelopeID, "err", err)
+			}
+		}
+	}
 	// The files are gone: the records must follow even if the caller has gone
 	// away meanwhile (a client that disconnects, a server shutting down), so
 	// the update is not cancelled with the request, only bounded. The records
@@ -525,6 +541,16 @@ func (f *fileStore) removeEntries(ctx context.Context, rdir string, gone []*entr
 // end even when the request is cancelled.
 const ackRecordTimeout = 10 * time.Second
 
+func (f *fileStore) fetchable(_ context.Context, recipient identity.DID, id string) (int64, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.byID[id]
+	if e == nil || e.recipient != recipientDir(recipient) || e.seq >= f.visibleBelow() || e.deadline <= f.now().UnixMilli() {
+		return 0, false, nil
+	}
+	return e.body, true, nil
+}
+
 func (f *fileStore) status(_ context.Context, recipient identity.DID) (relayproto.InboxStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -542,7 +568,7 @@ func (f *fileStore) status(_ context.Context, recipient identity.DID) (relayprot
 			continue // never served again; the expiry pass removes it
 		}
 		st.Count++
-		st.Bytes += int64(e.size)
+		st.Bytes += int64(e.size) + e.body
 		if st.OldestReceivedAt == 0 || e.receivedAt < st.OldestReceivedAt {
 			st.OldestReceivedAt = e.receivedAt
 		}
@@ -560,7 +586,7 @@ func (f *fileStore) usage(_ context.Context, recipient identity.DID) (usage, err
 		for _, e := range ib.entries {
 			if e.deadline > now { // an expired envelope takes no room: it is never served again
 				u.n++
-				u.bytes += int64(e.size)
+				u.bytes += int64(e.size) + e.body
 			}
 		}
 	}
@@ -680,7 +706,7 @@ func (f *fileStore) takeExpired(nowMs int64) (string, []*entry) {
 func (f *fileStore) unlinkLocked(rdir string, ib *inbox, gone []*entry) {
 	for _, e := range gone {
 		delete(f.byID, e.envelopeID)
-		ib.bytes -= int64(e.size)
+		ib.bytes -= int64(e.size) + e.body
 	}
 	if len(gone) > 0 {
 		ib.entries = slices.DeleteFunc(ib.entries, func(e *entry) bool { return f.byID[e.envelopeID] != e })
@@ -840,5 +866,5 @@ func (f *fileStore) commitBatch(ctx context.Context, items []*newEnvelope) error
 
 func (it *fileBatchItem) entry() *entry {
 	return &entry{seq: it.seq, envelopeID: it.env.ID(), digest: it.env.Digest(), receivedAt: it.rec.ReceivedAt,
-		size: len(it.wire), deadline: it.env.DeliveryDeadlineMillis(), file: path.Join(it.rdir, it.name), recipient: it.rdir}
+		size: len(it.wire), body: blobSize(it.env), deadline: it.env.DeliveryDeadlineMillis(), file: path.Join(it.rdir, it.name), recipient: it.rdir}
 }

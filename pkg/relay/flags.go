@@ -20,7 +20,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sealbridge/sealbridge/internal/bytesize"
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
@@ -42,11 +44,19 @@ type LimitFlags struct {
 // LimitFlagsUsage is the flags' part of a relay command's usage text.
 const LimitFlagsUsage = `  --quota-envelopes N   envelopes one recipient's inbox may hold (default 0: no bound);
                         more → 429 RELAY_QUOTA, Retry-After: 60
-  --quota-bytes N       envelope bytes one recipient's inbox may hold (default 0: no
-                        bound; else at least 131072)
+  --quota-bytes N       bytes (envelopes and their bodies, pending ones too) one
+                        recipient's inbox may hold (default 0: no bound; else at least
+                        131072); a body that alone exceeds it → 413 BODY_TOO_LARGE
   --sender-rate R       new envelopes per second accepted from one sender DID
                         (default 0: no bound); more → 429 RELAY_RATE_LIMITED
   --sender-burst N      envelopes a sender may send at once (default: the rate, at least 1)
+  --sender-byte-rate R  bytes per second (envelopes and their bodies) accepted from one
+                        sender DID (default 0: no bound); more → 429 RELAY_RATE_LIMITED
+  --sender-byte-burst N  bytes a sender may send at once (default: the rate, at least
+                        131072); a larger body is taken on a full bucket, then the
+                        sender waits
+  --max-body SIZE       largest sealed body of a blob envelope kept: 4GiB, 512MiB, or
+                        bytes (default 4GiB); larger → 413 BODY_TOO_LARGE
   --allow-list          accept envelopes only for recipients that registered
                         (POST /v1/recipients/register); others → 403 RECIPIENT_NOT_ALLOWED
   --expire-every D      period of the pass removing inbox envelopes past their deadline
@@ -62,7 +72,7 @@ const LimitFlagsUsage = `  --quota-envelopes N   envelopes one recipient's inbox
 // value when parsed (a usage error with internal/cli.ParseFlags); call Check
 // after parsing for the rules between flags.
 func AddLimitFlags(fs *flag.FlagSet) *LimitFlags {
-	f := &LimitFlags{Limits: Limits{ExpireEvery: DefaultExpireEvery}}
+	f := &LimitFlags{Limits: Limits{ExpireEvery: DefaultExpireEvery, MaxBody: DefaultMaxBody}}
 	nonNegInt := func(name string, p *int) {
 		fs.Func(name, "", func(s string) error {
 			v, err := strconv.Atoi(s)
@@ -91,6 +101,33 @@ func AddLimitFlags(fs *flag.FlagSet) *LimitFlags {
 		return nil
 	})
 	nonNegInt("sender-burst", &f.Limits.SenderBurst)
+	fs.Func("sender-byte-rate", "", func(s string) error {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || v < 0 || v != v || v > 1e15 {
+			return fmt.Errorf("want bytes per second, 0 or more, not %q", s)
+		}
+		f.Limits.SenderByteRate = v
+		return nil
+	})
+	fs.Func("sender-byte-burst", "", func(s string) error {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || v < 0 {
+			return fmt.Errorf("want a number of bytes, 0 or more, not %q", s)
+		}
+		f.Limits.SenderByteBurst = v
+		return nil
+	})
+	fs.Func("max-body", "", func(s string) error {
+		v, err := bytesize.Parse(s)
+		if err != nil {
+			return err
+		}
+		if v < 1 || v > envelope.MaxBlobSize {
+			return fmt.Errorf("want a size from 1 byte to %s, not %q", bytesize.Format(envelope.MaxBlobSize), s)
+		}
+		f.Limits.MaxBody = v
+		return nil
+	})
 	fs.BoolVar(&f.Limits.AllowList, "allow-list", false, "")
 	fs.Func("expire-every", "", func(s string) error {
 		v, err := time.ParseDuration(s)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
@@ -40,7 +41,14 @@ func (r *Relay) Handler() http.Handler {
 		case PathMetrics:
 			status, err = r.only(w, req, http.MethodGet, r.serveMetrics)
 		default:
-			err = newError(http.StatusNotFound, relayproto.CodeNotFound, "no such endpoint")
+			switch {
+			case strings.HasPrefix(req.URL.Path, relayproto.PathBodies):
+				status, err = r.serveUpload(w, req)
+			case strings.HasPrefix(req.URL.Path, relayproto.PathInboxBodies):
+				status, err = r.serveBody(w, req)
+			default:
+				err = newError(http.StatusNotFound, relayproto.CodeNotFound, "no such endpoint")
+			}
 		}
 		if errors.Is(err, errClientGone) {
 			r.log.Debug("relay: client went away", "method", req.Method, "path", req.URL.Path,
@@ -106,6 +114,14 @@ func (r *Relay) serveEnvelope(w http.ResponseWriter, req *http.Request) (int, er
 		return 0, e
 	}
 	receipt, err := r.Accept(req.Context(), body)
+	var bi *relayproto.BodyIncompleteError
+	if errors.As(err, &bi) {
+		data, _ := json.Marshal(relayproto.BodyIncomplete{Code: relayproto.CodeBodyIncomplete, Upload: bi.Upload,
+			Offset: bi.Offset, Size: bi.Size})
+		w.Header().Set("Location", bi.Upload)
+		writeJSONBytes(w, http.StatusAccepted, data)
+		return http.StatusAccepted, nil
+	}
 	if err != nil {
 		if req.Context().Err() == nil {
 			r.countRefusals(asError(err).Code, 1)

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -27,6 +28,8 @@ type jsBackend struct {
 	st        *jsstore.Store
 	now       func() time.Time
 	stopWatch func()
+	bodies    *jsBodies // jsbodies.go
+	log       *slog.Logger
 }
 
 // jsCursorPrefix marks a JetStream storage cursor.
@@ -47,16 +50,20 @@ func jsCursor(s string) (string, bool, error) {
 
 // openJetStream opens the JetStream storage on nc and subscribes to the accept
 // notifications of every relay process, which wake the held fetches.
-func openJetStream(ctx context.Context, nc *nats.Conn, opts jsstore.Options, now func() time.Time, wake func(string)) (*jsBackend, error) {
+func openJetStream(ctx context.Context, nc *nats.Conn, opts jsstore.Options, now func() time.Time, log *slog.Logger, wake func(string)) (*jsBackend, error) {
 	st, err := jsstore.Open(ctx, nc, opts)
 	if err != nil {
 		return nil, err // jsstore's errors say what to change
+	}
+	b, err := st.Bodies(ctx, jsstore.BodiesOptions{Replicas: opts.Replicas, SyncAlways: opts.SyncAlways})
+	if err != nil {
+		return nil, err
 	}
 	stop, err := st.Watch(wake)
 	if err != nil {
 		return nil, err
 	}
-	return &jsBackend{st: st, now: now, stopWatch: stop}, nil
+	return &jsBackend{st: st, now: now, stopWatch: stop, bodies: &jsBodies{b: b}, log: log}, nil
 }
 
 // jsError is the answer to a JetStream failure: 503, the sender retries.
@@ -94,7 +101,7 @@ func (j *jsBackend) lookup(ctx context.Context, id string) (*held, error) {
 func (j *jsBackend) put(ctx context.Context, items []*newEnvelope) error {
 	for _, it := range items {
 		env := it.env
-		h, dup, err := j.st.Put(ctx, env.Recipient(), env.ID(), env.Digest(), it.wire,
+		h, dup, err := j.st.PutWithBody(ctx, env.Recipient(), env.ID(), env.Digest(), it.wire, blobSize(env),
 			it.receivedAt, time.UnixMilli(env.DeliveryDeadlineMillis()))
 		switch {
 		case errors.Is(err, jsstore.ErrConflict):
@@ -146,7 +153,11 @@ func (j *jsBackend) fetch(ctx context.Context, recipient identity.DID, after str
 }
 
 func (j *jsBackend) ack(ctx context.Context, recipient identity.DID, ids []string) (int, error) {
-	n, err := j.st.Ack(ctx, recipient, ids)
+	n, err := j.st.AckEach(ctx, recipient, ids, func(id string, wire []byte) {
+		if isBlobWire(wire) {
+			j.dropBody(ctx, id)
+		}
+	})
 	if err != nil {
 		return n, jsError(err)
 	}
@@ -177,7 +188,9 @@ func (j *jsBackend) usage(ctx context.Context, recipient identity.DID) (usage, e
 // Expire removes those before its argument). Every relay process runs it; a
 // message removed by another meanwhile is skipped.
 func (j *jsBackend) expire(ctx context.Context, now time.Time) (int, error) {
-	n, err := j.st.Expire(ctx, now.Add(time.Millisecond))
+	// The body of every envelope removed: the scan reads headers only, and
+	// removing a body that is not there costs a lookup.
+	n, err := j.st.ExpireEach(ctx, now.Add(time.Millisecond), func(id string) { j.dropBody(ctx, id) })
 	if err != nil {
 		return n, jsError(err)
 	}

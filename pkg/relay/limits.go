@@ -15,7 +15,8 @@ import (
 )
 
 // Limits are what an operator bounds on a relay (docs/RELAY.md "Limits"). The
-// zero value bounds nothing. They are checked where an envelope is accepted
+// zero value bounds nothing but a blob body's size (MaxBody: 4 GiB) and the
+// held polls per address. They are checked where an envelope is accepted
 // (Accept, AcceptBatch), for new envelopes only: a duplicate of an envelope
 // the relay already holds is answered with its receipt whatever the limits.
 type Limits struct {
@@ -46,6 +47,19 @@ type Limits struct {
 	// DefaultHeldPollsPerAddress. Behind a reverse proxy every fetch comes
 	// from the proxy's address: raise it to Options.MaxInboxWaiters.
 	HeldPollsPerAddress int
+	// MaxBody bounds the sealed size of a blob body the relay keeps (a larger
+	// one: 413 BODY_TOO_LARGE when its envelope is posted); 0 is
+	// DefaultMaxBody (4 GiB).
+	MaxBody int64
+	// SenderByteRate is how many bytes per second — envelopes and their
+	// bodies — the relay accepts from one sender, SenderByteBurst how many at
+	// once (default max(rate, envelope.MaxSize)); 0 rate: no bound. A new
+	// envelope is admitted when its sender's bucket holds its bytes or the
+	// whole burst, and takes all its bytes (the bucket may go below zero: a
+	// body larger than the burst is admitted, and the sender waits after it).
+	// Past them: 429 RELAY_RATE_LIMITED with Retry-After.
+	SenderByteRate  float64
+	SenderByteBurst int64
 }
 
 // QuotaRetryAfter is the Retry-After, in seconds, of a RELAY_QUOTA refusal:
@@ -69,6 +83,14 @@ func (l Limits) Check() error {
 		return errors.New("a sender burst needs a sender rate")
 	case l.ExpireEvery < 0:
 		return errors.New("the expiry period must be 0 (no pass) or more")
+	case l.MaxBody < 0 || l.MaxBody > envelope.MaxBlobSize:
+		return fmt.Errorf("the body size limit must be 0 (the default, %d) to %d bytes", DefaultMaxBody, envelope.MaxBlobSize)
+	case l.SenderByteRate < 0 || math.IsNaN(l.SenderByteRate) || math.IsInf(l.SenderByteRate, 0):
+		return errors.New("the sender byte rate must be 0 (none) or a positive number of bytes per second")
+	case l.SenderByteBurst < 0:
+		return errors.New("the sender byte burst must be 0 (default) or more")
+	case l.SenderByteBurst > 0 && l.SenderByteRate == 0:
+		return errors.New("a sender byte burst needs a sender byte rate")
 	case l.HeldPollsPerAddress < 0:
 		return errors.New("the held polls per address must be 0 (the default) or more")
 	}
@@ -111,7 +133,7 @@ type reservation struct {
 // is counted twice, so concurrent accepts can be refused early but never
 // overshoot (on JetStream: in this process; other processes' accepts in
 // flight are not seen).
-func (r *Relay) admit(ctx context.Context, env *envelope.Envelope, size int) (*reservation, *relayproto.Error) {
+func (r *Relay) admit(ctx context.Context, env *envelope.Envelope, size int64) (*reservation, *relayproto.Error) {
 	rdir := recipientDir(env.Recipient())
 	if r.limits.AllowList {
 		ok, err := r.back.registered(ctx, env.Recipient())
@@ -133,9 +155,11 @@ func (r *Relay) admit(ctx context.Context, env *envelope.Envelope, size int) (*r
 			qmu.Unlock()
 			return nil, asError(err)
 		}
+		bodies := r.pendingUsage(rdir) // pending blob envelopes claim their place too
+		u.n, u.bytes = u.n+bodies.n, u.bytes+bodies.bytes
 		r.mu.Lock()
 		pend := r.reserved[rdir]
-		n, b := u.n+pend.n+1, u.bytes+pend.bytes+int64(size)
+		n, b := u.n+pend.n+1, u.bytes+pend.bytes+size
 		if (q.QuotaEnvelopes > 0 && n > q.QuotaEnvelopes) || (q.QuotaBytes > 0 && b > q.QuotaBytes) {
 			r.stats.OverQuota++
 			r.mu.Unlock()
@@ -144,12 +168,18 @@ func (r *Relay) admit(ctx context.Context, env *envelope.Envelope, size int) (*r
 				Message:    fmt.Sprintf("the inbox of %s is full (%d envelopes, %d bytes waiting)", env.Recipient(), u.n+pend.n, u.bytes+pend.bytes),
 				RetryAfter: QuotaRetryAfter}
 		}
-		res = &reservation{rdir: rdir, bytes: int64(size)}
+		res = &reservation{rdir: rdir, bytes: size}
 		r.reserved[rdir] = usage{pend.n + 1, pend.bytes + res.bytes}
 		r.mu.Unlock()
 		qmu.Unlock()
 	}
 	if e := r.rate.take(string(env.Sender()), r.now()); e != nil {
+		r.release(res)
+		r.count(func(s *Stats) { s.RateLimited++ })
+		return nil, e
+	}
+	if e := r.byteRate.takeN(string(env.Sender()), float64(size), r.now()); e != nil {
+		r.rate.refund(string(env.Sender()), r.now())
 		r.release(res)
 		r.count(func(s *Stats) { s.RateLimited++ })
 		return nil, e
@@ -181,10 +211,12 @@ func (r *Relay) release(res *reservation) {
 }
 
 // senderRate is a token bucket per sender DID. A bucket that has refilled is
-// the same as none, so full ones are dropped to bound the map.
+// the same as none, so full ones are dropped to bound the map. It counts
+// envelopes (newSenderRate) or bytes (newByteRate).
 type senderRate struct {
 	rate  float64 // tokens per second; 0: no limit
 	burst float64
+	unit  string // "envelopes" or "bytes", for the refusal
 	mu    sync.Mutex
 	b     map[string]*bucket
 }
@@ -199,11 +231,38 @@ func newSenderRate(l Limits) *senderRate {
 	if burst == 0 {
 		burst = max(1, math.Floor(l.SenderRate))
 	}
-	return &senderRate{rate: l.SenderRate, burst: burst, b: map[string]*bucket{}}
+	return &senderRate{rate: l.SenderRate, burst: burst, unit: "envelopes", b: map[string]*bucket{}}
+}
+
+func newByteRate(l Limits) *senderRate {
+	burst := float64(l.SenderByteBurst)
+	if burst == 0 {
+		burst = max(l.SenderByteRate, envelope.MaxSize)
+	}
+	return &senderRate{rate: l.SenderByteRate, burst: burst, unit: "bytes", b: map[string]*bucket{}}
 }
 
 // take spends one of sender's tokens at now, or says when one is due.
 func (s *senderRate) take(sender string, now time.Time) *relayproto.Error {
+	return s.takeN(sender, 1, now)
+}
+
+// refund gives back the token take spent (the accept was refused after it).
+func (s *senderRate) refund(sender string, now time.Time) {
+	if s.rate == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.b[sender]; b != nil {
+		s.refill(b, now)
+		b.tokens = min(s.burst, b.tokens+1)
+	}
+}
+
+// takeN spends cost of sender's tokens at now when the bucket holds cost or
+// its whole burst (the bucket may go below zero), or says when it will.
+func (s *senderRate) takeN(sender string, cost float64, now time.Time) *relayproto.Error {
 	if s.rate == 0 {
 		return nil
 	}
@@ -221,13 +280,14 @@ func (s *senderRate) take(sender string, now time.Time) *relayproto.Error {
 		s.b[sender] = b
 	}
 	s.refill(b, now)
-	if b.tokens >= 1 {
-		b.tokens--
+	need := min(cost, s.burst)
+	if b.tokens >= need {
+		b.tokens -= cost
 		return nil
 	}
-	wait := (1 - b.tokens) / s.rate // seconds until the next token
+	wait := (need - b.tokens) / s.rate // seconds until enough tokens
 	return &relayproto.Error{Status: http.StatusTooManyRequests, Code: relayproto.CodeRelayRateLimited,
-		Message:    fmt.Sprintf("sender %s sends more than %g envelopes per second (burst %g)", sender, s.rate, s.burst),
+		Message:    fmt.Sprintf("sender %s sends more than %g %s per second (burst %g)", sender, s.rate, s.unit, s.burst),
 		RetryAfter: int(min(math.Ceil(wait), 86400))}
 }
 
@@ -282,6 +342,8 @@ func (r *Relay) Unregister(ctx context.Context, did identity.DID) error {
 // have refilled.
 func (r *Relay) Expire(ctx context.Context) (int, error) {
 	r.rate.prune(r.now())
+	r.byteRate.prune(r.now())
+	r.expireUploads(ctx, r.now())
 	n, err := r.back.expire(ctx, r.now())
 	if n > 0 {
 		r.count(func(s *Stats) { s.Expired += int64(n) })

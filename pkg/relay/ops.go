@@ -217,17 +217,30 @@ var alwaysShownRefusals = []string{relayproto.CodeRelayQuota, relayproto.CodeRel
 // relayCollector computes the relay's series at scrape time.
 type relayCollector struct{ r *Relay }
 
+var (
+	descBodiesPending = prometheus.NewDesc("sealbridge_relay_bodies_pending",
+		"Blob envelopes pending their body now (posted, not yet complete: not fetchable).", nil, nil)
+	descBodies = prometheus.NewDesc("sealbridge_relay_bodies_total",
+		"Blob bodies ended, by outcome: completed (verified, the envelope entered its inbox), expired (pending past the envelope's deadline), digest_mismatch (discarded, 422).",
+		[]string{"outcome"}, nil)
+	descBodyBytes = prometheus.NewDesc("sealbridge_relay_body_bytes_total",
+		"Body bytes moved, by direction: in (received by uploads), out (sent by downloads).", []string{"direction"}, nil)
+	descUploadConflicts = prometheus.NewDesc("sealbridge_relay_upload_offset_mismatches_total",
+		"Body uploads answered 409 UPLOAD_OFFSET_MISMATCH (another offset, or another upload of the body running).", nil, nil)
+)
+
 func (c *relayCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEnvelopes, descRefusals, descReqErrors, descHeld, descHeldLimit, descHeldRefused,
-		descInbox, descInboxBytes, descAcked, descExpired, descReady, descScrapeErr, descNATSUp, descNATSReconnects} {
+		descInbox, descInboxBytes, descAcked, descExpired, descReady, descScrapeErr, descNATSUp, descNATSReconnects,
+		descBodiesPending, descBodies, descBodyBytes, descUploadConflicts} {
 		ch <- d
 	}
 }
 
 func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 	r := c.r
+	st := r.Stats()
 	r.mu.Lock()
-	st := r.stats
 	refusals := map[string]int64{}
 	for _, code := range alwaysShownRefusals {
 		refusals[code] = 0
@@ -269,6 +282,13 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descHeldLimit, float64(perAddr), "address")
 	counter(descAcked, st.Acked)
 	counter(descExpired, st.Expired)
+	gauge(descBodiesPending, float64(st.BodiesPending))
+	counter(descBodies, st.BodiesCompleted, "completed")
+	counter(descBodies, st.BodiesExpired, "expired")
+	counter(descBodies, st.BodyDigestMismatches, "digest_mismatch")
+	counter(descBodyBytes, st.BodyBytesIn, "in")
+	counter(descBodyBytes, st.BodyBytesOut, "out")
+	counter(descUploadConflicts, st.UploadOffsetMismatches)
 
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()

@@ -117,6 +117,14 @@ type Stats struct {
 	RateLimited int64 // 429 RELAY_RATE_LIMITED
 	NotAllowed  int64 // 403 RECIPIENT_NOT_ALLOWED
 	Expired     int64 // envelopes removed from inboxes past their deadline
+	// Bodies (blob envelopes).
+	BodiesPending          int64 // pending envelopes now (not yet fetchable)
+	BodiesCompleted        int64 // bodies complete and verified: their envelopes entered an inbox
+	BodiesExpired          int64 // pending envelopes dropped past their deadline
+	BodyDigestMismatches   int64 // complete bodies discarded for a wrong SHA-256 (422)
+	UploadOffsetMismatches int64 // PATCHes answered 409
+	BodyBytesIn            int64 // body bytes received by PATCHes (appended or not)
+	BodyBytesOut           int64 // body bytes sent by downloads
 }
 
 // Relay is the reference relay. Its Handler is safe for concurrent use; with
@@ -147,6 +155,14 @@ type Relay struct {
 
 	nonces nonceCache
 
+	// Bodies (bodies.go): nil bodies when the storage keeps none.
+	bodies   bodyStore
+	maxBody  int64
+	upMu     sync.Mutex
+	uploads  map[string]*upload // pending envelope id → its upload
+	pendUse  map[string]usage   // recipient dir → what its pending envelopes claim of its quota
+	byteRate *senderRate        // Limits.SenderByteRate
+
 	backendName string // "file" or "jetstream"
 	codes       counts // refusals and error answers by code (ops.go), guarded by mu
 	ops         ops    // /readyz's probe and /metrics's registry
@@ -164,6 +180,8 @@ func New(opts Options) (*Relay, error) {
 	r := &Relay{
 		id: opts.Identity, now: opts.Now, log: opts.Logger, onAccept: opts.OnAccept,
 		reserved: map[string]usage{}, limits: opts.Limits, rate: newSenderRate(opts.Limits),
+		byteRate: newByteRate(opts.Limits), maxBody: cmp.Or(opts.Limits.MaxBody, DefaultMaxBody),
+		uploads: map[string]*upload{}, pendUse: map[string]usage{},
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -180,8 +198,12 @@ func New(opts Options) (*Relay, error) {
 	if opts.JetStream != nil {
 		r.backendName = "jetstream"
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
-		r.back, err = openJetStream(ctx, opts.JetStream, opts.JetStreamOptions, r.now, r.wake)
+		var j *jsBackend
+		j, err = openJetStream(ctx, opts.JetStream, opts.JetStreamOptions, r.now, r.log, r.wake)
 		cancel()
+		if err == nil {
+			r.back, r.bodies = j, j.bodies
+		}
 		if h := JetStreamHint(err); h != "" {
 			err = errcode.WithHint(err, h)
 		}
@@ -189,9 +211,17 @@ func New(opts Options) (*Relay, error) {
 			r.log.Info("relay: JetStream storage opened", "relayDid", string(r.id.DID()))
 		}
 	} else {
-		r.back, err = openFiles(opts, r.now, r.log, r.wake)
+		var f *fileStore
+		f, err = openFiles(opts, r.now, r.log, r.wake)
+		if err == nil {
+			r.back, r.bodies = f, f.bodies
+		}
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := r.loadUploads(context.Background()); err != nil {
+		r.back.close()
 		return nil, err
 	}
 	r.newOps(opts.Version)
@@ -207,9 +237,14 @@ const openTimeout = 30 * time.Second
 
 // Stats returns the counters.
 func (r *Relay) Stats() Stats {
+	r.upMu.Lock()
+	pending := int64(len(r.uploads))
+	r.upMu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.stats
+	st := r.stats
+	st.BodiesPending = pending
+	return st
 }
 
 // Close stops the maintenance pass and releases the storage (the inbox
@@ -255,7 +290,9 @@ func (r *Relay) count(f func(s *Stats)) {
 
 // Accept verifies and stores one wire envelope and returns the relay's
 // receipt: the same bytes for the same envelope again. Its errors are
-// *relayproto.Error values with an HTTP status and a code.
+// *relayproto.Error values with an HTTP status and a code, but for a blob
+// envelope whose body the relay does not hold in full yet: then it is a
+// *relayproto.BodyIncompleteError (the 202; bodies.go).
 // Exported for the package's external tests, which call it without an HTTP server.
 func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	env, err := envelope.Parse(data)
@@ -271,13 +308,17 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 		return nil, err
 	}
 	if h != nil {
+		r.forgetHeld(env.ID())
 		return r.existing(env, h)
+	}
+	if ref, ok := blobOf(env); ok {
+		return r.acceptBlob(ctx, env, data, ref)
 	}
 	now := r.now()
 	if err := env.CheckDeadline(now); err != nil {
 		return nil, envelopeError(err)
 	}
-	res, lerr := r.admit(ctx, env, len(data))
+	res, lerr := r.admit(ctx, env, int64(len(data)))
 	if lerr != nil {
 		return nil, lerr
 	}

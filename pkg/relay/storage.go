@@ -40,6 +40,9 @@ type storage interface {
 	// ack removes the listed envelopes from recipient's inbox and returns how
 	// many it removed.
 	ack(ctx context.Context, recipient identity.DID, ids []string) (int, error)
+	// fetchable returns the body size (0: an inline body) of envelope id if
+	// it waits, visible and unexpired, in recipient's inbox; ok false if not.
+	fetchable(ctx context.Context, recipient identity.DID, id string) (bodySize int64, ok bool, err error)
 	// status is what a fetch from the start would page through.
 	status(ctx context.Context, recipient identity.DID) (relayproto.InboxStatus, error)
 	// usage is what waits in recipient's inbox, for its quota.

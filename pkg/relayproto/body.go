@@ -97,12 +97,6 @@ func (e *BodyIncompleteError) Error() string {
 		CodeBodyIncomplete, e.Offset, e.Size, e.Upload)
 }
 
-// ValidEnvelopeID reports whether id may name a body in a path: what an
-// envelope id is (a lower-case UUID; the relay checks it more strictly).
-func ValidEnvelopeID(id string) bool {
-	return len(id) == 36 && strings.Trim(id, "0123456789abcdef-") == ""
-}
-
 // ParseUploadOffset parses an Upload-Offset or Upload-Length value: a
 // non-negative decimal integer without sign or leading zeros.
 func ParseUploadOffset(s string) (int64, bool) {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
@@ -17,7 +18,7 @@ import (
 const maxBodyAnswer = 4 << 10
 
 func (c *Client) bodyURL(base, envelopeID string) (string, error) {
-	if !ValidEnvelopeID(envelopeID) {
+	if !uuid.Valid(envelopeID) {
 		return "", fmt.Errorf("relay: %q is not an envelope id", envelopeID)
 	}
 	return strings.TrimRight(c.BaseURL, "/") + base + envelopeID, nil
@@ -79,7 +80,8 @@ func (c *Client) BodyOffset(ctx context.Context, envelopeID string) (offset, siz
 //
 // On an error the returned offset is the relay's if its answer said it (a 409
 // CodeUploadOffsetMismatch carries the relay's Upload-Offset: continue from
-// there), else the offset passed in — the relay may hold more (a connection
+// there; so do the relay's other refusals of a PATCH it began, such as a 503
+// after a write failed), else the offset passed in — the relay may hold more (a connection
 // cut after the relay synced): BodyOffset, or another UploadBody that will be
 // answered 409 with the right one, finds out. A 422 CodeBodyDigestMismatch
 // means the relay discarded the body: it starts again at 0.

@@ -235,11 +235,13 @@ type Partial struct {
 	s    *Store
 	name string
 	a    *fsx.Appender
+	err  error // the first failure of Write or Persist: the part's end is unknown
+	done bool  // closed, committed or discarded
 }
 
 // PartialBlob opens the partial blob of envelopeID, or creates it (0600, blobs/ made
-// if needed): its Offset is where the download resumes. It takes no lock. A partial
-// blob left alone is removed by maintenance after Limits.BlobGrace.
+// if needed): its Offset, the file's length, is where the download resumes. It takes
+// no lock. A partial blob left alone is removed by maintenance after Limits.BlobGrace.
 func (s *Store) PartialBlob(envelopeID string) (*Partial, error) {
 	if !uuid.Valid(envelopeID) {
 		return nil, invalidAt(BlobDir+"/"+partBase(envelopeID), errors.New("envelope id is not a lower-case UUID"))
@@ -248,38 +250,68 @@ func (s *Store) PartialBlob(envelopeID string) (*Partial, error) {
 		return nil, err
 	}
 	base := partBase(envelopeID)
-	a, err := fsx.OpenAppender(s.fs, BlobDir, base)
-	if err != nil {
-		return nil, writeError(path.Join(BlobDir, base), err)
+	name := path.Join(BlobDir, base)
+	var size int64
+	info, err := s.fs.Lstat(name)
+	switch {
+	case err == nil:
+		size = info.Size // OpenAppend checks what it opens: private, regular, one link
+	case !fsx.IsNotExist(err):
+		return nil, invalidAt(name, err)
 	}
-	return &Partial{s: s, name: a.Name(), a: a}, nil
+	a, err := fsx.OpenAppend(s.fs, BlobDir, base, size, true)
+	if err != nil {
+		return nil, writeError(name, err)
+	}
+	return &Partial{s: s, name: name, a: a}, nil
 }
 
 // Offset returns the bytes the partial blob holds; after Persist they are durable.
-func (p *Partial) Offset() int64 { return p.a.Size() }
+func (p *Partial) Offset() int64 { return p.a.Offset() }
+
+func (p *Partial) usable() error {
+	if p.done {
+		return unwritable(p.name, errors.New("partial blob already closed, committed or discarded"))
+	}
+	return p.err
+}
 
 // Write appends b. It writes all of b or fails with OUTBOX_STORE_UNWRITABLE; after
-// an error only Close or Discard is useful (reopen to resume from what is there).
+// an error only Close or Discard is useful (a new PartialBlob resumes from what the
+// file holds).
 func (p *Partial) Write(b []byte) (int, error) {
-	n, err := p.a.Append(b)
+	if err := p.usable(); err != nil {
+		return 0, err
+	}
+	n, err := p.a.Write(b)
 	if err != nil {
-		return n, writeError(p.name, err)
+		p.err = writeError(p.name, err)
+		return n, p.err
 	}
 	return n, nil
 }
 
 // Persist makes every byte written so far durable (the file's fsync and, after it was
-// created, its directory's). A failed fsync is never retried: the Partial is unusable
-// and the download must start again from what a new PartialBlob finds.
+// created, its directory's). A failed fsync is never retried: the Partial is unusable,
+// and the download must start again from what a new PartialBlob finds (or from 0,
+// after Discard).
 func (p *Partial) Persist() error {
-	if err := p.a.Persist(); err != nil {
-		return writeError(p.name, err)
+	if err := p.usable(); err != nil {
+		return err
+	}
+	if err := p.a.Checkpoint(); err != nil {
+		p.err = writeError(p.name, err)
+		return p.err
 	}
 	return nil
 }
 
 // Close closes the partial blob, keeping it for a later resume.
 func (p *Partial) Close() error {
+	if p.done {
+		return nil
+	}
+	p.done = true
 	if err := p.a.Close(); err != nil {
 		return writeError(p.name, err)
 	}
@@ -294,29 +326,27 @@ func (p *Partial) Close() error {
 // it returns nil the blob is durable. The Partial is done afterwards, whatever the
 // outcome.
 func (p *Partial) Commit(digest string, size int64) error {
+	if err := p.usable(); err != nil {
+		p.Close()
+		return err
+	}
 	if !ValidBlobDigest(digest) {
-		_ = p.a.Close()
+		p.Close()
 		return invalidAt(BlobDir+"/"+digest, errors.New("a blob's name is 64 lower-case hex digits"))
 	}
-	if got := p.a.Size(); got != size {
-		_ = p.a.Remove()
+	got, gotDigest, err := p.hash()
+	switch {
+	case err != nil:
+		p.Close()
+		return err
+	case got != size:
+		p.Discard()
 		return errcode.New(errcode.BodySizeMismatch, p.name, fmt.Errorf("holds %d bytes, the reference says %d", got, size))
-	}
-	h := sha256.New()
-	buf := make([]byte, min(blobReadChunk, max(size, 1)))
-	for off := int64(0); off < size; {
-		n, err := p.a.ReadAt(buf[:min(int64(len(buf)), size-off)], off)
-		h.Write(buf[:n])
-		off += int64(n)
-		if err != nil && !(err == io.EOF && off == size) {
-			_ = p.a.Close()
-			return invalidAt(p.name, err)
-		}
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != digest {
-		_ = p.a.Remove()
+	case gotDigest != digest:
+		p.Discard()
 		return errcode.New(errcode.BodyDigestMismatch, p.name, errors.New("the bytes do not hash to the reference's digest"))
 	}
+	p.done = true
 	st, err := p.a.Stage()
 	if err != nil {
 		return writeError(p.name, err)
@@ -330,8 +360,25 @@ func (p *Partial) Commit(digest string, size int64) error {
 	return nil
 }
 
+// hash reads the partial blob back from its file (not from what Write was given) and
+// returns its length and SHA-256.
+func (p *Partial) hash() (int64, string, error) {
+	f, _, err := fsx.OpenRegular(p.s.fs, p.name, -1)
+	if err != nil {
+		return 0, "", invalidAt(p.name, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.CopyBuffer(h, f, make([]byte, blobReadChunk))
+	if err != nil {
+		return 0, "", invalidAt(p.name, err)
+	}
+	return n, hex.EncodeToString(h.Sum(nil)), nil
+}
+
 // Discard removes the partial blob durably.
 func (p *Partial) Discard() error {
+	p.done = true
 	if err := p.a.Remove(); err != nil {
 		return writeError(p.name, err)
 	}

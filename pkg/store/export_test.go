@@ -77,3 +77,10 @@ func NoInFlightWaits(t interface{ Cleanup(func()) }) {
 	maxInFlightWaits = 0
 	t.Cleanup(func() { maxInFlightWaits = waits })
 }
+
+// OnBlobsScanned makes fn run between maintenance's scan of the blob references
+// outside the lock and its removal step under it, until the test ends.
+func OnBlobsScanned(t interface{ Cleanup(func()) }, fn func()) {
+	blobsScanned = fn
+	t.Cleanup(func() { blobsScanned = nil })
+}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path"
 	"slices"
 	"time"
@@ -22,6 +23,8 @@ type MaintenanceReport struct {
 	OrphansRemoved   int // outbox records that no marker lists (singles: that no message record commits), unbound operations
 	ExpiredRemoved   int // records past retainUntil
 	TempsRemoved     int // staged temps older than TempMaxAge
+	BlobsRemoved     int // blobs no record refers to, older than Limits.BlobGrace
+	BlobPartsRemoved int // staged (.<uuid>.tmp) and partial (.<envelopeId>.part) blobs older than Limits.BlobGrace
 	Errors           []error
 }
 
@@ -114,6 +117,12 @@ func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 				return rep, err
 			}
 		}
+	}
+	// 5. Blobs no record refers to, and leftover staged and partial blobs, older than
+	// Limits.BlobGrace: found and their references scanned outside the lock, removed
+	// under it in chunks, each after the references were checked again.
+	if err := s.maintainBlobs(ctx, step, &rep); err != nil {
+		return rep, err
 	}
 	return rep, nil
 }
@@ -405,6 +414,215 @@ func (s *Store) removeOldTemps(tx *Tx, k record.Kind, names []string, rep *Maint
 	if removed {
 		if err := s.fs.SyncDir(string(k)); err != nil {
 			return writeError(string(k), err)
+		}
+	}
+	return nil
+}
+
+// blobScan is what the records that may refer to a blob — outbox records (their
+// envelope) and observations — referred to when they were read: by record path, the
+// file's fingerprint, whether it was racy (DESIGN §8) and the digest it names ("" for
+// none). A record's reference never changes while its file does not: an outbox
+// record's envelope and an observation's blob are immutable, and a record is only
+// ever replaced by a rename, which changes its fingerprint.
+type blobScan struct {
+	gen     generation // the generation file's state before the records were read
+	entries map[string]blobScanEntry
+}
+
+type blobScanEntry struct {
+	fp     fsx.Fingerprint
+	racy   bool
+	digest string
+}
+
+// blobRefKinds are the kinds whose records refer to blobs.
+var blobRefKinds = []record.Kind{record.KindOutbox, record.KindObservations}
+
+// scanBlobRefs reads every outbox record and observation and returns what they refer
+// to. With prev (a scan made earlier) it first asks the generation file (DESIGN §7):
+// if no outbox record or observation was published since prev began, and this
+// process has no unmarked publication, prev is still what they refer to and nothing
+// is read. Otherwise it reads again only the records whose file is not the one prev
+// read (new, replaced, or racy then), and takes the rest from prev: one lstat each.
+// Any record it cannot read makes the scan fail (OUTBOX_STORE_INVALID): what that
+// record refers to cannot be told, so no blob may be removed.
+func (s *Store) scanBlobRefs(ctx context.Context, prev *blobScan) (*blobScan, error) {
+	gen, err := s.generation()
+	if err != nil {
+		return nil, err
+	}
+	if prev != nil && !s.hasUnmarked() {
+		counts, known := s.markCounts(prev.gen, gen)
+		if known && counts[record.KindOutbox] == 0 && counts[record.KindObservations] == 0 {
+			return &blobScan{gen: gen, entries: prev.entries}, nil
+		}
+	}
+	var old map[string]blobScanEntry
+	if prev != nil {
+		old = prev.entries
+	}
+	scan := &blobScan{gen: gen, entries: map[string]blobScanEntry{}}
+	for _, k := range blobRefKinds {
+		ids, err := s.List(k)
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range ids {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			p := record.Path(k, id)
+			if e, ok := old[p]; ok && !e.racy {
+				info, err := s.fs.Lstat(p)
+				if err == nil && info.Fingerprint() == e.fp {
+					scan.entries[p] = e
+					continue
+				}
+			}
+			now := s.now()
+			r, fp, err := s.readFP(k, id)
+			if err != nil {
+				return nil, err
+			}
+			if r == nil {
+				continue // removed since the listing
+			}
+			e := blobScanEntry{fp: fp, racy: s.racyAt(now, fp.CtimeNs)}
+			switch v := r.(type) {
+			case *record.Outbox:
+				ref, ok, err := envelopeBlob(v.Envelope)
+				if err != nil {
+					return nil, invalidAt(p, fmt.Errorf("its envelope names a blob but does not parse: %w", err))
+				}
+				if ok {
+					e.digest = ref.Digest
+				}
+			case *record.Observation:
+				if v.Blob != nil {
+					e.digest = v.Blob.Digest
+				}
+			}
+			scan.entries[p] = e
+		}
+	}
+	return scan, nil
+}
+
+// referenced returns the set of digests the scan's records refer to.
+func (scan *blobScan) referenced() map[string]bool {
+	refs := map[string]bool{}
+	for _, e := range scan.entries {
+		if e.digest != "" {
+			refs[e.digest] = true
+		}
+	}
+	return refs
+}
+
+// maintainBlobs is maintenance step 5 (DESIGN §10). Outside the lock it lists blobs/
+// and keeps the files older than Limits.BlobGrace by mtime — blobs, staged blobs
+// (.<uuid>.tmp) and partial ones (.<envelopeId>.part) — and, if any is a blob, scans
+// what the records refer to. Then, a chunk at a time under the lock, it scans the
+// references again (only the records changed since: a reference appears only with a
+// new or replaced record) and removes what is still old and, for a blob, still
+// unreferenced, then fsyncs blobs/ once. Enqueue checks its blobs under the lock in
+// the hold that publishes its records, so a blob is never removed between that check
+// and the record that refers to it. Anything else in blobs/ is left for fsck.
+func (s *Store) maintainBlobs(ctx context.Context, step func(func(tx *Tx) error) error, rep *MaintenanceReport) error {
+	ents, err := s.fs.ReadDir(BlobDir)
+	if fsx.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		rep.Errors = append(rep.Errors, invalidAt(BlobDir, err))
+		return nil
+	}
+	var old []string
+	blobs := false
+	for _, e := range ents {
+		if !blobFileName(e.Name) || !s.blobFileIsOld(e.Name) {
+			continue
+		}
+		old = append(old, e.Name)
+		blobs = blobs || ValidBlobDigest(e.Name)
+	}
+	if len(old) == 0 {
+		return nil
+	}
+	slices.Sort(old)
+	var scan *blobScan
+	if blobs {
+		if scan, err = s.scanBlobRefs(ctx, nil); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			rep.Errors = append(rep.Errors, err)
+			scan, old = nil, slices.DeleteFunc(old, ValidBlobDigest) // no blob removed this pass
+		}
+	}
+	if blobsScanned != nil {
+		blobsScanned()
+	}
+	for chunk := range slices.Chunk(old, maintainChunk) {
+		err := step(func(tx *Tx) error {
+			var refs map[string]bool
+			if slices.ContainsFunc(chunk, ValidBlobDigest) {
+				again, err := s.scanBlobRefs(tx.ctx, scan)
+				if err != nil {
+					return err
+				}
+				scan, refs = again, again.referenced()
+			}
+			return s.removeOldBlobs(tx, chunk, refs, rep)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// blobsScanned, if set (by tests, before the Store is used), runs after maintenance
+// scanned the blob references outside the lock and before it takes the lock.
+var blobsScanned func()
+
+// blobFileName reports whether base is a name maintenance may remove from blobs/: a
+// blob, a staged blob or a partial blob.
+func blobFileName(base string) bool {
+	_, part := BlobPartEnvelope(base)
+	return ValidBlobDigest(base) || fsx.IsTempName(base) || part
+}
+
+// blobFileIsOld reports whether blobs/base is a regular file older than
+// Limits.BlobGrace by mtime, on the store's clock.
+func (s *Store) blobFileIsOld(base string) bool {
+	info, err := s.fs.Lstat(path.Join(BlobDir, base))
+	return err == nil && info.IsRegular() && s.now().UnixNano()-info.MtimeNs >= int64(s.limits.BlobGrace)
+}
+
+// removeOldBlobs removes, under the lock, those of names that are still old and, for
+// a blob, not in refs, then fsyncs blobs/ once.
+func (s *Store) removeOldBlobs(tx *Tx, names []string, refs map[string]bool, rep *MaintenanceReport) error {
+	removed := false
+	for _, name := range names {
+		blob := ValidBlobDigest(name)
+		if (blob && refs[name]) || !s.blobFileIsOld(name) {
+			continue
+		}
+		if err := tx.removeFile(BlobDir, name); err != nil {
+			return err
+		}
+		removed = true
+		if blob {
+			rep.BlobsRemoved++
+		} else {
+			rep.BlobPartsRemoved++
+		}
+	}
+	if removed {
+		if err := s.fs.SyncDir(BlobDir); err != nil {
+			return writeError(BlobDir, err)
 		}
 	}
 	return nil

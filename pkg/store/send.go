@@ -1,12 +1,14 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
@@ -31,7 +33,10 @@ type SendRequest struct {
 	Envelopes        []OutgoingEnvelope
 }
 
-// Enqueue accepts a message. It is a prepared transaction: the plan checks that the
+// Enqueue accepts a message. An envelope whose body is a sealed blob is accepted only
+// if that blob is in the store (BlobWriter.Commit) with the size the envelope names,
+// checked under the lock when the plan is published (BODY_MISSING otherwise, nothing
+// written). It is a prepared transaction: the plan checks that the
 // message and its envelopes are new; the outbox members, the message record and the
 // batch marker are signed and fsynced outside the lock; then, under the lock and with
 // capacity checked there (DESIGN §5 limits, OUTBOX_FULL with nothing written), the members
@@ -45,6 +50,10 @@ func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*record.Message, 
 	if err := s.checkSendRequest(req); err != nil {
 		return nil, err
 	}
+	blobs, err := sendBlobs(req)
+	if err != nil {
+		return nil, err
+	}
 	// Bring the outbox index up to date outside the lock, so the capacity check under
 	// the lock usually finds it current. Losing this race only costs that check a
 	// reconciliation; a cancelled ctx stops here.
@@ -52,11 +61,19 @@ func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*record.Message, 
 		return nil, errcode.Ensure(err, errcode.OutboxStoreBusy, s.dir)
 	}
 	var out *record.Message
-	err := s.preparedTx(ctx, func(tx *Tx) error {
+	err = s.preparedTx(ctx, func(tx *Tx) error {
 		m, err := s.planEnqueue(tx, req)
 		out = m
 		return err
-	}, func(pub *Tx) error { return s.checkCapacity(pub, req) })
+	}, func(pub *Tx) error {
+		// Under the lock, in the hold that publishes the plan: maintenance removes
+		// blobs under the lock too, so a blob found here is there when the records
+		// that refer to it are published (DESIGN §10).
+		if err := s.checkBlobs(blobs); err != nil {
+			return err
+		}
+		return s.checkCapacity(pub, req)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -444,4 +461,64 @@ func (s *Store) ResumeEnqueue(ctx context.Context, messageID string) (*record.Me
 		return nil, false, err
 	}
 	return m, true, nil
+}
+
+// blobMention is how the payload of an envelope with a blob body names it. Every
+// string of an envelope is an id, a DID, base64url, a digest or a fixed word, none of
+// which holds a quote, so only the body's key can match: an envelope without it has
+// no blob and is not parsed (a signature check per enqueue saved).
+var blobMention = []byte(`"blob":`)
+
+// envelopeBlob returns the blob reference of the signed envelope raw, or false if its
+// body is not a blob. An envelope that names a blob but does not parse is
+// OUTBOX_STORE_INVALID: what it refers to cannot be told.
+func envelopeBlob(raw []byte) (envelope.BlobRef, bool, error) {
+	if !bytes.Contains(raw, blobMention) {
+		return envelope.BlobRef{}, false, nil
+	}
+	env, err := envelope.Parse(raw)
+	if err != nil {
+		return envelope.BlobRef{}, false, err
+	}
+	ref, ok := env.Blob()
+	return ref, ok, nil
+}
+
+// sendBlobs returns the blob references of req's envelopes.
+func sendBlobs(req SendRequest) ([]envelope.BlobRef, error) {
+	var refs []envelope.BlobRef
+	for _, e := range req.Envelopes {
+		ref, ok, err := envelopeBlob(e.Envelope)
+		if err != nil {
+			return nil, invalidAt("envelope "+e.EnvelopeID, fmt.Errorf("it names a blob but does not parse: %w", err))
+		}
+		if ok {
+			refs = append(refs, ref)
+		}
+	}
+	return refs, nil
+}
+
+// checkBlobs checks that every blob of refs is in blobs/ — a private regular file
+// with one link — with its size: BODY_MISSING otherwise (absent, or another size),
+// OUTBOX_STORE_INVALID for a file that breaks the blob rules.
+func (s *Store) checkBlobs(refs []envelope.BlobRef) error {
+	for _, ref := range refs {
+		name := blobPath(ref.Digest)
+		info, err := s.fs.Lstat(name)
+		switch {
+		case fsx.IsNotExist(err):
+			return errcode.New(errcode.BodyMissing, "envelope "+ref.EnvelopeID, fmt.Errorf("its blob %s is not in the store", ref.Digest))
+		case err != nil:
+			return invalidAt(name, err)
+		}
+		if err := fsx.CheckPrivateFile(name, info); err != nil {
+			return invalidAt(name, err)
+		}
+		if info.Size != ref.Size {
+			return errcode.New(errcode.BodyMissing, "envelope "+ref.EnvelopeID,
+				fmt.Errorf("its blob %s holds %d bytes, the envelope says %d", ref.Digest, info.Size, ref.Size))
+		}
+	}
+	return nil
 }

@@ -213,6 +213,7 @@ const (
 	hdrDigest     = "Sealbridge-Digest"
 	hdrReceivedAt = "Sealbridge-Received-At"
 	hdrDeadline   = "Sealbridge-Deadline"
+	hdrBodySize   = "Sealbridge-Body-Size" // the sealed size of a blob body kept beside the message
 )
 
 // Errors a caller tells apart.
@@ -737,6 +738,14 @@ func checkID(id string) error {
 // this call may have begun.
 func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, digest string, wire []byte,
 	receivedAt, deadline time.Time) (held Held, duplicate bool, err error) {
+	return s.PutWithBody(ctx, recipient, envelopeID, digest, wire, 0, receivedAt, deadline)
+}
+
+// PutWithBody is Put for an envelope whose blob body of bodySize bytes (0:
+// none) is kept beside it (Bodies): the message carries the size in a header,
+// which Status counts in Bytes.
+func (s *Store) PutWithBody(ctx context.Context, recipient identity.DID, envelopeID, digest string, wire []byte,
+	bodySize int64, receivedAt, deadline time.Time) (held Held, duplicate bool, err error) {
 	if err := checkID(envelopeID); err != nil {
 		return Held{}, false, err
 	}
@@ -757,6 +766,9 @@ func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, dig
 	msg.Header.Set(hdrDigest, digest)
 	msg.Header.Set(hdrReceivedAt, strconv.FormatInt(rec.ReceivedAt, 10))
 	msg.Header.Set(hdrDeadline, strconv.FormatInt(rec.Deadline, 10))
+	if bodySize > 0 {
+		msg.Header.Set(hdrBodySize, strconv.FormatInt(bodySize, 10))
+	}
 	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0))
 	switch {
 	case err == nil:
@@ -1023,6 +1035,12 @@ func (s *Store) heldRecord(ctx context.Context, id string, rec *record) (*record
 // not), so the envelope posted again is a duplicate; the records stay until
 // their TTL.
 func (s *Store) Ack(ctx context.Context, recipient identity.DID, ids []string) (int, error) {
+	return s.AckEach(ctx, recipient, ids, nil)
+}
+
+// AckEach is Ack calling removed (if set) with the id and wire bytes of each
+// envelope it removed, after its removal: the relay removes their bodies.
+func (s *Store) AckEach(ctx context.Context, recipient identity.DID, ids []string, removed func(id string, wire []byte)) (int, error) {
 	rkey := RecipientKey(recipient)
 	n := 0
 	for _, id := range ids {
@@ -1048,6 +1066,9 @@ func (s *Store) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 			return n, fmt.Errorf("jsstore: ack: %w", err)
 		case deleted:
 			n++
+			if removed != nil {
+				removed(id, m.Data)
+			}
 		}
 	}
 	return n, nil
@@ -1086,7 +1107,7 @@ func isNotFound(err error) bool {
 // Status is the state of one inbox.
 type Status struct {
 	Count  int
-	Bytes  int64     // wire bytes of the waiting envelopes
+	Bytes  int64     // wire bytes of the waiting envelopes and the sizes of their blob bodies
 	Oldest time.Time // receivedAt of the oldest waiting envelope (zero if none)
 	Newest time.Time // receivedAt of the newest
 }
@@ -1117,6 +1138,9 @@ func (s *Store) StatusAt(ctx context.Context, recipient identity.DID, now time.T
 		st.Newest = at
 		st.Count++
 		st.Bytes += int64(size)
+		if b, err := strconv.ParseInt(h.Get(hdrBodySize), 10, 64); err == nil && b > 0 {
+			st.Bytes += b
+		}
 		return nil
 	})
 	return st, err
@@ -1127,6 +1151,12 @@ func (s *Store) StatusAt(ctx context.Context, recipient identity.DID, now time.T
 // TTL, so a late copy is still answered as a duplicate. It reads every waiting
 // envelope's headers; the relay runs it periodically.
 func (s *Store) Expire(ctx context.Context, now time.Time) (int, error) {
+	return s.ExpireEach(ctx, now, nil)
+}
+
+// ExpireEach is Expire calling removed (if set) with the envelope id of each
+// envelope it removed, after its removal: the relay removes their bodies.
+func (s *Store) ExpireEach(ctx context.Context, now time.Time, removed func(id string)) (int, error) {
 	n := 0
 	err := s.scan(ctx, s.subject+".>", func(seq uint64, h nats.Header, _ int) error {
 		dl, err := strconv.ParseInt(h.Get(hdrDeadline), 10, 64)
@@ -1139,6 +1169,9 @@ func (s *Store) Expire(ctx context.Context, now time.Time) (int, error) {
 		}
 		if deleted {
 			n++
+			if removed != nil {
+				removed(h.Get(hdrID))
+			}
 		}
 		return nil
 	})

@@ -1,0 +1,869 @@
+package jsstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sealbridge/sealbridge/internal/uuid"
+)
+
+// Bodies keeps the relay's large sealed bodies (the blob of a blob-body
+// envelope, uploaded in resumable pieces) in a JetStream Object Store, so that
+// every relay process sharing the JetStream can take the next piece of an
+// upload and serve a download.
+//
+// # Layout
+//
+// One object store bucket (default SEALBRIDGE_BODIES, JetStream stream
+// OBJ_<bucket>) holds every body as segment objects named
+// <envelopeId>/<16 lower-case hex digits: the segment index>, segment i holding
+// the body's bytes [i·S, i·S+size). S is the bucket's segment size (default
+// SegmentSize, 8 MiB), fixed when the bucket is created and recorded in its
+// metadata (sealbridge-segment-size), so every relay process agrees on it.
+// Every segment but the last holds exactly S bytes; the last holds 1..S. The
+// body's durable offset is the sum of its segments' sizes, which is
+// (n-1)·S + size(last) for n segments. Segments are ordinary objects (the
+// nats.go object store format: chunks of 128 KiB on $O.<bucket>.C.<nuid>, a
+// meta message on $O.<bucket>.M.<base64url(name)>); any object store client
+// reads them, with their SHA-256 digests checked.
+//
+// # Appending, and extending a partial segment
+//
+// Append streams: it publishes each 128 KiB chunk of the current segment as it
+// reads it (at most bodyWindow chunks, 2 MiB, wait for their acknowledgment at
+// a time; no segment is ever held whole in memory) and commits the segment when
+// it is full or when the reader ends (EOF or an error: the bytes read so far
+// are committed, then the reader's error is returned). A committed segment is
+// durable as the bucket's stream is (replicated, or synced with SyncAlways).
+// A body whose last segment is partial is extended by writing that segment
+// again: a new object of the same name whose content is the old segment's
+// bytes (read back from the store, their digest checked) followed by the new
+// ones; the new meta message replaces the old one and the old chunks are then
+// purged. So a resumed upload costs, inside the JetStream, one copy of at most
+// one partial segment.
+//
+// # The rule for two writers at once
+//
+// In one process, Appends and Deletes of one envelope are serialized by a
+// per-envelope lock (a second waits, bounded by its context). Across relay
+// processes sharing the bucket, there is no lock; instead every segment is
+// committed with a compare-and-set: its meta message is published with
+// "expected last subject sequence" = the sequence of the meta message the
+// writer read for that name (0 when there was none, or a deleted marker's),
+// after the writer checked that what it read matches the offset it appends at
+// (no segment there at a segment boundary, a partial segment of exactly
+// offset mod S bytes otherwise). Of two writers of one segment at once at most
+// one commits; the other's chunks are purged and it gets an *OffsetError with
+// the durable offset it then reads. The content of a committed segment is
+// checked before its commit: the acknowledgments of its chunks must have
+// strictly increasing stream sequences (so they are stored once each, in the
+// order written, on a subject no one else writes), and the prefix copied from
+// the partial segment it replaces must have that segment's size and digest. A
+// full segment never changes again (short of Delete), so a writer that saw
+// segment i-1 full may create segment i. Hence: two Appends at one offset
+// never both write bytes, and a body is always a prefix of one caller's bytes
+// per range, never a mixture within a segment.
+//
+// Limits. (1) Delete is serialized with Appends only within one process: a
+// Delete in one relay process racing an Append in another may leave a segment
+// the Append committed after the Delete passed (the relay deletes a body only
+// once it is complete and acknowledged, or after its digest failed, when no
+// upload is expected). (2) A relay process that dies while writing a segment
+// leaves that segment's chunks published but never referenced: durable bytes
+// are never lost, but those chunks stay in the bucket's stream as garbage (a
+// failed or lost commit purges its chunks itself). (3) Bytes read by an Append
+// are durable only once their segment is committed, at the segment's end or at
+// the end of the reader: a relay killed mid-segment loses up to S bytes of
+// that Append, which the carrier sends again from the durable offset. (4) A
+// reader (Open) of the last segment while an Append extends it fails (its old
+// chunks are purged) rather than returning mixed bytes.
+//
+// # Reads go to the leader
+//
+// As for the inbox stream, the bucket's stream is kept with allow_direct
+// false, so segment meta and chunk reads are answered by the stream's leader
+// (OpenBodies turns direct gets off on a bucket nats.go created with them).
+// A Bodies is safe for concurrent use.
+type Bodies struct {
+	js      jetstream.JetStream
+	stream  jetstream.Stream
+	bucket  string
+	seg     int64
+	timeout time.Duration
+	hooks   BodiesHooks
+
+	mu    sync.Mutex
+	locks map[string]*bodyLock
+}
+
+// Defaults and formats of Bodies.
+const (
+	// DefaultBodiesBucket is the object store bucket of the bodies.
+	DefaultBodiesBucket = "SEALBRIDGE_BODIES"
+	// SegmentSize is the default size of a body's segment objects.
+	SegmentSize int64 = 8 << 20
+	// bodyChunkSize is the size of a segment's chunk messages (the object
+	// store's default chunk size).
+	bodyChunkSize = 128 << 10
+	// bodyWindow is how many chunk publishes wait for their acknowledgment at
+	// once.
+	bodyWindow = 16
+	// segmentSizeMeta names the bucket metadata holding the segment size.
+	segmentSizeMeta = "sealbridge-segment-size"
+	// maxSegments bounds a body's segment count (16 hex digits name any).
+	maxSegmentIndex = 1 << 62
+)
+
+// Errors of Bodies a caller tells apart.
+var (
+	// ErrOffsetMismatch: an Append's offset is not the body's durable offset
+	// (an *OffsetError says which it is; the relay answers 409
+	// UPLOAD_OFFSET_MISMATCH with it).
+	ErrOffsetMismatch = errors.New("jsstore: upload offset is not the body's durable offset")
+	// ErrBodyRange: Open's offset lies beyond the body's durable bytes.
+	ErrBodyRange = errors.New("jsstore: offset beyond the body's durable bytes")
+	// ErrBodyCorrupt: the stored segments are not a body (a missing or
+	// wrong-sized segment, a chunk missing, a digest that does not match).
+	ErrBodyCorrupt = errors.New("jsstore: stored body segments do not form a whole body")
+)
+
+// OffsetError is Append's refusal of an offset that is not the body's durable
+// offset, or its loss of a race with another writer of the same bytes
+// (errors.Is(err, ErrOffsetMismatch)).
+type OffsetError struct {
+	Offset  int64 // the offset asked for
+	Durable int64 // the body's durable offset as read after the refusal
+}
+
+func (e *OffsetError) Error() string {
+	return fmt.Sprintf("%v: asked %d, durable %d", ErrOffsetMismatch, e.Offset, e.Durable)
+}
+
+// Is makes errors.Is(e, ErrOffsetMismatch) hold.
+func (e *OffsetError) Is(target error) bool { return target == ErrOffsetMismatch }
+
+// BodiesOptions configure OpenBodies. The zero value uses the defaults.
+type BodiesOptions struct {
+	// Bucket is the object store bucket (default DefaultBodiesBucket).
+	Bucket string
+	// Replicas is the bucket's replication when OpenBodies creates it
+	// (default DefaultReplicas); an existing bucket is checked, not changed.
+	Replicas int
+	// SyncAlways: as Options.SyncAlways (allows fewer than MinReplicas).
+	SyncAlways bool
+	// Timeout bounds each JetStream request and acknowledgment wait of a
+	// Bodies (default DefaultTimeout). Requests go on, so bounded, when the
+	// caller's context ends, so that the bytes an Append read are committed.
+	Timeout time.Duration
+	// SegmentSize is the segment size of a bucket OpenBodies creates (default
+	// SegmentSize). An existing bucket keeps its own; a different non-zero
+	// value is refused.
+	SegmentSize int64
+	// Hooks, for tests (nil: none).
+	Hooks *BodiesHooks
+}
+
+// BodiesHooks run at fixed points of an Append, on its goroutine.
+type BodiesHooks struct {
+	// BeforeCommit runs once a segment's chunks are acknowledged, before its
+	// meta message is published (name is the segment object's name).
+	BeforeCommit func(name string)
+}
+
+// Bodies opens the bodies bucket on the store's JetStream (see OpenBodies);
+// opts.Timeout defaults to the store's.
+func (s *Store) Bodies(ctx context.Context, opts BodiesOptions) (*Bodies, error) {
+	if opts.Timeout <= 0 {
+		opts.Timeout = s.timeout
+	}
+	return OpenBodies(ctx, s.js, opts)
+}
+
+// OpenBodies connects to the bodies bucket on js, creating it on first use,
+// and refuses it (*NotDurableError) unless it is replicated at least
+// MinReplicas times or opts.SyncAlways is set, as Open does for the inbox.
+func OpenBodies(ctx context.Context, js jetstream.JetStream, opts BodiesOptions) (*Bodies, error) {
+	if opts.Bucket == "" {
+		opts.Bucket = DefaultBodiesBucket
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = DefaultReplicas
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.SegmentSize < 0 || opts.SegmentSize%bodyChunkSize != 0 {
+		return nil, fmt.Errorf("jsstore: segment size %d is not a positive multiple of %d", opts.SegmentSize, bodyChunkSize)
+	}
+	nc := js.Conn()
+	if opts.Replicas < MinReplicas && !opts.SyncAlways {
+		return nil, &NotDurableError{Replicas: opts.Replicas, SingleServer: !clustered(nc)}
+	}
+	what, name := "bucket "+opts.Bucket, "OBJ_"+opts.Bucket
+	stream, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if opts.Replicas > 1 && !clustered(nc) {
+			return nil, &NotDurableError{Resource: what, Stream: name, Replicas: opts.Replicas, SingleServer: true}
+		}
+		seg := opts.SegmentSize
+		if seg == 0 {
+			seg = SegmentSize
+		}
+		_, err = js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket:      opts.Bucket,
+			Description: "sealbridge relay large sealed bodies",
+			Storage:     jetstream.FileStorage,
+			Replicas:    opts.Replicas,
+			Metadata:    map[string]string{segmentSizeMeta: strconv.FormatInt(seg, 10)},
+		})
+		if err != nil && !errors.Is(err, jetstream.ErrBucketExists) && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			if notClustered(err) {
+				return nil, &NotDurableError{Resource: what, Stream: name, Replicas: opts.Replicas, SingleServer: true}
+			}
+			return nil, fmt.Errorf("jsstore: create %s: %w", what, err)
+		}
+		stream, err = js.Stream(ctx, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: open %s: %w", what, err)
+	}
+	info := stream.CachedInfo()
+	if info.Config.AllowDirect {
+		c := info.Config
+		c.AllowDirect = false
+		if _, err := js.UpdateStream(ctx, c); err != nil {
+			return nil, fmt.Errorf("jsstore: %s allows direct gets, which a lagging replica answers, and turning them off failed: %w; hint: nats stream edit %s --no-allow-direct",
+				what, err, name)
+		}
+		if stream, err = js.Stream(ctx, name); err != nil {
+			return nil, fmt.Errorf("jsstore: open %s: %w", what, err)
+		}
+		if info = stream.CachedInfo(); info.Config.AllowDirect {
+			return nil, fmt.Errorf("jsstore: %s: direct gets were turned on again meanwhile; hint: nats stream edit %s --no-allow-direct", what, name)
+		}
+	}
+	if err := checkDurable(what, name, info.Config.Replicas, opts.SyncAlways, nc); err != nil {
+		return nil, err
+	}
+	if info.Config.Storage != jetstream.FileStorage {
+		return nil, fmt.Errorf("jsstore: %s must have file storage; hint: recreate it or let the relay create it", what)
+	}
+	seg, err := strconv.ParseInt(info.Config.Metadata[segmentSizeMeta], 10, 64)
+	if err != nil || seg <= 0 || seg%bodyChunkSize != 0 {
+		return nil, fmt.Errorf("jsstore: %s has no valid %s metadata (%q); hint: let the relay create the bucket",
+			what, segmentSizeMeta, info.Config.Metadata[segmentSizeMeta])
+	}
+	if opts.SegmentSize != 0 && opts.SegmentSize != seg {
+		return nil, fmt.Errorf("jsstore: %s has segments of %d bytes, not the %d asked for", what, seg, opts.SegmentSize)
+	}
+	b := &Bodies{js: js, stream: stream, bucket: opts.Bucket, seg: seg, timeout: opts.Timeout,
+		locks: make(map[string]*bodyLock)}
+	if opts.Hooks != nil {
+		b.hooks = *opts.Hooks
+	}
+	return b, nil
+}
+
+// SegmentSize is the bucket's segment size.
+func (b *Bodies) SegmentSize() int64 { return b.seg }
+
+// SegmentName is the object name of envelopeID's segment i.
+func SegmentName(envelopeID string, i int64) string {
+	return fmt.Sprintf("%s/%016x", envelopeID, i)
+}
+
+func (b *Bodies) metaSubject(name string) string {
+	return "$O." + b.bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))
+}
+
+func (b *Bodies) chunkSubject(nuid string) string { return "$O." + b.bucket + ".C." + nuid }
+
+// op is a context for one JetStream request: ctx's values, not its end (the
+// bytes read must be committed even if the caller has gone), bounded by
+// Timeout.
+func (b *Bodies) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
+}
+
+// bodyLock serializes one envelope's Appends and Deletes in this process.
+type bodyLock struct {
+	ch   chan struct{}
+	refs int
+}
+
+func (b *Bodies) lock(ctx context.Context, id string) (unlock func(), err error) {
+	b.mu.Lock()
+	l := b.locks[id]
+	if l == nil {
+		l = &bodyLock{ch: make(chan struct{}, 1)}
+		b.locks[id] = l
+	}
+	l.refs++
+	b.mu.Unlock()
+	release := func() {
+		b.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(b.locks, id)
+		}
+		b.mu.Unlock()
+	}
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, fmt.Errorf("jsstore: waiting for another upload of the body: %w", ctx.Err())
+	}
+}
+
+// segment is what the last meta message of a segment name says.
+type segment struct {
+	seq  uint64                // the meta message's stream sequence; 0: none
+	info *jetstream.ObjectInfo // nil: no segment (none, or a deleted marker)
+}
+
+func (b *Bodies) segment(ctx context.Context, id string, i int64) (segment, error) {
+	name := SegmentName(id, i)
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	m, err := b.stream.GetLastMsgForSubject(octx, b.metaSubject(name))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return segment{}, nil
+	}
+	if err != nil {
+		return segment{}, fmt.Errorf("jsstore: read body segment %s: %w", name, err)
+	}
+	var info jetstream.ObjectInfo
+	if err := json.Unmarshal(m.Data, &info); err != nil {
+		return segment{}, fmt.Errorf("%w: segment %s: unreadable meta", ErrBodyCorrupt, name)
+	}
+	if info.Deleted {
+		return segment{seq: m.Sequence}, nil
+	}
+	if info.Name != name || info.Size == 0 || int64(info.Size) > b.seg || info.NUID == "" {
+		return segment{}, fmt.Errorf("%w: segment %s: meta names %q of %d bytes", ErrBodyCorrupt, name, info.Name, info.Size)
+	}
+	return segment{seq: m.Sequence, info: &info}, nil
+}
+
+// bodyState is a body's segment count and last segment.
+type bodyState struct {
+	n    int64 // segments
+	last segment
+}
+
+func (st bodyState) durable(seg int64) int64 {
+	if st.n == 0 {
+		return 0
+	}
+	return (st.n-1)*seg + int64(st.last.info.Size)
+}
+
+// state finds a body's segments: they are always 0..n-1 (a segment is
+// created only after the one before it is full, and Delete removes them from
+// the last), so n is found by an exponential then a binary search, in about
+// 2·log2(n) reads.
+func (b *Bodies) state(ctx context.Context, id string) (bodyState, error) {
+	probe := func(i int64) (segment, bool, error) {
+		s, err := b.segment(ctx, id, i)
+		return s, s.info != nil, err
+	}
+	s, ok, err := probe(0)
+	if err != nil || !ok {
+		return bodyState{}, err
+	}
+	lo, loSeg, hi := int64(0), s, int64(1)
+	for {
+		s, ok, err := probe(hi)
+		if err != nil {
+			return bodyState{}, err
+		}
+		if !ok {
+			break
+		}
+		lo, loSeg = hi, s
+		if hi >= maxSegmentIndex/2 {
+			return bodyState{}, fmt.Errorf("%w: too many segments", ErrBodyCorrupt)
+		}
+		hi = 2*hi + 1
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		s, ok, err := probe(mid)
+		if err != nil {
+			return bodyState{}, err
+		}
+		if ok {
+			lo, loSeg = mid, s
+		} else {
+			hi = mid
+		}
+	}
+	return bodyState{n: lo + 1, last: loSeg}, nil
+}
+
+// Offset returns envelopeID's durable offset: the bytes its segments hold (0
+// for a body never appended to, or deleted).
+func (b *Bodies) Offset(ctx context.Context, envelopeID string) (int64, error) {
+	if err := checkID(envelopeID); err != nil {
+		return 0, err
+	}
+	st, err := b.state(ctx, envelopeID)
+	if err != nil {
+		return 0, err
+	}
+	return st.durable(b.seg), nil
+}
+
+// Append adds the bytes of r to envelopeID's body at offset, which must be the
+// body's durable offset (else an *OffsetError with it, and nothing is read).
+// It reads r to its end; on return without error every byte read is durable
+// and durable = offset + bytes read. If r fails, the bytes read before are
+// committed, and Append returns the durable offset with r's error. Any other
+// error returns the durable offset as far as Append knows it (what it
+// committed); an *OffsetError returned after a lost race carries the offset
+// read after it. The caller bounds the body's size (r's length). See Bodies
+// for the rule when two callers append at once.
+func (b *Bodies) Append(ctx context.Context, envelopeID string, offset int64, r io.Reader) (durable int64, err error) {
+	if err := checkID(envelopeID); err != nil {
+		return 0, err
+	}
+	if offset < 0 {
+		return 0, fmt.Errorf("jsstore: negative upload offset %d", offset)
+	}
+	unlock, err := b.lock(ctx, envelopeID)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	st, err := b.state(ctx, envelopeID)
+	if err != nil {
+		return 0, err
+	}
+	if d := st.durable(b.seg); d != offset {
+		return d, &OffsetError{Offset: offset, Durable: d}
+	}
+	durable = offset
+	for {
+		i, within := durable/b.seg, durable%b.seg
+		if i >= maxSegmentIndex {
+			return durable, fmt.Errorf("jsstore: body too large")
+		}
+		prev, err := b.segment(ctx, envelopeID, i)
+		if err != nil {
+			return durable, err
+		}
+		if (prev.info == nil) != (within == 0) || (prev.info != nil && int64(prev.info.Size) != within) {
+			return b.lost(ctx, envelopeID, durable)
+		}
+		added, full, rerr, err := b.putSegment(ctx, envelopeID, i, prev, r, b.seg-within)
+		durable += added
+		switch {
+		case errors.Is(err, errLost):
+			return b.lost(ctx, envelopeID, durable)
+		case err != nil:
+			return durable, err
+		case rerr != nil:
+			return durable, rerr
+		case !full:
+			return durable, nil
+		}
+	}
+}
+
+// errLost: another writer changed the segment first.
+var errLost = errors.New("jsstore: lost a race for a body segment")
+
+// lost returns the *OffsetError of an append at offset whose segment another
+// writer changed first.
+func (b *Bodies) lost(ctx context.Context, id string, offset int64) (int64, error) {
+	st, err := b.state(ctx, id)
+	if err != nil {
+		return offset, err
+	}
+	d := st.durable(b.seg)
+	return d, &OffsetError{Offset: offset, Durable: d}
+}
+
+// source reads the new bytes of a segment: r up to the room left, an error of
+// r becoming the end (recorded in err), counting.
+type source struct {
+	r   io.Reader
+	n   int64
+	err error
+}
+
+func (s *source) Read(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, io.EOF
+	}
+	n, err := s.r.Read(p)
+	s.n += int64(n)
+	if err != nil && err != io.EOF {
+		s.err = err
+		err = io.EOF
+	}
+	return n, err
+}
+
+// putSegment writes segment i of id: prev's bytes (if prev is a partial
+// segment) then up to room bytes of r, and commits it with a compare-and-set
+// on prev's meta sequence. It returns the bytes of r committed, whether the
+// segment is now full, r's error (the bytes before it are committed), and
+// errLost if another writer committed the segment first. Nothing is written
+// when r has no byte left.
+func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segment, r io.Reader, room int64) (added int64, full bool, rerr, err error) {
+	name := SegmentName(id, i)
+	src := &source{r: io.LimitReader(r, room)}
+	first := make([]byte, bodyChunkSize)
+	n, _ := io.ReadFull(src, first)
+	if n == 0 {
+		return 0, false, src.err, nil
+	}
+	var old io.Reader = bytes.NewReader(nil)
+	var oldN countReader
+	if prev.info != nil {
+		sr := b.openSegment(context.WithoutCancel(ctx), prev.info) // the bytes of r read must be committed
+		oldN.r = sr
+		old = &oldN
+	}
+	in := io.MultiReader(old, bytes.NewReader(first[:n]), src)
+
+	nuid := strings.ReplaceAll(uuid.NewString(), "-", "")
+	subj := b.chunkSubject(nuid)
+	purge := func() {
+		pctx, cancel := b.op(ctx)
+		defer cancel()
+		_ = b.stream.Purge(pctx, jetstream.WithPurgeSubject(subj)) // best effort: leftovers are garbage, never read
+	}
+	h := sha256.New()
+	var size int64
+	var chunks uint32
+	var pending []jetstream.PubAckFuture
+	var lastSeq uint64
+	wait := func(f jetstream.PubAckFuture) error {
+		t := time.NewTimer(b.timeout)
+		defer t.Stop()
+		select {
+		case ack := <-f.Ok():
+			if ack.Sequence <= lastSeq {
+				return fmt.Errorf("%w: segment %s: chunk stored out of order (seq %d after %d)", ErrBodyCorrupt, name, ack.Sequence, lastSeq)
+			}
+			lastSeq = ack.Sequence
+			return nil
+		case err := <-f.Err():
+			return fmt.Errorf("jsstore: store body segment %s: %w", name, err)
+		case <-t.C:
+			return fmt.Errorf("jsstore: store body segment %s: no acknowledgment within %v", name, b.timeout)
+		}
+	}
+	fail := func(err error) (int64, bool, error, error) {
+		purge()
+		return 0, false, nil, err
+	}
+	for {
+		buf := make([]byte, bodyChunkSize) // a fresh buffer: a publish may still hold the last one
+		m, readErr := io.ReadFull(in, buf)
+		if m > 0 {
+			h.Write(buf[:m])
+			size += int64(m)
+			chunks++
+			f, err := b.js.PublishMsgAsync(&nats.Msg{Subject: subj, Data: buf[:m]}, jetstream.WithRetryAttempts(0))
+			if err != nil {
+				return fail(fmt.Errorf("jsstore: store body segment %s: %w", name, err))
+			}
+			if pending = append(pending, f); len(pending) >= bodyWindow {
+				if err := wait(pending[0]); err != nil {
+					return fail(err)
+				}
+				pending = pending[1:]
+			}
+		}
+		if readErr == io.EOF || readErr == io.ErrUnexpectedEOF {
+			break
+		}
+		if readErr != nil { // the old segment's bytes failed: src never fails
+			return fail(readErr)
+		}
+	}
+	for _, f := range pending {
+		if err := wait(f); err != nil {
+			return fail(err)
+		}
+	}
+	if prev.info != nil && oldN.n != int64(prev.info.Size) {
+		return fail(fmt.Errorf("%w: segment %s: read %d bytes of %d", ErrBodyCorrupt, name, oldN.n, prev.info.Size))
+	}
+	added = src.n
+	info := jetstream.ObjectInfo{
+		ObjectMeta: jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: bodyChunkSize}},
+		Bucket:     b.bucket, NUID: nuid, Size: uint64(size), Chunks: chunks,
+		Digest: jetstream.GetObjectDigestValue(h),
+	}
+	data, err := json.Marshal(&info)
+	if err != nil {
+		return fail(fmt.Errorf("jsstore: body segment meta: %w", err))
+	}
+	if b.hooks.BeforeCommit != nil {
+		b.hooks.BeforeCommit(name)
+	}
+	mm := nats.NewMsg(b.metaSubject(name))
+	mm.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	mm.Data = data
+	cctx, cancel := b.op(ctx)
+	_, err = b.js.PublishMsg(cctx, mm, jetstream.WithExpectLastSequencePerSubject(prev.seq))
+	cancel()
+	if err != nil {
+		// The outcome may be unknown (a timeout after the server stored it):
+		// the segment's meta, read again, says.
+		now, rerr2 := b.segment(ctx, id, i)
+		switch {
+		case rerr2 == nil && now.info != nil && now.info.NUID == nuid:
+			// committed after all
+		case isWrongLastSeq(err) || (rerr2 == nil && now.seq != prev.seq):
+			purge()
+			return 0, false, nil, errLost
+		default: // unknown: our chunks may be referenced; leave them
+			return 0, false, nil, fmt.Errorf("jsstore: commit body segment %s: %w", name, err)
+		}
+	}
+	if prev.info != nil {
+		pctx, cancel := b.op(ctx)
+		_ = b.stream.Purge(pctx, jetstream.WithPurgeSubject(b.chunkSubject(prev.info.NUID))) // best effort: the old chunks are no longer referenced
+		cancel()
+	}
+	return added, size == b.seg, src.err, nil
+}
+
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// segmentReader reads one segment's chunks one request at a time from the
+// stream's leader, checking their count, sizes and the segment's digest.
+type segmentReader struct {
+	b     *Bodies
+	ctx   context.Context
+	info  *jetstream.ObjectInfo
+	subj  string
+	next  uint64 // stream sequence to look from
+	got   uint32 // chunks read
+	n     int64  // bytes read
+	h     hash.Hash
+	buf   []byte
+	err   error
+	chunk int64
+}
+
+func (b *Bodies) openSegment(ctx context.Context, info *jetstream.ObjectInfo) *segmentReader {
+	chunk := int64(bodyChunkSize)
+	if info.Opts != nil && info.Opts.ChunkSize > 0 {
+		chunk = int64(info.Opts.ChunkSize)
+	}
+	return &segmentReader{b: b, ctx: ctx, info: info, subj: b.chunkSubject(info.NUID), next: 1, h: sha256.New(), chunk: chunk}
+}
+
+func (s *segmentReader) Read(p []byte) (int, error) {
+	for len(s.buf) == 0 {
+		if s.err != nil {
+			return 0, s.err
+		}
+		s.err = s.fill()
+	}
+	n := copy(p, s.buf)
+	s.buf = s.buf[n:]
+	return n, nil
+}
+
+// fill reads the next chunk into buf, or returns io.EOF after the last chunk
+// once the digest matches.
+func (s *segmentReader) fill() error {
+	name := s.info.Name
+	if s.got == s.info.Chunks {
+		if s.n != int64(s.info.Size) {
+			return fmt.Errorf("%w: segment %s: %d bytes in its chunks, %d in its meta", ErrBodyCorrupt, name, s.n, s.info.Size)
+		}
+		if jetstream.GetObjectDigestValue(s.h) != s.info.Digest {
+			return fmt.Errorf("%w: segment %s: digest mismatch", ErrBodyCorrupt, name)
+		}
+		return io.EOF
+	}
+	if err := s.ctx.Err(); err != nil {
+		return err
+	}
+	octx, cancel := s.b.op(s.ctx)
+	m, err := s.b.stream.GetMsg(octx, s.next, jetstream.WithGetMsgSubject(s.subj))
+	cancel()
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("%w: segment %s: chunk %d of %d missing (replaced or deleted meanwhile?)", ErrBodyCorrupt, name, s.got+1, s.info.Chunks)
+	}
+	if err != nil {
+		return fmt.Errorf("jsstore: read body segment %s: %w", name, err)
+	}
+	s.got++
+	last := s.got == s.info.Chunks
+	if int64(len(m.Data)) > s.chunk || (!last && int64(len(m.Data)) != s.chunk) || len(m.Data) == 0 {
+		return fmt.Errorf("%w: segment %s: chunk %d has %d bytes", ErrBodyCorrupt, name, s.got, len(m.Data))
+	}
+	s.next = m.Sequence + 1
+	s.n += int64(len(m.Data))
+	s.h.Write(m.Data)
+	s.buf = m.Data
+	return nil
+}
+
+// Open returns a reader of envelopeID's body from offset to the durable
+// offset at the time of the call (ErrBodyRange beyond it). It streams, one
+// chunk request at a time, never holding more than a chunk (128 KiB); each
+// segment's size and digest are checked as it is read (ErrBodyCorrupt), and a
+// start inside a segment reads that segment from its start (to check it). The
+// reader's reads stop when ctx ends.
+func (b *Bodies) Open(ctx context.Context, envelopeID string, offset int64) (io.ReadCloser, error) {
+	if err := checkID(envelopeID); err != nil {
+		return nil, err
+	}
+	st, err := b.state(ctx, envelopeID)
+	if err != nil {
+		return nil, err
+	}
+	d := st.durable(b.seg)
+	if offset < 0 || offset > d {
+		return nil, fmt.Errorf("%w: offset %d, durable %d", ErrBodyRange, offset, d)
+	}
+	return &bodyReader{b: b, ctx: ctx, id: envelopeID, i: offset / b.seg, skip: offset % b.seg, st: st}, nil
+}
+
+type bodyReader struct {
+	b    *Bodies
+	ctx  context.Context
+	id   string
+	i    int64 // the segment being read (or next to open)
+	skip int64 // bytes of it still to skip
+	st   bodyState
+	cur  *segmentReader
+	err  error
+}
+
+func (r *bodyReader) Read(p []byte) (int, error) {
+	for r.err == nil {
+		if r.cur == nil {
+			if r.i >= r.st.n {
+				r.err = io.EOF
+				break
+			}
+			s := r.st.last
+			if r.i != r.st.n-1 {
+				var err error
+				if s, err = r.b.segment(r.ctx, r.id, r.i); err != nil {
+					r.err = err
+					break
+				}
+				if s.info == nil || int64(s.info.Size) != r.b.seg {
+					r.err = fmt.Errorf("%w: segment %s missing or not full", ErrBodyCorrupt, SegmentName(r.id, r.i))
+					break
+				}
+			}
+			r.cur = r.b.openSegment(r.ctx, s.info)
+			if r.skip > 0 {
+				if _, err := io.CopyN(io.Discard, r.cur, r.skip); err != nil {
+					r.err = err
+					break
+				}
+				r.skip = 0
+			}
+		}
+		n, err := r.cur.Read(p)
+		if err == io.EOF {
+			r.cur, r.i = nil, r.i+1
+			err = nil
+		}
+		if n > 0 || err != nil {
+			if err != nil {
+				r.err = err
+			}
+			return n, err
+		}
+	}
+	return 0, r.err
+}
+
+func (r *bodyReader) Close() error {
+	r.cur, r.err = nil, errors.New("jsstore: body reader closed")
+	return nil
+}
+
+// Digest returns the lower-case hex SHA-256 and the length of envelopeID's
+// durable bytes, reading them through Open (streaming, every segment's digest
+// checked).
+func (b *Bodies) Digest(ctx context.Context, envelopeID string) (digest string, size int64, err error) {
+	rc, err := b.Open(ctx, envelopeID, 0)
+	if err != nil {
+		return "", 0, err
+	}
+	defer rc.Close()
+	h := sha256.New()
+	if size, err = io.Copy(h, rc); err != nil {
+		return "", size, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), size, nil
+}
+
+// Delete removes envelopeID's body: its segments from the last to the first
+// (so that what a crash leaves is still a body's prefix), each by purging its
+// meta then its chunks. Deleting an absent body does nothing. See Bodies for
+// its limit against an Append in another process.
+func (b *Bodies) Delete(ctx context.Context, envelopeID string) error {
+	if err := checkID(envelopeID); err != nil {
+		return err
+	}
+	unlock, err := b.lock(ctx, envelopeID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := b.state(ctx, envelopeID)
+	if err != nil {
+		return err
+	}
+	for i := st.n - 1; i >= 0; i-- {
+		s := st.last
+		if i != st.n-1 {
+			if s, err = b.segment(ctx, envelopeID, i); err != nil {
+				return err
+			}
+		}
+		name := SegmentName(envelopeID, i)
+		octx, cancel := b.op(ctx)
+		err := b.stream.Purge(octx, jetstream.WithPurgeSubject(b.metaSubject(name)))
+		if err == nil && s.info != nil {
+			err = b.stream.Purge(octx, jetstream.WithPurgeSubject(b.chunkSubject(s.info.NUID)))
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("jsstore: delete body segment %s: %w", name, err)
+		}
+	}
+	return nil
+}
