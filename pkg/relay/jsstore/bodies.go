@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -125,8 +126,18 @@ const (
 	bodyWindow = 16
 	// segmentSizeMeta names the bucket metadata holding the segment size.
 	segmentSizeMeta = "sealbridge-segment-size"
-	// maxSegments bounds a body's segment count (16 hex digits name any).
+	// maxSegmentIndex bounds a body's segment count (16 hex digits name any).
 	maxSegmentIndex = 1 << 62
+	// seqsMeta names a segment's object metadata listing its chunks' stream
+	// sequences in order (decimal, comma-separated), so that a reader can
+	// request several at once.
+	seqsMeta = "sealbridge-chunk-seqs"
+	// stateMeta names a segment's object metadata holding the body's SHA-256
+	// state after the segment (base64 of crypto/sha256's MarshalBinary), so
+	// that the digest of a whole body is known without reading it again.
+	stateMeta = "sealbridge-sha256-state"
+	// readWindow is how many chunk requests a reader keeps in flight.
+	readWindow = 8
 )
 
 // Errors of Bodies a caller tells apart.
@@ -459,10 +470,16 @@ func (b *Bodies) Append(ctx context.Context, envelopeID string, offset int64, r 
 		return d, &OffsetError{Offset: offset, Durable: d}
 	}
 	durable = offset
+	var chain hash.Hash // the body's SHA-256 state at the start of segment i; nil: not known
 	for {
 		i, within := durable/b.seg, durable%b.seg
 		if i >= maxSegmentIndex {
 			return durable, fmt.Errorf("jsstore: body too large")
+		}
+		if chain == nil {
+			if chain, err = b.chainBefore(ctx, envelopeID, i); err != nil {
+				return durable, err
+			}
 		}
 		prev, err := b.segment(ctx, envelopeID, i)
 		if err != nil {
@@ -471,7 +488,10 @@ func (b *Bodies) Append(ctx context.Context, envelopeID string, offset int64, r 
 		if (prev.info == nil) != (within == 0) || (prev.info != nil && int64(prev.info.Size) != within) {
 			return b.lost(ctx, envelopeID, durable)
 		}
-		added, full, rerr, err := b.putSegment(ctx, envelopeID, i, prev, r, b.seg-within)
+		var added int64
+		var full bool
+		var rerr error
+		added, full, chain, rerr, err = b.putSegment(ctx, envelopeID, i, prev, chain, r, b.seg-within)
 		durable += added
 		switch {
 		case errors.Is(err, errLost):
@@ -484,6 +504,36 @@ func (b *Bodies) Append(ctx context.Context, envelopeID string, offset int64, r 
 			return durable, nil
 		}
 	}
+}
+
+// chainBefore returns the body's SHA-256 state after the segments before i
+// (a fresh hash for i = 0), from segment i-1's meta; nil if that meta has none.
+func (b *Bodies) chainBefore(ctx context.Context, id string, i int64) (hash.Hash, error) {
+	if i == 0 {
+		return sha256.New(), nil
+	}
+	s, err := b.segment(ctx, id, i-1)
+	if err != nil {
+		return nil, err
+	}
+	if s.info == nil || int64(s.info.Size) != b.seg {
+		return nil, fmt.Errorf("%w: segment %s missing or not full", ErrBodyCorrupt, SegmentName(id, i-1))
+	}
+	return hashState(s.info), nil
+}
+
+// hashState is the body's SHA-256 state after segment info, as its meta
+// records it (nil if it does not).
+func hashState(info *jetstream.ObjectInfo) hash.Hash {
+	raw, err := base64.StdEncoding.DecodeString(info.Metadata[stateMeta])
+	if err != nil || len(raw) == 0 {
+		return nil
+	}
+	h := sha256.New()
+	if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(raw); err != nil {
+		return nil
+	}
+	return h
 }
 
 // errLost: another writer changed the segment first.
@@ -523,17 +573,19 @@ func (s *source) Read(p []byte) (int, error) {
 
 // putSegment writes segment i of id: prev's bytes (if prev is a partial
 // segment) then up to room bytes of r, and commits it with a compare-and-set
-// on prev's meta sequence. It returns the bytes of r committed, whether the
-// segment is now full, r's error (the bytes before it are committed), and
+// on prev's meta sequence. chain is the body's SHA-256 state at the start of
+// the segment (nil: unknown); the state at its end is recorded in the
+// segment's meta and returned. It returns the bytes of r committed, whether
+// the segment is now full, r's error (the bytes before it are committed), and
 // errLost if another writer committed the segment first. Nothing is written
 // when r has no byte left.
-func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segment, r io.Reader, room int64) (added int64, full bool, rerr, err error) {
+func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segment, chain hash.Hash, r io.Reader, room int64) (added int64, full bool, end hash.Hash, rerr, err error) {
 	name := SegmentName(id, i)
 	src := &source{r: io.LimitReader(r, room)}
 	first := make([]byte, bodyChunkSize)
 	n, _ := io.ReadFull(src, first)
 	if n == 0 {
-		return 0, false, src.err, nil
+		return 0, false, chain, src.err, nil
 	}
 	var old io.Reader = bytes.NewReader(nil)
 	var oldN countReader
@@ -556,6 +608,7 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 	var chunks uint32
 	var pending []jetstream.PubAckFuture
 	var lastSeq uint64
+	seqs := make([]string, 0, (prevSize(prev)+room)/bodyChunkSize+1)
 	wait := func(f jetstream.PubAckFuture) error {
 		t := time.NewTimer(b.timeout)
 		defer t.Stop()
@@ -565,6 +618,7 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 				return fmt.Errorf("%w: segment %s: chunk stored out of order (seq %d after %d)", ErrBodyCorrupt, name, ack.Sequence, lastSeq)
 			}
 			lastSeq = ack.Sequence
+			seqs = append(seqs, strconv.FormatUint(ack.Sequence, 10))
 			return nil
 		case err := <-f.Err():
 			return fmt.Errorf("jsstore: store body segment %s: %w", name, err)
@@ -572,15 +626,18 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 			return fmt.Errorf("jsstore: store body segment %s: no acknowledgment within %v", name, b.timeout)
 		}
 	}
-	fail := func(err error) (int64, bool, error, error) {
+	fail := func(err error) (int64, bool, hash.Hash, error, error) {
 		purge()
-		return 0, false, nil, err
+		return 0, false, nil, nil, err
 	}
 	for {
 		buf := make([]byte, bodyChunkSize) // a fresh buffer: a publish may still hold the last one
 		m, readErr := io.ReadFull(in, buf)
 		if m > 0 {
 			h.Write(buf[:m])
+			if chain != nil {
+				chain.Write(buf[:m])
+			}
 			size += int64(m)
 			chunks++
 			f, err := b.js.PublishMsgAsync(&nats.Msg{Subject: subj, Data: buf[:m]}, jetstream.WithRetryAttempts(0))
@@ -610,8 +667,16 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 		return fail(fmt.Errorf("%w: segment %s: read %d bytes of %d", ErrBodyCorrupt, name, oldN.n, prev.info.Size))
 	}
 	added = src.n
+	meta := map[string]string{seqsMeta: strings.Join(seqs, ",")}
+	if chain != nil {
+		st, err := chain.(encoding.BinaryMarshaler).MarshalBinary()
+		if err != nil {
+			return fail(fmt.Errorf("jsstore: body hash state: %w", err))
+		}
+		meta[stateMeta] = base64.StdEncoding.EncodeToString(st)
+	}
 	info := jetstream.ObjectInfo{
-		ObjectMeta: jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: bodyChunkSize}},
+		ObjectMeta: jetstream.ObjectMeta{Name: name, Metadata: meta, Opts: &jetstream.ObjectMetaOptions{ChunkSize: bodyChunkSize}},
 		Bucket:     b.bucket, NUID: nuid, Size: uint64(size), Chunks: chunks,
 		Digest: jetstream.GetObjectDigestValue(h),
 	}
@@ -637,9 +702,9 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 			// committed after all
 		case isWrongLastSeq(err) || (rerr2 == nil && now.seq != prev.seq):
 			purge()
-			return 0, false, nil, errLost
+			return 0, false, nil, nil, errLost
 		default: // unknown: our chunks may be referenced; leave them
-			return 0, false, nil, fmt.Errorf("jsstore: commit body segment %s: %w", name, err)
+			return 0, false, nil, nil, fmt.Errorf("jsstore: commit body segment %s: %w", name, err)
 		}
 	}
 	if prev.info != nil {
@@ -647,7 +712,14 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 		_ = b.stream.Purge(pctx, jetstream.WithPurgeSubject(b.chunkSubject(prev.info.NUID))) // best effort: the old chunks are no longer referenced
 		cancel()
 	}
-	return added, size == b.seg, src.err, nil
+	return added, size == b.seg, chain, src.err, nil
+}
+
+func prevSize(s segment) int64 {
+	if s.info == nil {
+		return 0
+	}
+	return int64(s.info.Size)
 }
 
 type countReader struct {
@@ -661,14 +733,19 @@ func (c *countReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// segmentReader reads one segment's chunks one request at a time from the
-// stream's leader, checking their count, sizes and the segment's digest.
+// segmentReader reads one segment's chunks from the stream's leader, up to
+// readWindow chunk requests in flight (by the sequences its meta lists; one at
+// a time by subject if it lists none), checking their subject, count and
+// sizes and the segment's digest.
 type segmentReader struct {
 	b     *Bodies
 	ctx   context.Context
 	info  *jetstream.ObjectInfo
 	subj  string
-	next  uint64 // stream sequence to look from
+	seqs  []uint64 // the chunks' sequences, nil: not listed
+	q     []chan chunkResult
+	sent  int    // chunk requests made (with seqs)
+	next  uint64 // stream sequence to look from (without seqs)
 	got   uint32 // chunks read
 	n     int64  // bytes read
 	h     hash.Hash
@@ -677,12 +754,34 @@ type segmentReader struct {
 	chunk int64
 }
 
+type chunkResult struct {
+	m   *jetstream.RawStreamMsg
+	err error
+}
+
+// openSegment reads the segment of info; its requests end with ctx.
 func (b *Bodies) openSegment(ctx context.Context, info *jetstream.ObjectInfo) *segmentReader {
 	chunk := int64(bodyChunkSize)
 	if info.Opts != nil && info.Opts.ChunkSize > 0 {
 		chunk = int64(info.Opts.ChunkSize)
 	}
-	return &segmentReader{b: b, ctx: ctx, info: info, subj: b.chunkSubject(info.NUID), next: 1, h: sha256.New(), chunk: chunk}
+	s := &segmentReader{b: b, ctx: ctx, info: info, subj: b.chunkSubject(info.NUID), next: 1, h: sha256.New(), chunk: chunk}
+	if list := info.Metadata[seqsMeta]; list != "" {
+		parts := strings.Split(list, ",")
+		seqs := make([]uint64, 0, len(parts))
+		for _, p := range parts {
+			q, err := strconv.ParseUint(p, 10, 64)
+			if err != nil {
+				seqs = nil
+				break
+			}
+			seqs = append(seqs, q)
+		}
+		if len(seqs) == int(info.Chunks) {
+			s.seqs = seqs
+		}
+	}
+	return s
 }
 
 func (s *segmentReader) Read(p []byte) (int, error) {
@@ -695,6 +794,13 @@ func (s *segmentReader) Read(p []byte) (int, error) {
 	n := copy(p, s.buf)
 	s.buf = s.buf[n:]
 	return n, nil
+}
+
+// get is one chunk request, ending with the reader's context or Timeout.
+func (s *segmentReader) get(seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.b.timeout)
+	defer cancel()
+	return s.b.stream.GetMsg(ctx, seq, opts...)
 }
 
 // fill reads the next chunk into buf, or returns io.EOF after the last chunk
@@ -713,9 +819,26 @@ func (s *segmentReader) fill() error {
 	if err := s.ctx.Err(); err != nil {
 		return err
 	}
-	octx, cancel := s.b.op(s.ctx)
-	m, err := s.b.stream.GetMsg(octx, s.next, jetstream.WithGetMsgSubject(s.subj))
-	cancel()
+	var m *jetstream.RawStreamMsg
+	var err error
+	if s.seqs != nil {
+		for len(s.q) < readWindow && s.sent < len(s.seqs) {
+			ch, seq := make(chan chunkResult, 1), s.seqs[s.sent]
+			go func() {
+				m, err := s.get(seq)
+				ch <- chunkResult{m, err}
+			}()
+			s.q, s.sent = append(s.q, ch), s.sent+1
+		}
+		r := <-s.q[0] // each request ends within Timeout
+		s.q = s.q[1:]
+		m, err = r.m, r.err
+		if err == nil && m.Subject != s.subj {
+			err = jetstream.ErrMsgNotFound // another message took the sequence's place: the chunk is gone
+		}
+	} else {
+		m, err = s.get(s.next, jetstream.WithGetMsgSubject(s.subj))
+	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return fmt.Errorf("%w: segment %s: chunk %d of %d missing (replaced or deleted meanwhile?)", ErrBodyCorrupt, name, s.got+1, s.info.Chunks)
 	}
@@ -735,11 +858,13 @@ func (s *segmentReader) fill() error {
 }
 
 // Open returns a reader of envelopeID's body from offset to the durable
-// offset at the time of the call (ErrBodyRange beyond it). It streams, one
-// chunk request at a time, never holding more than a chunk (128 KiB); each
-// segment's size and digest are checked as it is read (ErrBodyCorrupt), and a
-// start inside a segment reads that segment from its start (to check it). The
-// reader's reads stop when ctx ends.
+// offset at the time of the call (ErrBodyRange beyond it). It streams, with at
+// most readWindow chunks (1 MiB) requested ahead; each segment's size and
+// digest are checked as it is read (ErrBodyCorrupt), and a start inside a
+// segment reads that segment from its start (to check it). Its reads end when
+// ctx ends or it is closed. Open while an Append extends the body's last
+// partial segment may fail with ErrBodyCorrupt (its old chunks are purged);
+// the relay opens complete bodies.
 func (b *Bodies) Open(ctx context.Context, envelopeID string, offset int64) (io.ReadCloser, error) {
 	if err := checkID(envelopeID); err != nil {
 		return nil, err
@@ -752,18 +877,20 @@ func (b *Bodies) Open(ctx context.Context, envelopeID string, offset int64) (io.
 	if offset < 0 || offset > d {
 		return nil, fmt.Errorf("%w: offset %d, durable %d", ErrBodyRange, offset, d)
 	}
-	return &bodyReader{b: b, ctx: ctx, id: envelopeID, i: offset / b.seg, skip: offset % b.seg, st: st}, nil
+	ctx, cancel := context.WithCancel(ctx)
+	return &bodyReader{b: b, ctx: ctx, cancel: cancel, id: envelopeID, i: offset / b.seg, skip: offset % b.seg, st: st}, nil
 }
 
 type bodyReader struct {
-	b    *Bodies
-	ctx  context.Context
-	id   string
-	i    int64 // the segment being read (or next to open)
-	skip int64 // bytes of it still to skip
-	st   bodyState
-	cur  *segmentReader
-	err  error
+	b      *Bodies
+	ctx    context.Context
+	cancel context.CancelFunc
+	id     string
+	i      int64 // the segment being read (or next to open)
+	skip   int64 // bytes of it still to skip
+	st     bodyState
+	cur    *segmentReader
+	err    error
 }
 
 func (r *bodyReader) Read(p []byte) (int, error) {
@@ -809,15 +936,39 @@ func (r *bodyReader) Read(p []byte) (int, error) {
 	return 0, r.err
 }
 
+// Close ends the reader's requests.
 func (r *bodyReader) Close() error {
+	r.cancel()
 	r.cur, r.err = nil, errors.New("jsstore: body reader closed")
 	return nil
 }
 
 // Digest returns the lower-case hex SHA-256 and the length of envelopeID's
-// durable bytes, reading them through Open (streaming, every segment's digest
-// checked).
+// durable bytes without reading them: from the hash state its last segment's
+// meta records (the state of the SHA-256 of exactly the bytes written into
+// the segments, carried from segment to segment by Append). For a body whose
+// last segment records none it reads the body (ReadDigest).
 func (b *Bodies) Digest(ctx context.Context, envelopeID string) (digest string, size int64, err error) {
+	if err := checkID(envelopeID); err != nil {
+		return "", 0, err
+	}
+	st, err := b.state(ctx, envelopeID)
+	if err != nil {
+		return "", 0, err
+	}
+	if st.n == 0 {
+		return hex.EncodeToString(sha256.New().Sum(nil)), 0, nil
+	}
+	if h := hashState(st.last.info); h != nil {
+		return hex.EncodeToString(h.Sum(nil)), st.durable(b.seg), nil
+	}
+	return b.ReadDigest(ctx, envelopeID)
+}
+
+// ReadDigest returns the lower-case hex SHA-256 and the length of
+// envelopeID's durable bytes by reading them through Open (streaming, every
+// segment's size and digest checked): a check of what is stored.
+func (b *Bodies) ReadDigest(ctx context.Context, envelopeID string) (digest string, size int64, err error) {
 	rc, err := b.Open(ctx, envelopeID, 0)
 	if err != nil {
 		return "", 0, err
