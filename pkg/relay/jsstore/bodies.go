@@ -41,7 +41,13 @@ import (
 // (n-1)·S + size(last) for n segments. Segments are ordinary objects (the
 // nats.go object store format: chunks of 128 KiB on $O.<bucket>.C.<nuid>, a
 // meta message on $O.<bucket>.M.<base64url(name)>); any object store client
-// reads them, with their SHA-256 digests checked.
+// reads them, with their SHA-256 digests checked. Their object metadata adds
+// two entries: sealbridge-chunk-seqs, the stream sequences of the segment's
+// chunks in order (a reader requests 8 at once instead of one after another),
+// and sealbridge-sha256-state, the SHA-256 state of the body's bytes up to the
+// segment's end (Digest reads it instead of the body). Both are computed by
+// Append from exactly what it publishes; a segment without them (written by
+// another client) is read by subject and hashed by reading.
 //
 // # Appending, and extending a partial segment
 //
@@ -86,8 +92,8 @@ import (
 // once it is complete and acknowledged, or after its digest failed, when no
 // upload is expected). (2) A relay process that dies while writing a segment
 // leaves that segment's chunks published but never referenced: durable bytes
-// are never lost, but those chunks stay in the bucket's stream as garbage (a
-// failed or lost commit purges its chunks itself). (3) Bytes read by an Append
+// are never lost, but those chunks stay in the bucket's stream until Sweep
+// purges them (a failed or lost commit purges its chunks itself). (3) Bytes read by an Append
 // are durable only once their segment is committed, at the segment's end or at
 // the end of the reader: a relay killed mid-segment loses up to S bytes of
 // that Append, which the carrier sends again from the durable offset. (4) A
@@ -108,8 +114,9 @@ type Bodies struct {
 	timeout time.Duration
 	hooks   BodiesHooks
 
-	mu    sync.Mutex
-	locks map[string]*bodyLock
+	mu      sync.Mutex
+	locks   map[string]*bodyLock
+	writing map[string]int // chunk subjects of segments being written here
 }
 
 // Defaults and formats of Bodies.
@@ -283,7 +290,7 @@ func OpenBodies(ctx context.Context, js jetstream.JetStream, opts BodiesOptions)
 		return nil, fmt.Errorf("jsstore: %s has segments of %d bytes, not the %d asked for", what, seg, opts.SegmentSize)
 	}
 	b := &Bodies{js: js, stream: stream, bucket: opts.Bucket, seg: seg, timeout: opts.Timeout,
-		locks: make(map[string]*bodyLock)}
+		locks: make(map[string]*bodyLock), writing: make(map[string]int)}
 	if opts.Hooks != nil {
 		b.hooks = *opts.Hooks
 	}
@@ -598,6 +605,16 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 
 	nuid := strings.ReplaceAll(uuid.NewString(), "-", "")
 	subj := b.chunkSubject(nuid)
+	b.mu.Lock()
+	b.writing[subj]++
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		if b.writing[subj]--; b.writing[subj] == 0 {
+			delete(b.writing, subj)
+		}
+		b.mu.Unlock()
+	}()
 	purge := func() {
 		pctx, cancel := b.op(ctx)
 		defer cancel()
@@ -1017,4 +1034,58 @@ func (b *Bodies) Delete(ctx context.Context, envelopeID string) error {
 		}
 	}
 	return nil
+}
+
+// Sweep purges the chunks that no segment names and that no Append of this
+// Bodies is writing, if the last of them was stored before before: what a
+// relay process that died while writing a segment left (a failed or lost
+// commit purges its own chunks). It returns how many chunk subjects it purged.
+// Run it with before well in the past (an hour): an Append of another process
+// that has been writing one segment since before would lose it (its commit
+// then names missing chunks, which its readers report as ErrBodyCorrupt); the
+// relay's request read timeouts keep an Append from stalling that long.
+func (b *Bodies) Sweep(ctx context.Context, before time.Time) (int, error) {
+	info, err := b.stream.Info(ctx, jetstream.WithSubjectFilter(b.chunkSubject(">")))
+	if err != nil {
+		return 0, fmt.Errorf("jsstore: sweep bodies: %w", err)
+	}
+	if len(info.State.Subjects) == 0 {
+		return 0, nil
+	}
+	obs, err := b.js.ObjectStore(ctx, b.bucket)
+	if err != nil {
+		return 0, fmt.Errorf("jsstore: sweep bodies: %w", err)
+	}
+	objs, err := obs.List(ctx)
+	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return 0, fmt.Errorf("jsstore: sweep bodies: %w", err)
+	}
+	named := make(map[string]bool, len(objs))
+	for _, o := range objs {
+		named[b.chunkSubject(o.NUID)] = true
+	}
+	purged := 0
+	for subj := range info.State.Subjects {
+		b.mu.Lock()
+		busy := b.writing[subj] > 0
+		b.mu.Unlock()
+		if named[subj] || busy {
+			continue
+		}
+		m, err := b.stream.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return purged, fmt.Errorf("jsstore: sweep bodies: %w", err)
+		}
+		if !m.Time.Before(before) {
+			continue
+		}
+		if err := b.stream.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+			return purged, fmt.Errorf("jsstore: sweep bodies: %w", err)
+		}
+		purged++
+	}
+	return purged, nil
 }

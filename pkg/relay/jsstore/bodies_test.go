@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
@@ -590,5 +591,47 @@ func TestBodiesDeletedMarkerAndMissingChunk(t *testing.T) {
 	}
 	if _, _, err := b.ReadDigest(ctx, id); !errors.Is(err, jsstore.ErrBodyCorrupt) {
 		t.Fatalf("ReadDigest with a chunk missing: %v, want ErrBodyCorrupt", err)
+	}
+}
+
+// Chunks no segment names (a relay process died while writing a segment)
+// are purged by Sweep once older than its cutoff; chunks of live segments and
+// of a segment being written at that moment by this Bodies are kept.
+func TestBodiesSweepPurgesOrphanChunks(t *testing.T) {
+	s := natstest.Node(t)
+	ctx := context.Background()
+	var b *jsstore.Bodies
+	during, sweeps := 0, 0
+	var duringErr error
+	b, js := bodiesOn(t, s, smallSeg, &jsstore.BodiesHooks{BeforeCommit: func(string) {
+		n, err := b.Sweep(ctx, time.Now().Add(time.Hour)) // before each of the body's three commits
+		during, sweeps = during+n, sweeps+1
+		duringErr = errors.Join(duringErr, err)
+	}})
+	id := uuid.NewString()
+	body := randomBytes(20, 2*smallSeg+10)
+	orphan := "$O." + jsstore.DefaultBodiesBucket + ".C.deadbeefdeadbeefdeadbeefdeadbeef"
+	for range 3 {
+		if _, err := js.Publish(ctx, orphan, randomBytes(21, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := b.Sweep(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("Sweep with a cutoff before the orphan = %d, %v; want 0", n, err)
+	}
+	if _, err := b.Append(ctx, id, 0, bytes.NewReader(body)); err != nil {
+		t.Fatal(err)
+	}
+	if duringErr != nil || during != 1 || sweeps != 3 {
+		t.Fatalf("%d Sweeps during an Append = %d, %v; want 3 purging the orphan only", sweeps, during, duringErr)
+	}
+	if n, err := b.Sweep(ctx, time.Now().Add(time.Hour)); err != nil || n != 0 {
+		t.Fatalf("second Sweep = %d, %v; want 0", n, err)
+	}
+	if stored, named := liveChunkSubjects(t, js); !slices.Equal(stored, named) || len(named) != 3 {
+		t.Fatalf("chunk subjects stored %v, named %v", stored, named)
+	}
+	if digest, _, err := b.ReadDigest(ctx, id); err != nil || digest != sum(body) {
+		t.Fatalf("ReadDigest after Sweep = %s, %v", digest, err)
 	}
 }
