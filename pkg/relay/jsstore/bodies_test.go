@@ -635,3 +635,88 @@ func TestBodiesSweepPurgesOrphanChunks(t *testing.T) {
 		t.Fatalf("ReadDigest after Sweep = %s, %v", digest, err)
 	}
 }
+
+// Two relay processes on two nodes of a three-node cluster share an R3
+// bodies bucket (allow_direct off). A carrier uploads a body in pieces of
+// uneven sizes, alternating between them and, after any failure, asking the
+// durable offset and going on from there, while one node is stopped and
+// restarted. The body read back through either equals the input.
+func TestBodiesClusterNodeRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three-node cluster")
+	}
+	c := natstest.Cluster(t, 3)
+	c.WaitReady()
+	var bs []*jsstore.Bodies
+	var jss []jetstream.JetStream
+	for _, node := range []int{0, 1} {
+		js, err := jetstream.New(natstest.Connect(t, c.URLs(node)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b *jsstore.Bodies
+		retry(t, func(ctx context.Context) (err error) {
+			b, err = jsstore.OpenBodies(ctx, js, jsstore.BodiesOptions{SegmentSize: smallSeg, Timeout: 2 * time.Second})
+			return err
+		})
+		bs, jss = append(bs, b), append(jss, js)
+	}
+	if cfg := streamConfig(t, jss[0], "OBJ_"+jsstore.DefaultBodiesBucket); cfg.Replicas != 3 || cfg.AllowDirect {
+		t.Fatalf("bucket stream: %d replicas, allow_direct %t; want 3, false", cfg.Replicas, cfg.AllowDirect)
+	}
+	id := uuid.NewString()
+	body := randomBytes(30, 12*smallSeg+321)
+	rng := rand.New(rand.NewPCG(31, 32))
+	var durable int64
+	failures := 0
+	deadline := time.Now().Add(2 * time.Minute)
+	tick := time.NewTicker(20 * time.Millisecond) // the carrier's backoff, not a wait for an event
+	defer tick.Stop()
+	for k := 0; durable < int64(len(body)); k++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("upload stuck at %d of %d after %d failures", durable, len(body), failures)
+		}
+		switch k {
+		case 4:
+			c.Stop(1)
+		case 12:
+			c.Start(1)
+		}
+		b := bs[k%2]
+		n := min(int64(1+rng.IntN(smallSeg)), int64(len(body))-durable)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		d, err := b.Append(ctx, id, durable, bytes.NewReader(body[durable:durable+n]))
+		if err == nil && d != durable+n {
+			t.Fatalf("Append of %d at %d = %d", n, durable, d)
+		}
+		cancel()
+		if err != nil {
+			failures++
+			<-tick.C
+			// Ask for the durable offset, as a carrier does after a failure.
+			retry(t, func(ctx context.Context) (err error) {
+				d, err = b.Offset(ctx, id)
+				return err
+			})
+			if d < durable {
+				t.Fatalf("the durable offset went back from %d to %d", durable, d)
+			}
+		}
+		durable = d
+	}
+	t.Logf("uploaded %d bytes, %d failed attempts", len(body), failures)
+	for i, b := range bs {
+		var digest string
+		var size int64
+		retry(t, func(ctx context.Context) (err error) {
+			digest, size, err = b.ReadDigest(ctx, id)
+			return err
+		})
+		if digest != sum(body) || size != int64(len(body)) {
+			t.Fatalf("body read through relay %d: %d bytes sha %s, want %d sha %s", i, size, digest, len(body), sum(body))
+		}
+		if fast, _, err := b.Digest(context.Background(), id); err != nil || fast != digest {
+			t.Fatalf("Digest through relay %d = %s, %v", i, fast, err)
+		}
+	}
+}
