@@ -108,6 +108,7 @@ import (
 // A Bodies is safe for concurrent use.
 type Bodies struct {
 	js      jetstream.JetStream
+	pub     jetstream.JetStream // publishes, its async acknowledgments expiring after timeout
 	stream  jetstream.Stream
 	bucket  string
 	seg     int64
@@ -289,7 +290,14 @@ func OpenBodies(ctx context.Context, js jetstream.JetStream, opts BodiesOptions)
 	if opts.SegmentSize != 0 && opts.SegmentSize != seg {
 		return nil, fmt.Errorf("jsstore: %s has segments of %d bytes, not the %d asked for", what, seg, opts.SegmentSize)
 	}
-	b := &Bodies{js: js, stream: stream, bucket: opts.Bucket, seg: seg, timeout: opts.Timeout,
+	// A JetStream context of its own for the chunk publishes, so that one
+	// whose acknowledgment never comes is dropped (with its buffer) after
+	// Timeout rather than kept pending.
+	pub, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(opts.Timeout), jetstream.WithDefaultTimeout(opts.Timeout))
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: %w", err)
+	}
+	b := &Bodies{js: js, pub: pub, stream: stream, bucket: opts.Bucket, seg: seg, timeout: opts.Timeout,
 		locks: make(map[string]*bodyLock), writing: make(map[string]int)}
 	if opts.Hooks != nil {
 		b.hooks = *opts.Hooks
@@ -657,7 +665,7 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 			}
 			size += int64(m)
 			chunks++
-			f, err := b.js.PublishMsgAsync(&nats.Msg{Subject: subj, Data: buf[:m]}, jetstream.WithRetryAttempts(0))
+			f, err := b.pub.PublishMsgAsync(&nats.Msg{Subject: subj, Data: buf[:m]}, jetstream.WithRetryAttempts(0))
 			if err != nil {
 				return fail(fmt.Errorf("jsstore: store body segment %s: %w", name, err))
 			}
@@ -708,7 +716,7 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 	mm.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
 	mm.Data = data
 	cctx, cancel := b.op(ctx)
-	_, err = b.js.PublishMsg(cctx, mm, jetstream.WithExpectLastSequencePerSubject(prev.seq))
+	_, err = b.pub.PublishMsg(cctx, mm, jetstream.WithExpectLastSequencePerSubject(prev.seq))
 	cancel()
 	if err != nil {
 		// The outcome may be unknown (a timeout after the server stored it):
