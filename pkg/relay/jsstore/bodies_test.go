@@ -720,3 +720,78 @@ func TestBodiesClusterNodeRestart(t *testing.T) {
 		}
 	}
 }
+
+// cancelReader hands out p, then ends the request's context and fails, as a
+// carrier whose connection drops does to the relay's request.
+type cancelReader struct {
+	p      []byte
+	cancel context.CancelFunc
+}
+
+func (c *cancelReader) Read(q []byte) (int, error) {
+	if len(c.p) == 0 {
+		c.cancel()
+		return 0, errors.New("client gone")
+	}
+	n := copy(q, c.p)
+	c.p = c.p[n:]
+	return n, nil
+}
+
+// The bytes read before the carrier went away are committed although the
+// request's context has ended with it, including a partial segment extended
+// with them.
+func TestBodiesCommitAfterCallerGone(t *testing.T) {
+	s := natstest.Node(t)
+	b, _ := bodiesOn(t, s, smallSeg, nil)
+	id := uuid.NewString()
+	body := randomBytes(40, 2*smallSeg)
+	var off int64
+	for _, n := range []int64{1000, smallSeg + 5000, smallSeg - 6000} {
+		ctx, cancel := context.WithCancel(context.Background())
+		d, err := b.Append(ctx, id, off, &cancelReader{p: body[off : off+n], cancel: cancel})
+		if err == nil || d != off+n {
+			t.Fatalf("Append of %d at %d with the caller gone = %d, %v; want %d and the reader's error", n, off, d, err, off+n)
+		}
+		off = d
+	}
+	if got := readBody(t, b, id, 0); !bytes.Equal(got, body) {
+		t.Fatal("the body differs")
+	}
+}
+
+// A second Append of a body waits for the first in this process; its own
+// context bounds the wait, and giving up changes nothing.
+func TestBodiesSecondAppendWaitsBoundedByItsContext(t *testing.T) {
+	s := natstest.Node(t)
+	inCommit, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b, _ := bodiesOn(t, s, smallSeg, &jsstore.BodiesHooks{BeforeCommit: func(string) {
+		once.Do(func() { close(inCommit); <-release })
+	}})
+	id := uuid.NewString()
+	body := randomBytes(41, 5000)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Append(context.Background(), id, 0, bytes.NewReader(body))
+		done <- err
+	}()
+	<-inCommit
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() {
+		_, err := b.Append(ctx, id, 0, failReader{t})
+		waited <- err
+	}()
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the waiting Append: %v, want context.Canceled", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := readBody(t, b, id, 0); !bytes.Equal(got, body) {
+		t.Fatal("the body differs")
+	}
+}
