@@ -76,15 +76,17 @@ import (
 // (no segment there at a segment boundary, a partial segment of exactly
 // offset mod S bytes otherwise). Of two writers of one segment at once at most
 // one commits; the other's chunks are purged and it gets an *OffsetError with
-// the durable offset it then reads. The content of a committed segment is
-// checked before its commit: the acknowledgments of its chunks must have
+// the durable offset it then reads (also when its copy of the partial segment
+// failed because the other writer's commit purged it). The content of a
+// committed segment is checked before its commit: the acknowledgments of its chunks must have
 // strictly increasing stream sequences (so they are stored once each, in the
 // order written, on a subject no one else writes), and the prefix copied from
 // the partial segment it replaces must have that segment's size and digest. A
 // full segment never changes again (short of Delete), so a writer that saw
-// segment i-1 full may create segment i. Hence: two Appends at one offset
-// never both write bytes, and a body is always a prefix of one caller's bytes
-// per range, never a mixture within a segment.
+// segment i-1 full may create segment i. Hence two Appends at one offset
+// never both commit bytes there, and a stored body is always the bytes of the
+// Appends that committed, each at the offset it asked for, in offset order:
+// never a mixture of two callers' bytes for one range.
 //
 // Limits. (1) Delete is serialized with Appends only within one process: a
 // Delete in one relay process racing an Append in another may leave a segment
@@ -93,9 +95,9 @@ import (
 // upload is expected). (2) A relay process that dies while writing a segment
 // leaves that segment's chunks published but never referenced: durable bytes
 // are never lost, but those chunks stay in the bucket's stream until Sweep
-// purges them (a failed or lost commit purges its chunks itself). (3) Bytes read by an Append
-// are durable only once their segment is committed, at the segment's end or at
-// the end of the reader: a relay killed mid-segment loses up to S bytes of
+// purges them (a failed or lost commit purges its chunks itself). (3) Bytes
+// read by an Append are durable only once their segment is committed, at the
+// segment's end or at the end of the reader: a relay killed mid-segment loses up to S bytes of
 // that Append, which the carrier sends again from the durable offset. (4) A
 // reader (Open) of the last segment while an Append extends it fails (its old
 // chunks are purged) rather than returning mixed bytes.
@@ -199,6 +201,9 @@ type BodiesOptions struct {
 
 // BodiesHooks run at fixed points of an Append, on its goroutine.
 type BodiesHooks struct {
+	// BeforeSegment runs once the segment an Append writes next has been
+	// read and matched to the offset, before its bytes are read or written.
+	BeforeSegment func(name string)
 	// BeforeCommit runs once a segment's chunks are acknowledged, before its
 	// meta message is published (name is the segment object's name).
 	BeforeCommit func(name string)
@@ -503,11 +508,23 @@ func (b *Bodies) Append(ctx context.Context, envelopeID string, offset int64, r 
 		if (prev.info == nil) != (within == 0) || (prev.info != nil && int64(prev.info.Size) != within) {
 			return b.lost(ctx, envelopeID, durable)
 		}
+		if b.hooks.BeforeSegment != nil {
+			b.hooks.BeforeSegment(SegmentName(envelopeID, i))
+		}
 		var added int64
 		var full bool
 		var rerr error
 		added, full, chain, rerr, err = b.putSegment(ctx, envelopeID, i, prev, chain, r, b.seg-within)
 		durable += added
+		if err != nil && !errors.Is(err, errLost) {
+			// A failure while another writer changed the segment (its old
+			// chunks, being copied, purged by that writer's commit) is that
+			// race's loss; so is a commit of ours whose outcome was unknown
+			// and landed after all (the offset read then includes it).
+			if now, serr := b.segment(ctx, envelopeID, i); serr == nil && now.seq != prev.seq {
+				err = errLost
+			}
+		}
 		switch {
 		case errors.Is(err, errLost):
 			return b.lost(ctx, envelopeID, durable)

@@ -795,3 +795,37 @@ func TestBodiesSecondAppendWaitsBoundedByItsContext(t *testing.T) {
 		t.Fatal("the body differs")
 	}
 }
+
+// Another relay process extends the partial last segment, and purges its
+// old chunks, while this one is about to copy them to extend it too: this
+// one's Append is refused with the other's durable offset (ErrOffsetMismatch,
+// the relay's 409), not a storage error, and the body is the other's.
+func TestBodiesRaceWhileCopyingPartialSegment(t *testing.T) {
+	s := natstest.Node(t)
+	ctx := context.Background()
+	id := uuid.NewString()
+	var other *jsstore.Bodies
+	second := randomBytes(51, 3*smallSeg/2)
+	var once sync.Once
+	var otherErr error
+	first, _ := bodiesOn(t, s, smallSeg, &jsstore.BodiesHooks{BeforeSegment: func(name string) {
+		once.Do(func() { _, otherErr = other.Append(ctx, id, 200<<10, bytes.NewReader(second)) })
+	}})
+	other, _ = bodiesOn(t, s, smallSeg, nil)
+	prefix := randomBytes(50, 200<<10) // a partial segment of two chunks
+	if _, err := other.Append(ctx, id, 0, bytes.NewReader(prefix)); err != nil {
+		t.Fatal(err)
+	}
+	d, err := first.Append(ctx, id, 200<<10, bytes.NewReader(randomBytes(52, 1000)))
+	if otherErr != nil {
+		t.Fatalf("the other process's Append: %v", otherErr)
+	}
+	want := int64(len(prefix) + len(second))
+	var oe *jsstore.OffsetError
+	if !errors.As(err, &oe) || oe.Durable != want || d != want {
+		t.Fatalf("the losing Append = %d, %v; want an *OffsetError with durable %d", d, err, want)
+	}
+	if got := readBody(t, first, id, 0); !bytes.Equal(got, append(prefix, second...)) {
+		t.Fatal("the body is not the winner's")
+	}
+}
