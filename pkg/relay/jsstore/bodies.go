@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1077,12 +1078,8 @@ func (b *Bodies) Sweep(ctx context.Context, before time.Time) (int, error) {
 	if len(info.State.Subjects) == 0 {
 		return 0, nil
 	}
-	obs, err := b.js.ObjectStore(ctx, b.bucket)
+	objs, err := b.objects(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("jsstore: sweep bodies: %w", err)
-	}
-	objs, err := obs.List(ctx)
-	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return 0, fmt.Errorf("jsstore: sweep bodies: %w", err)
 	}
 	named := make(map[string]bool, len(objs))
@@ -1113,4 +1110,67 @@ func (b *Bodies) Sweep(ctx context.Context, before time.Time) (int, error) {
 		purged++
 	}
 	return purged, nil
+}
+
+// objects lists the live objects of the bucket (one pass over the last meta
+// message of every name).
+func (b *Bodies) objects(ctx context.Context) ([]*jetstream.ObjectInfo, error) {
+	obs, err := b.js.ObjectStore(ctx, b.bucket)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := obs.List(ctx)
+	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return nil, err
+	}
+	return objs, nil
+}
+
+// BodyInfo is one stored body, as List finds it.
+type BodyInfo struct {
+	EnvelopeID string
+	// Size is the bytes its segments hold (its durable offset, if its
+	// segments are whole).
+	Size int64
+	// Segments is how many segment objects it has.
+	Segments int
+	// Modified is when its last written segment was committed.
+	Modified time.Time
+}
+
+// List returns every body the bucket holds, in envelope id order, so that a
+// relay's maintenance can remove those no pending or waiting envelope names
+// (an upload its sender abandoned, whose pending envelope no running relay
+// process holds). Objects that are not segments are skipped.
+func (b *Bodies) List(ctx context.Context) ([]BodyInfo, error) {
+	objs, err := b.objects(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: list bodies: %w", err)
+	}
+	by := map[string]*BodyInfo{}
+	for _, o := range objs {
+		id, idx, ok := strings.Cut(o.Name, "/")
+		if !ok || len(idx) != 16 || checkID(id) != nil {
+			continue
+		}
+		if _, err := strconv.ParseUint(idx, 16, 64); err != nil {
+			continue
+		}
+		bi := by[id]
+		if bi == nil {
+			bi = &BodyInfo{EnvelopeID: id}
+			by[id] = bi
+		}
+		bi.Size += int64(o.Size)
+		bi.Segments++
+		if o.ModTime.After(bi.Modified) {
+			bi.Modified = o.ModTime
+		}
+	}
+	out := make([]BodyInfo, 0, len(by))
+	for _, bi := range by {
+		out = append(out, *bi)
+	}
+	slices.SortFunc(out, func(x, y BodyInfo) int { return strings.Compare(x.EnvelopeID, y.EnvelopeID) })
+	return out, nil
 }

@@ -474,9 +474,9 @@ func TestBodiesLargeBodyStreams(t *testing.T) {
 	}
 }
 
-// Delete removes every segment and chunk of the body and nothing of another
-// body; the body then reads as empty with offset 0, and a new upload of it
-// starts from 0.
+// List names every body with its size; Delete removes every segment and
+// chunk of the body and nothing of another body; the body then reads as empty
+// with offset 0, is no longer listed, and a new upload of it starts from 0.
 func TestBodiesDelete(t *testing.T) {
 	s := natstest.Node(t)
 	b, js := bodiesOn(t, s, smallSeg, nil)
@@ -491,6 +491,18 @@ func TestBodiesDelete(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	list, err := b.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []jsstore.BodyInfo{{EnvelopeID: id, Size: int64(len(body)), Segments: 5}, {EnvelopeID: keep, Size: int64(len(kept)), Segments: 2}}
+	slices.SortFunc(want, func(x, y jsstore.BodyInfo) int { return strings.Compare(x.EnvelopeID, y.EnvelopeID) })
+	for i := range list {
+		list[i].Modified = time.Time{}
+	}
+	if !slices.Equal(list, want) {
+		t.Fatalf("List = %+v, want %+v", list, want)
+	}
 	if err := b.Delete(ctx, id); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
@@ -504,11 +516,11 @@ func TestBodiesDelete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	list, err := obs.List(ctx, jetstream.ListObjectsShowDeleted())
+	objs, err := obs.List(ctx, jetstream.ListObjectsShowDeleted())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range list {
+	for _, o := range objs {
 		if strings.HasPrefix(o.Name, id) {
 			t.Fatalf("object %s (deleted %t) is left of the deleted body", o.Name, o.Deleted)
 		}
@@ -518,6 +530,10 @@ func TestBodiesDelete(t *testing.T) {
 	}
 	if got := readBody(t, b, keep, 0); !bytes.Equal(got, kept) {
 		t.Fatal("Delete changed another body")
+	}
+	if list, err := b.List(ctx); err != nil || len(list) != 1 || list[0].EnvelopeID != keep ||
+		list[0].Size != int64(len(kept)) || list[0].Segments != 2 || list[0].Modified.IsZero() {
+		t.Fatalf("List after Delete = %+v, %v; want the kept body only", list, err)
 	}
 	if err := b.Delete(ctx, id); err != nil {
 		t.Fatalf("second Delete: %v", err)
