@@ -53,8 +53,8 @@ import (
 // # Appending, and extending a partial segment
 //
 // Append streams: it publishes each 128 KiB chunk of the current segment as it
-// reads it (at most bodyWindow chunks, 2 MiB, wait for their acknowledgment at
-// a time; no segment is ever held whole in memory) and commits the segment when
+// reads it (at most 16 chunks, 2 MiB, await their acknowledgment at a time; no
+// segment is ever held whole in memory) and commits the segment when
 // it is full or when the reader ends (EOF or an error: the bytes read so far
 // are committed, then the reader's error is returned). A committed segment is
 // durable as the bucket's stream is (replicated, or synced with SyncAlways).
@@ -79,10 +79,11 @@ import (
 // one commits; the other's chunks are purged and it gets an *OffsetError with
 // the durable offset it then reads (also when its copy of the partial segment
 // failed because the other writer's commit purged it). The content of a
-// committed segment is checked before its commit: the acknowledgments of its chunks must have
-// strictly increasing stream sequences (so they are stored once each, in the
-// order written, on a subject no one else writes), and the prefix copied from
-// the partial segment it replaces must have that segment's size and digest. A
+// committed segment is checked before its commit: the acknowledgments of its
+// chunks must have strictly increasing stream sequences (so they are stored
+// once each, in the order written, on a subject no one else writes), and the
+// prefix copied from the partial segment it replaces must have that segment's
+// size and digest. A
 // full segment never changes again (short of Delete), so a writer that saw
 // segment i-1 full may create segment i. Hence two Appends at one offset
 // never both commit bytes there, and a stored body is always the bytes of the
@@ -98,8 +99,9 @@ import (
 // are never lost, but those chunks stay in the bucket's stream until Sweep
 // purges them (a failed or lost commit purges its chunks itself). (3) Bytes
 // read by an Append are durable only once their segment is committed, at the
-// segment's end or at the end of the reader: a relay killed mid-segment loses up to S bytes of
-// that Append, which the carrier sends again from the durable offset. (4) A
+// segment's end or at the end of the reader: a relay killed mid-segment loses
+// up to S bytes of that Append, which the carrier sends again from the
+// durable offset. (4) A
 // reader (Open) of the last segment while an Append extends it fails (its old
 // chunks are purged) rather than returning mixed bytes.
 //
