@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
@@ -33,9 +34,12 @@ const (
 	// discarded a wrong body gets another round, up to this many.
 	maxBodyRounds = 4
 	// maxUploadStalls bounds the upload requests in a row that move the relay's
-	// offset no further than it was (409s naming an offset already passed, failed
-	// requests the relay synced nothing of) before the attempt counts as failed.
-	maxUploadStalls = 3
+	// offset no further than it was (409s naming an offset already passed or
+	// answering a request of ours still running there, failed requests the relay
+	// synced nothing of) before the attempt counts as failed; after each the next
+	// waits stallPause, doubling (0.25 + 0.5 + 1 + 2 s).
+	maxUploadStalls = 5
+	stallPause      = 250 * time.Millisecond
 )
 
 // blobMark is a byte string every blob body's wire form holds (`"body":{"blob":"…`)
@@ -67,7 +71,8 @@ func (c *Carrier) sendOne(ctx context.Context, url string, l leased) Result {
 // sendBlob is one attempt of a blob envelope: the blob is opened first (missing, or
 // not of the size the envelope names: refused by the carrier, for good, before the
 // relay is asked anything), then post → upload from the relay's offset → post again,
-// each request bounded by SendTimeout, while the lease is renewed every LeaseFor/2.
+// each post bounded by SendTimeout, each upload request by SendTimeout without
+// progress, while the lease is renewed every LeaseFor/2.
 // The result is the last post's, or the upload's failure.
 func (c *Carrier) sendBlob(ctx context.Context, url string, l leased, ref envelope.BlobRef) Result {
 	blob, err := c.s.OpenBlob(ref.Digest)
@@ -118,7 +123,8 @@ func (c *Carrier) post(ctx context.Context, url string, env []byte) Result {
 }
 
 // upload sends the body from offset off to size in requests of at most UploadChunk
-// bytes, each a section of the blob (constant memory), each bounded by SendTimeout.
+// bytes, each a section of the blob (constant memory), each cut when it moves no
+// byte for SendTimeout (idleBounded: a request of 64 MiB takes what the link needs).
 // It continues from the relay's offset whenever the relay names one (a 409
 // UPLOAD_OFFSET_MISMATCH, or BodyOffset after a request that broke: the relay keeps
 // what it synced of it). It returns Accepted when the relay holds all of it or says
@@ -133,9 +139,9 @@ func (c *Carrier) upload(ctx context.Context, bt BodyTransport, url, envelopeID 
 			return Result{Outcome: Failed, Err: ctx.Err()}
 		}
 		n := min(c.o.UploadChunk, size-off)
-		rctx, cancel := context.WithTimeout(ctx, c.o.SendTimeout)
-		r := bt.UploadBody(rctx, url, envelopeID, off, io.NewSectionReader(blob, off, n), n)
-		cancel()
+		rctx, body, stop := c.idleBounded(ctx, io.NewSectionReader(blob, off, n))
+		r := bt.UploadBody(rctx, url, envelopeID, off, body, n)
+		stop()
 		next, known := int64(-1), r.Body != nil
 		if known {
 			next = r.Body.Offset
@@ -175,6 +181,10 @@ func (c *Carrier) upload(ctx context.Context, bt BodyTransport, url, envelopeID 
 			}
 			return Result{Outcome: Failed, Status: r.Status, Code: r.Code, RetryAfter: r.RetryAfter,
 				Err: fmt.Errorf("%d upload requests in a row moved the relay's offset no further: %w", stalls, r.Err)}
+		} else if !c.pause(ctx, stallPause<<(stalls-1)) {
+			// The relay may still be finishing a request of ours that broke (it
+			// answers 409 while one runs): give it a moment, growing.
+			return Result{Outcome: Failed, Err: ctx.Err()}
 		}
 		off = next
 	}
@@ -250,4 +260,43 @@ func (c *Carrier) renewLease(ctx context.Context, envelopeID string) (bool, erro
 		return tx.Put(o)
 	})
 	return ok, err
+}
+
+// pause waits d on the carrier's clock; false if ctx ended first.
+func (c *Carrier) pause(ctx context.Context, d time.Duration) bool {
+	t := c.o.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// idleBounded returns a context derived from ctx that ends when body has not been
+// read for SendTimeout — while the request streams, and after its last byte while
+// the relay makes it durable and answers — and body, which counts as progress. stop
+// releases it. It runs on the wall clock, as the send timeout does.
+func (c *Carrier) idleBounded(ctx context.Context, body io.Reader) (context.Context, io.Reader, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := time.AfterFunc(c.o.SendTimeout, func() {
+		cancel(fmt.Errorf("the upload request moved no byte for %s", c.o.SendTimeout))
+	})
+	return ctx, &progressReader{r: body, t: t, d: c.o.SendTimeout}, func() { t.Stop(); cancel(nil) }
+}
+
+// progressReader pushes its timer back at every read that returns bytes.
+type progressReader struct {
+	r io.Reader
+	t *time.Timer
+	d time.Duration
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.t.Reset(p.d)
+	}
+	return n, err
 }

@@ -360,15 +360,24 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 //	408, 429, 5xx, a timeout, a broken exchange                   → Failed (Retry-After kept)
 //	any other 4xx (413: bytes beyond the body's size)              → Refused
 //	connection refused, host or network unreachable, DNS, TLS      → Unreachable
+//
+// Unlike Send it puts no bound of its own on the whole request (a large one takes
+// what the link needs: the carrier cuts one that stops moving); the relay's answer
+// after the last byte is bounded by the client's response header timeout.
 func (t *HTTPTransport) UploadBody(ctx context.Context, relayURL, envelopeID string, offset int64, r io.Reader, n int64) Result {
-	ctx, cancel := context.WithTimeout(ctx, t.timeout)
-	defer cancel()
 	c := &relayproto.Client{BaseURL: relayURL, HTTP: t.client}
 	next, err := c.UploadBody(ctx, envelopeID, offset, r, n)
 	if err == nil {
 		return Result{Outcome: Accepted, Status: http.StatusNoContent, Body: &BodyState{Offset: next}}
 	}
 	res := t.bodyFailure(ctx, err)
+	var re *relayproto.Error
+	if !errors.As(err, &re) && ctx.Err() == nil {
+		// The exchange broke (a relay killed or restarted): the idle connections
+		// to it are likely dead too, and a body upload is never retried on one
+		// by net/http, so each would cost a request that moves nothing.
+		t.client.CloseIdleConnections()
+	}
 	if res.Code == relayproto.CodeUploadOffsetMismatch && next != offset {
 		res.Body = &BodyState{Offset: next}
 	} else if res.Code == relayproto.CodeUploadOffsetMismatch {

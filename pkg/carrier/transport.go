@@ -105,7 +105,8 @@ type BodyTransport interface {
 	// set to the relay's offset, 404 UPLOAD_UNKNOWN says the relay holds no pending
 	// envelope of that id (post it again), 422 BODY_DIGEST_MISMATCH that the relay
 	// discarded a complete body whose digest was wrong. It must stream r (constant
-	// memory), honour ctx and be safe for concurrent use.
+	// memory), honour ctx (the carrier's bound: it ends ctx when r is not read for
+	// the send timeout) and be safe for concurrent use.
 	UploadBody(ctx context.Context, relayURL, envelopeID string, offset int64, r io.Reader, n int64) Result
 	// BodyOffset asks the relay how much of envelopeID's body it holds durably:
 	// Accepted with Body set, or a failure classified as UploadBody's.
