@@ -6,12 +6,17 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/promtest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
@@ -110,6 +115,9 @@ func TestInboxBody(t *testing.T) {
 			t.Fatalf("message %s: %d bytes, %v; want the %d bytes sent", id, len(got), err, len(want))
 		}
 	}
+	if line := fmt.Sprintf(`sealbridge_api_body_bytes_total{direction="got"} %d`, len(big)); !metricLine(t, d, line) {
+		t.Errorf("metrics lack %q", line)
+	}
 	l, err := c.Inbox(ctx, 0, "")
 	if err != nil {
 		t.Fatal(err)
@@ -160,4 +168,14 @@ func TestInboxBody(t *testing.T) {
 func isStatus(err error, status int) bool {
 	var ce *client.Error
 	return errors.As(err, &ce) && ce.Status == status
+}
+
+// metricLine reports whether d's /metrics has line (a sample, exactly).
+func metricLine(t *testing.T, d *Daemon, line string) bool {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	d.m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	promtest.Check(t, body)
+	return strings.Contains(string(body), line+"\n")
 }
