@@ -115,6 +115,8 @@ var (
 	sealBlob       = bench{name: "SealBlob", fn: BenchmarkSealBlob, unit: "MiB/s"}
 	floorAEAD      = bench{name: "FloorAEAD", fn: BenchmarkFloorAEAD, unit: "MiB/s"}
 	floorAEADHash  = bench{name: "FloorAEADHash", fn: BenchmarkFloorAEADHash, unit: "MiB/s"}
+	largeDelivered = bench{name: "LargeBodyDelivered", fn: BenchmarkLargeBodyDelivered, unit: "MiB/s"}
+	floorTwice     = bench{name: "FloorLargeBodyTwice", fn: BenchmarkFloorLargeBodyTwice, unit: "MiB/s"}
 )
 
 // sendersMinTime is the shortest benchtime of the 8-senders benchmarks: with the quick
@@ -204,6 +206,8 @@ var rows = []row{
 	// SHA-256 the envelope signs) beside the raw AEAD over the same chunks, one core.
 	{what: "sealing a large body, 1 core (MiB/s of plaintext)", ours: sealBlob, base: ref(floorAEAD), baseWhat: "raw ChaCha20-Poly1305 over the same 64 KiB chunks", min: 0.8},
 	{what: "sealing a large body vs the AEAD and the SHA-256 of its output, 1 core (MiB/s)", ours: sealBlob, base: ref(floorAEADHash), baseWhat: "raw ChaCha20-Poly1305 + SHA-256 of the sealed bytes"},
+	{what: "a large body, send → delivered, two daemons and the relay in one process (MiB/s)", ours: largeDelivered, base: ref(floorTwice),
+		baseWhat: "the same bytes written and fsynced twice (sender and relay), same disk", min: 0.5, size: &largeBody},
 	// Late in every round: delivery replaces (and so frees) two records per envelope,
 	// which slows creates near them for a minute or more, like the churn rows.
 	{what: "delivery of 10,000 envelopes to one local relay, send → relayed (env/s)", ours: deliverRelay, base: ref(deliverRelay.with("raw-env/s")),

@@ -21,7 +21,7 @@ import (
 // the envelopes pending them, all named by envelope id:
 //
 //	<id>.pending  the wire envelope, pending its body (fsx.CreateFile)
-//	<id>.part     the body's bytes so far (fsx.Appender: persisted at least
+//	<id>.part     the body's bytes so far (fsx.Appender: checkpointed at least
 //	              every bodySyncEvery bytes and at the end of each append)
 //	<id>.blob     the complete, verified body (.part renamed, directory fsynced)
 //
@@ -195,20 +195,26 @@ func (b *fileBodies) append(_ context.Context, id string, offset int64, r io.Rea
 			return 0, bodiesUnwritable(err)
 		}
 	}
-	a, err := fsx.OpenAppender(fsys, bodiesDir, partName(id))
+	var held int64
+	if info, err := fsys.Lstat(path.Join(bodiesDir, partName(id))); err == nil {
+		held = info.Size // OpenAppend checks what it opens: private, regular, one link
+	} else if !fsx.IsNotExist(err) {
+		return offset, bodiesUnwritable(err)
+	}
+	a, err := fsx.OpenAppend(fsys, bodiesDir, partName(id), held, true)
 	if err != nil {
 		return offset, bodiesUnwritable(err)
 	}
 	defer a.Close()
-	if a.Size() != offset {
-		if a.Size() < offset {
-			return b.lost(id, fmt.Errorf("the part holds %d bytes, not the %d answered", a.Size(), offset))
+	if a.Offset() != offset {
+		if a.Offset() < offset {
+			return b.lost(id, fmt.Errorf("the part holds %d bytes, not the %d answered", a.Offset(), offset))
 		}
-		if err := a.Persist(); err != nil {
+		if err := a.Checkpoint(); err != nil {
 			return b.lost(id, err)
 		}
-		return a.Size(), newError(http.StatusConflict, relayproto.CodeUploadOffsetMismatch,
-			"the relay holds %d bytes of this body; upload from there", a.Size())
+		return a.Offset(), newError(http.StatusConflict, relayproto.CodeUploadOffsetMismatch,
+			"the relay holds %d bytes of this body; upload from there", a.Offset())
 	}
 	durable := offset
 	buf := make([]byte, bodyBuffer)
@@ -216,32 +222,32 @@ func (b *fileBodies) append(_ context.Context, id string, offset int64, r io.Rea
 	for {
 		n, rerr := r.Read(buf)
 		if n > 0 {
-			if _, werr := a.Append(buf[:n]); werr != nil {
-				// The Appender is unusable; what the last Persist made durable
+			if _, werr := a.Write(buf[:n]); werr != nil {
+				// The Appender is unusable; what the last Checkpoint made durable
 				// stands (the next append finds the rest).
 				return durable, bodiesUnwritable(werr)
 			}
 			if since += n; since >= bodySyncEvery {
-				if err := a.Persist(); err != nil {
+				if err := a.Checkpoint(); err != nil {
 					return b.lost(id, err)
 				}
-				durable, since = a.Size(), 0
+				durable, since = a.Offset(), 0
 			}
 		}
 		if rerr != nil && rerr != io.EOF {
-			if err := a.Persist(); err != nil {
+			if err := a.Checkpoint(); err != nil {
 				return b.lost(id, err)
 			}
-			return a.Size(), rerr
+			return a.Offset(), rerr
 		}
 		if rerr == io.EOF {
 			break
 		}
 	}
-	if err := a.Persist(); err != nil {
+	if err := a.Checkpoint(); err != nil {
 		return b.lost(id, err)
 	}
-	return a.Size(), nil
+	return a.Offset(), nil
 }
 
 // lost discards a part whose fsync failed: its state is unknown.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,13 +42,19 @@ import (
 // (n-1)·S + size(last) for n segments. Segments are ordinary objects (the
 // nats.go object store format: chunks of 128 KiB on $O.<bucket>.C.<nuid>, a
 // meta message on $O.<bucket>.M.<base64url(name)>); any object store client
-// reads them, with their SHA-256 digests checked.
+// reads them, with their SHA-256 digests checked. Their object metadata adds
+// two entries: sealbridge-chunk-seqs, the stream sequences of the segment's
+// chunks in order (a reader requests 8 at once instead of one after another),
+// and sealbridge-sha256-state, the SHA-256 state of the body's bytes up to the
+// segment's end (Digest reads it instead of the body). Both are computed by
+// Append from exactly what it publishes; a segment without them (written by
+// another client) is read by subject and hashed by reading.
 //
 // # Appending, and extending a partial segment
 //
 // Append streams: it publishes each 128 KiB chunk of the current segment as it
-// reads it (at most bodyWindow chunks, 2 MiB, wait for their acknowledgment at
-// a time; no segment is ever held whole in memory) and commits the segment when
+// reads it (at most 16 chunks, 2 MiB, await their acknowledgment at a time; no
+// segment is ever held whole in memory) and commits the segment when
 // it is full or when the reader ends (EOF or an error: the bytes read so far
 // are committed, then the reader's error is returned). A committed segment is
 // durable as the bucket's stream is (replicated, or synced with SyncAlways).
@@ -69,15 +77,18 @@ import (
 // (no segment there at a segment boundary, a partial segment of exactly
 // offset mod S bytes otherwise). Of two writers of one segment at once at most
 // one commits; the other's chunks are purged and it gets an *OffsetError with
-// the durable offset it then reads. The content of a committed segment is
-// checked before its commit: the acknowledgments of its chunks must have
-// strictly increasing stream sequences (so they are stored once each, in the
-// order written, on a subject no one else writes), and the prefix copied from
-// the partial segment it replaces must have that segment's size and digest. A
+// the durable offset it then reads (also when its copy of the partial segment
+// failed because the other writer's commit purged it). The content of a
+// committed segment is checked before its commit: the acknowledgments of its
+// chunks must have strictly increasing stream sequences (so they are stored
+// once each, in the order written, on a subject no one else writes), and the
+// prefix copied from the partial segment it replaces must have that segment's
+// size and digest. A
 // full segment never changes again (short of Delete), so a writer that saw
-// segment i-1 full may create segment i. Hence: two Appends at one offset
-// never both write bytes, and a body is always a prefix of one caller's bytes
-// per range, never a mixture within a segment.
+// segment i-1 full may create segment i. Hence two Appends at one offset
+// never both commit bytes there, and a stored body is always the bytes of the
+// Appends that committed, each at the offset it asked for, in offset order:
+// never a mixture of two callers' bytes for one range.
 //
 // Limits. (1) Delete is serialized with Appends only within one process: a
 // Delete in one relay process racing an Append in another may leave a segment
@@ -85,11 +96,12 @@ import (
 // once it is complete and acknowledged, or after its digest failed, when no
 // upload is expected). (2) A relay process that dies while writing a segment
 // leaves that segment's chunks published but never referenced: durable bytes
-// are never lost, but those chunks stay in the bucket's stream as garbage (a
-// failed or lost commit purges its chunks itself). (3) Bytes read by an Append
-// are durable only once their segment is committed, at the segment's end or at
-// the end of the reader: a relay killed mid-segment loses up to S bytes of
-// that Append, which the carrier sends again from the durable offset. (4) A
+// are never lost, but those chunks stay in the bucket's stream until Sweep
+// purges them (a failed or lost commit purges its chunks itself). (3) Bytes
+// read by an Append are durable only once their segment is committed, at the
+// segment's end or at the end of the reader: a relay killed mid-segment loses
+// up to S bytes of that Append, which the carrier sends again from the
+// durable offset. (4) A
 // reader (Open) of the last segment while an Append extends it fails (its old
 // chunks are purged) rather than returning mixed bytes.
 //
@@ -101,14 +113,16 @@ import (
 // A Bodies is safe for concurrent use.
 type Bodies struct {
 	js      jetstream.JetStream
+	pub     jetstream.JetStream // publishes, its async acknowledgments expiring after timeout
 	stream  jetstream.Stream
 	bucket  string
 	seg     int64
 	timeout time.Duration
 	hooks   BodiesHooks
 
-	mu    sync.Mutex
-	locks map[string]*bodyLock
+	mu      sync.Mutex
+	locks   map[string]*bodyLock
+	writing map[string]int // chunk subjects of segments being written here
 }
 
 // Defaults and formats of Bodies.
@@ -125,8 +139,18 @@ const (
 	bodyWindow = 16
 	// segmentSizeMeta names the bucket metadata holding the segment size.
 	segmentSizeMeta = "sealbridge-segment-size"
-	// maxSegments bounds a body's segment count (16 hex digits name any).
+	// maxSegmentIndex bounds a body's segment count (16 hex digits name any).
 	maxSegmentIndex = 1 << 62
+	// seqsMeta names a segment's object metadata listing its chunks' stream
+	// sequences in order (decimal, comma-separated), so that a reader can
+	// request several at once.
+	seqsMeta = "sealbridge-chunk-seqs"
+	// stateMeta names a segment's object metadata holding the body's SHA-256
+	// state after the segment (base64 of crypto/sha256's MarshalBinary), so
+	// that the digest of a whole body is known without reading it again.
+	stateMeta = "sealbridge-sha256-state"
+	// readWindow is how many chunk requests a reader keeps in flight.
+	readWindow = 8
 )
 
 // Errors of Bodies a caller tells apart.
@@ -180,6 +204,9 @@ type BodiesOptions struct {
 
 // BodiesHooks run at fixed points of an Append, on its goroutine.
 type BodiesHooks struct {
+	// BeforeSegment runs once the segment an Append writes next has been
+	// read and matched to the offset, before its bytes are read or written.
+	BeforeSegment func(name string)
 	// BeforeCommit runs once a segment's chunks are acknowledged, before its
 	// meta message is published (name is the segment object's name).
 	BeforeCommit func(name string)
@@ -271,8 +298,15 @@ func OpenBodies(ctx context.Context, js jetstream.JetStream, opts BodiesOptions)
 	if opts.SegmentSize != 0 && opts.SegmentSize != seg {
 		return nil, fmt.Errorf("jsstore: %s has segments of %d bytes, not the %d asked for", what, seg, opts.SegmentSize)
 	}
-	b := &Bodies{js: js, stream: stream, bucket: opts.Bucket, seg: seg, timeout: opts.Timeout,
-		locks: make(map[string]*bodyLock)}
+	// A JetStream context of its own for the chunk publishes, so that one
+	// whose acknowledgment never comes is dropped (with its buffer) after
+	// Timeout rather than kept pending.
+	pub, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(opts.Timeout), jetstream.WithDefaultTimeout(opts.Timeout))
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: %w", err)
+	}
+	b := &Bodies{js: js, pub: pub, stream: stream, bucket: opts.Bucket, seg: seg, timeout: opts.Timeout,
+		locks: make(map[string]*bodyLock), writing: make(map[string]int)}
 	if opts.Hooks != nil {
 		b.hooks = *opts.Hooks
 	}
@@ -459,10 +493,16 @@ func (b *Bodies) Append(ctx context.Context, envelopeID string, offset int64, r 
 		return d, &OffsetError{Offset: offset, Durable: d}
 	}
 	durable = offset
+	var chain hash.Hash // the body's SHA-256 state at the start of segment i; nil: not known
 	for {
 		i, within := durable/b.seg, durable%b.seg
 		if i >= maxSegmentIndex {
 			return durable, fmt.Errorf("jsstore: body too large")
+		}
+		if chain == nil {
+			if chain, err = b.chainBefore(ctx, envelopeID, i); err != nil {
+				return durable, err
+			}
 		}
 		prev, err := b.segment(ctx, envelopeID, i)
 		if err != nil {
@@ -471,8 +511,23 @@ func (b *Bodies) Append(ctx context.Context, envelopeID string, offset int64, r 
 		if (prev.info == nil) != (within == 0) || (prev.info != nil && int64(prev.info.Size) != within) {
 			return b.lost(ctx, envelopeID, durable)
 		}
-		added, full, rerr, err := b.putSegment(ctx, envelopeID, i, prev, r, b.seg-within)
+		if b.hooks.BeforeSegment != nil {
+			b.hooks.BeforeSegment(SegmentName(envelopeID, i))
+		}
+		var added int64
+		var full bool
+		var rerr error
+		added, full, chain, rerr, err = b.putSegment(ctx, envelopeID, i, prev, chain, r, b.seg-within)
 		durable += added
+		if err != nil && !errors.Is(err, errLost) {
+			// A failure while another writer changed the segment (its old
+			// chunks, being copied, purged by that writer's commit) is that
+			// race's loss; so is a commit of ours whose outcome was unknown
+			// and landed after all (the offset read then includes it).
+			if now, serr := b.segment(ctx, envelopeID, i); serr == nil && now.seq != prev.seq {
+				err = errLost
+			}
+		}
 		switch {
 		case errors.Is(err, errLost):
 			return b.lost(ctx, envelopeID, durable)
@@ -484,6 +539,36 @@ func (b *Bodies) Append(ctx context.Context, envelopeID string, offset int64, r 
 			return durable, nil
 		}
 	}
+}
+
+// chainBefore returns the body's SHA-256 state after the segments before i
+// (a fresh hash for i = 0), from segment i-1's meta; nil if that meta has none.
+func (b *Bodies) chainBefore(ctx context.Context, id string, i int64) (hash.Hash, error) {
+	if i == 0 {
+		return sha256.New(), nil
+	}
+	s, err := b.segment(ctx, id, i-1)
+	if err != nil {
+		return nil, err
+	}
+	if s.info == nil || int64(s.info.Size) != b.seg {
+		return nil, fmt.Errorf("%w: segment %s missing or not full", ErrBodyCorrupt, SegmentName(id, i-1))
+	}
+	return hashState(s.info), nil
+}
+
+// hashState is the body's SHA-256 state after segment info, as its meta
+// records it (nil if it does not).
+func hashState(info *jetstream.ObjectInfo) hash.Hash {
+	raw, err := base64.StdEncoding.DecodeString(info.Metadata[stateMeta])
+	if err != nil || len(raw) == 0 {
+		return nil
+	}
+	h := sha256.New()
+	if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(raw); err != nil {
+		return nil
+	}
+	return h
 }
 
 // errLost: another writer changed the segment first.
@@ -523,17 +608,19 @@ func (s *source) Read(p []byte) (int, error) {
 
 // putSegment writes segment i of id: prev's bytes (if prev is a partial
 // segment) then up to room bytes of r, and commits it with a compare-and-set
-// on prev's meta sequence. It returns the bytes of r committed, whether the
-// segment is now full, r's error (the bytes before it are committed), and
+// on prev's meta sequence. chain is the body's SHA-256 state at the start of
+// the segment (nil: unknown); the state at its end is recorded in the
+// segment's meta and returned. It returns the bytes of r committed, whether
+// the segment is now full, r's error (the bytes before it are committed), and
 // errLost if another writer committed the segment first. Nothing is written
 // when r has no byte left.
-func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segment, r io.Reader, room int64) (added int64, full bool, rerr, err error) {
+func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segment, chain hash.Hash, r io.Reader, room int64) (added int64, full bool, end hash.Hash, rerr, err error) {
 	name := SegmentName(id, i)
 	src := &source{r: io.LimitReader(r, room)}
 	first := make([]byte, bodyChunkSize)
 	n, _ := io.ReadFull(src, first)
 	if n == 0 {
-		return 0, false, src.err, nil
+		return 0, false, chain, src.err, nil
 	}
 	var old io.Reader = bytes.NewReader(nil)
 	var oldN countReader
@@ -546,6 +633,16 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 
 	nuid := strings.ReplaceAll(uuid.NewString(), "-", "")
 	subj := b.chunkSubject(nuid)
+	b.mu.Lock()
+	b.writing[subj]++
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		if b.writing[subj]--; b.writing[subj] == 0 {
+			delete(b.writing, subj)
+		}
+		b.mu.Unlock()
+	}()
 	purge := func() {
 		pctx, cancel := b.op(ctx)
 		defer cancel()
@@ -556,6 +653,7 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 	var chunks uint32
 	var pending []jetstream.PubAckFuture
 	var lastSeq uint64
+	seqs := make([]string, 0, (prevSize(prev)+room)/bodyChunkSize+1)
 	wait := func(f jetstream.PubAckFuture) error {
 		t := time.NewTimer(b.timeout)
 		defer t.Stop()
@@ -565,6 +663,7 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 				return fmt.Errorf("%w: segment %s: chunk stored out of order (seq %d after %d)", ErrBodyCorrupt, name, ack.Sequence, lastSeq)
 			}
 			lastSeq = ack.Sequence
+			seqs = append(seqs, strconv.FormatUint(ack.Sequence, 10))
 			return nil
 		case err := <-f.Err():
 			return fmt.Errorf("jsstore: store body segment %s: %w", name, err)
@@ -572,18 +671,21 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 			return fmt.Errorf("jsstore: store body segment %s: no acknowledgment within %v", name, b.timeout)
 		}
 	}
-	fail := func(err error) (int64, bool, error, error) {
+	fail := func(err error) (int64, bool, hash.Hash, error, error) {
 		purge()
-		return 0, false, nil, err
+		return 0, false, nil, nil, err
 	}
 	for {
 		buf := make([]byte, bodyChunkSize) // a fresh buffer: a publish may still hold the last one
 		m, readErr := io.ReadFull(in, buf)
 		if m > 0 {
 			h.Write(buf[:m])
+			if chain != nil {
+				chain.Write(buf[:m])
+			}
 			size += int64(m)
 			chunks++
-			f, err := b.js.PublishMsgAsync(&nats.Msg{Subject: subj, Data: buf[:m]}, jetstream.WithRetryAttempts(0))
+			f, err := b.pub.PublishMsgAsync(&nats.Msg{Subject: subj, Data: buf[:m]}, jetstream.WithRetryAttempts(0))
 			if err != nil {
 				return fail(fmt.Errorf("jsstore: store body segment %s: %w", name, err))
 			}
@@ -610,8 +712,16 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 		return fail(fmt.Errorf("%w: segment %s: read %d bytes of %d", ErrBodyCorrupt, name, oldN.n, prev.info.Size))
 	}
 	added = src.n
+	meta := map[string]string{seqsMeta: strings.Join(seqs, ",")}
+	if chain != nil {
+		st, err := chain.(encoding.BinaryMarshaler).MarshalBinary()
+		if err != nil {
+			return fail(fmt.Errorf("jsstore: body hash state: %w", err))
+		}
+		meta[stateMeta] = base64.StdEncoding.EncodeToString(st)
+	}
 	info := jetstream.ObjectInfo{
-		ObjectMeta: jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: bodyChunkSize}},
+		ObjectMeta: jetstream.ObjectMeta{Name: name, Metadata: meta, Opts: &jetstream.ObjectMetaOptions{ChunkSize: bodyChunkSize}},
 		Bucket:     b.bucket, NUID: nuid, Size: uint64(size), Chunks: chunks,
 		Digest: jetstream.GetObjectDigestValue(h),
 	}
@@ -626,7 +736,7 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 	mm.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
 	mm.Data = data
 	cctx, cancel := b.op(ctx)
-	_, err = b.js.PublishMsg(cctx, mm, jetstream.WithExpectLastSequencePerSubject(prev.seq))
+	_, err = b.pub.PublishMsg(cctx, mm, jetstream.WithExpectLastSequencePerSubject(prev.seq))
 	cancel()
 	if err != nil {
 		// The outcome may be unknown (a timeout after the server stored it):
@@ -637,9 +747,9 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 			// committed after all
 		case isWrongLastSeq(err) || (rerr2 == nil && now.seq != prev.seq):
 			purge()
-			return 0, false, nil, errLost
+			return 0, false, nil, nil, errLost
 		default: // unknown: our chunks may be referenced; leave them
-			return 0, false, nil, fmt.Errorf("jsstore: commit body segment %s: %w", name, err)
+			return 0, false, nil, nil, fmt.Errorf("jsstore: commit body segment %s: %w", name, err)
 		}
 	}
 	if prev.info != nil {
@@ -647,7 +757,14 @@ func (b *Bodies) putSegment(ctx context.Context, id string, i int64, prev segmen
 		_ = b.stream.Purge(pctx, jetstream.WithPurgeSubject(b.chunkSubject(prev.info.NUID))) // best effort: the old chunks are no longer referenced
 		cancel()
 	}
-	return added, size == b.seg, src.err, nil
+	return added, size == b.seg, chain, src.err, nil
+}
+
+func prevSize(s segment) int64 {
+	if s.info == nil {
+		return 0
+	}
+	return int64(s.info.Size)
 }
 
 type countReader struct {
@@ -661,14 +778,19 @@ func (c *countReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// segmentReader reads one segment's chunks one request at a time from the
-// stream's leader, checking their count, sizes and the segment's digest.
+// segmentReader reads one segment's chunks from the stream's leader, up to
+// readWindow chunk requests in flight (by the sequences its meta lists; one at
+// a time by subject if it lists none), checking their subject, count and
+// sizes and the segment's digest.
 type segmentReader struct {
 	b     *Bodies
 	ctx   context.Context
 	info  *jetstream.ObjectInfo
 	subj  string
-	next  uint64 // stream sequence to look from
+	seqs  []uint64 // the chunks' sequences, nil: not listed
+	q     []chan chunkResult
+	sent  int    // chunk requests made (with seqs)
+	next  uint64 // stream sequence to look from (without seqs)
 	got   uint32 // chunks read
 	n     int64  // bytes read
 	h     hash.Hash
@@ -677,12 +799,34 @@ type segmentReader struct {
 	chunk int64
 }
 
+type chunkResult struct {
+	m   *jetstream.RawStreamMsg
+	err error
+}
+
+// openSegment reads the segment of info; its requests end with ctx.
 func (b *Bodies) openSegment(ctx context.Context, info *jetstream.ObjectInfo) *segmentReader {
 	chunk := int64(bodyChunkSize)
 	if info.Opts != nil && info.Opts.ChunkSize > 0 {
 		chunk = int64(info.Opts.ChunkSize)
 	}
-	return &segmentReader{b: b, ctx: ctx, info: info, subj: b.chunkSubject(info.NUID), next: 1, h: sha256.New(), chunk: chunk}
+	s := &segmentReader{b: b, ctx: ctx, info: info, subj: b.chunkSubject(info.NUID), next: 1, h: sha256.New(), chunk: chunk}
+	if list := info.Metadata[seqsMeta]; list != "" {
+		parts := strings.Split(list, ",")
+		seqs := make([]uint64, 0, len(parts))
+		for _, p := range parts {
+			q, err := strconv.ParseUint(p, 10, 64)
+			if err != nil {
+				seqs = nil
+				break
+			}
+			seqs = append(seqs, q)
+		}
+		if len(seqs) == int(info.Chunks) {
+			s.seqs = seqs
+		}
+	}
+	return s
 }
 
 func (s *segmentReader) Read(p []byte) (int, error) {
@@ -695,6 +839,13 @@ func (s *segmentReader) Read(p []byte) (int, error) {
 	n := copy(p, s.buf)
 	s.buf = s.buf[n:]
 	return n, nil
+}
+
+// get is one chunk request, ending with the reader's context or Timeout.
+func (s *segmentReader) get(seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.b.timeout)
+	defer cancel()
+	return s.b.stream.GetMsg(ctx, seq, opts...)
 }
 
 // fill reads the next chunk into buf, or returns io.EOF after the last chunk
@@ -713,9 +864,26 @@ func (s *segmentReader) fill() error {
 	if err := s.ctx.Err(); err != nil {
 		return err
 	}
-	octx, cancel := s.b.op(s.ctx)
-	m, err := s.b.stream.GetMsg(octx, s.next, jetstream.WithGetMsgSubject(s.subj))
-	cancel()
+	var m *jetstream.RawStreamMsg
+	var err error
+	if s.seqs != nil {
+		for len(s.q) < readWindow && s.sent < len(s.seqs) {
+			ch, seq := make(chan chunkResult, 1), s.seqs[s.sent]
+			go func() {
+				m, err := s.get(seq)
+				ch <- chunkResult{m, err}
+			}()
+			s.q, s.sent = append(s.q, ch), s.sent+1
+		}
+		r := <-s.q[0] // each request ends within Timeout
+		s.q = s.q[1:]
+		m, err = r.m, r.err
+		if err == nil && m.Subject != s.subj {
+			err = jetstream.ErrMsgNotFound // another message took the sequence's place: the chunk is gone
+		}
+	} else {
+		m, err = s.get(s.next, jetstream.WithGetMsgSubject(s.subj))
+	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return fmt.Errorf("%w: segment %s: chunk %d of %d missing (replaced or deleted meanwhile?)", ErrBodyCorrupt, name, s.got+1, s.info.Chunks)
 	}
@@ -735,11 +903,13 @@ func (s *segmentReader) fill() error {
 }
 
 // Open returns a reader of envelopeID's body from offset to the durable
-// offset at the time of the call (ErrBodyRange beyond it). It streams, one
-// chunk request at a time, never holding more than a chunk (128 KiB); each
-// segment's size and digest are checked as it is read (ErrBodyCorrupt), and a
-// start inside a segment reads that segment from its start (to check it). The
-// reader's reads stop when ctx ends.
+// offset at the time of the call (ErrBodyRange beyond it). It streams, with at
+// most readWindow chunks (1 MiB) requested ahead; each segment's size and
+// digest are checked as it is read (ErrBodyCorrupt), and a start inside a
+// segment reads that segment from its start (to check it). Its reads end when
+// ctx ends or it is closed. Open while an Append extends the body's last
+// partial segment may fail with ErrBodyCorrupt (its old chunks are purged);
+// the relay opens complete bodies.
 func (b *Bodies) Open(ctx context.Context, envelopeID string, offset int64) (io.ReadCloser, error) {
 	if err := checkID(envelopeID); err != nil {
 		return nil, err
@@ -752,18 +922,20 @@ func (b *Bodies) Open(ctx context.Context, envelopeID string, offset int64) (io.
 	if offset < 0 || offset > d {
 		return nil, fmt.Errorf("%w: offset %d, durable %d", ErrBodyRange, offset, d)
 	}
-	return &bodyReader{b: b, ctx: ctx, id: envelopeID, i: offset / b.seg, skip: offset % b.seg, st: st}, nil
+	ctx, cancel := context.WithCancel(ctx)
+	return &bodyReader{b: b, ctx: ctx, cancel: cancel, id: envelopeID, i: offset / b.seg, skip: offset % b.seg, st: st}, nil
 }
 
 type bodyReader struct {
-	b    *Bodies
-	ctx  context.Context
-	id   string
-	i    int64 // the segment being read (or next to open)
-	skip int64 // bytes of it still to skip
-	st   bodyState
-	cur  *segmentReader
-	err  error
+	b      *Bodies
+	ctx    context.Context
+	cancel context.CancelFunc
+	id     string
+	i      int64 // the segment being read (or next to open)
+	skip   int64 // bytes of it still to skip
+	st     bodyState
+	cur    *segmentReader
+	err    error
 }
 
 func (r *bodyReader) Read(p []byte) (int, error) {
@@ -809,15 +981,39 @@ func (r *bodyReader) Read(p []byte) (int, error) {
 	return 0, r.err
 }
 
+// Close ends the reader's requests.
 func (r *bodyReader) Close() error {
+	r.cancel()
 	r.cur, r.err = nil, errors.New("jsstore: body reader closed")
 	return nil
 }
 
 // Digest returns the lower-case hex SHA-256 and the length of envelopeID's
-// durable bytes, reading them through Open (streaming, every segment's digest
-// checked).
+// durable bytes without reading them: from the hash state its last segment's
+// meta records (the state of the SHA-256 of exactly the bytes written into
+// the segments, carried from segment to segment by Append). For a body whose
+// last segment records none it reads the body (ReadDigest).
 func (b *Bodies) Digest(ctx context.Context, envelopeID string) (digest string, size int64, err error) {
+	if err := checkID(envelopeID); err != nil {
+		return "", 0, err
+	}
+	st, err := b.state(ctx, envelopeID)
+	if err != nil {
+		return "", 0, err
+	}
+	if st.n == 0 {
+		return hex.EncodeToString(sha256.New().Sum(nil)), 0, nil
+	}
+	if h := hashState(st.last.info); h != nil {
+		return hex.EncodeToString(h.Sum(nil)), st.durable(b.seg), nil
+	}
+	return b.ReadDigest(ctx, envelopeID)
+}
+
+// ReadDigest returns the lower-case hex SHA-256 and the length of
+// envelopeID's durable bytes by reading them through Open (streaming, every
+// segment's size and digest checked): a check of what is stored.
+func (b *Bodies) ReadDigest(ctx context.Context, envelopeID string) (digest string, size int64, err error) {
 	rc, err := b.Open(ctx, envelopeID, 0)
 	if err != nil {
 		return "", 0, err
@@ -866,4 +1062,117 @@ func (b *Bodies) Delete(ctx context.Context, envelopeID string) error {
 		}
 	}
 	return nil
+}
+
+// Sweep purges the chunks that no segment names and that no Append of this
+// Bodies is writing, if the last of them was stored before before: what a
+// relay process that died while writing a segment left (a failed or lost
+// commit purges its own chunks). It returns how many chunk subjects it purged.
+// Run it with before well in the past (an hour): an Append of another process
+// that has been writing one segment since before would lose it (its commit
+// then names missing chunks, which its readers report as ErrBodyCorrupt); the
+// relay's request read timeouts keep an Append from stalling that long.
+func (b *Bodies) Sweep(ctx context.Context, before time.Time) (int, error) {
+	info, err := b.stream.Info(ctx, jetstream.WithSubjectFilter(b.chunkSubject(">")))
+	if err != nil {
+		return 0, fmt.Errorf("jsstore: sweep bodies: %w", err)
+	}
+	if len(info.State.Subjects) == 0 {
+		return 0, nil
+	}
+	objs, err := b.objects(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("jsstore: sweep bodies: %w", err)
+	}
+	named := make(map[string]bool, len(objs))
+	for _, o := range objs {
+		named[b.chunkSubject(o.NUID)] = true
+	}
+	purged := 0
+	for subj := range info.State.Subjects {
+		b.mu.Lock()
+		busy := b.writing[subj] > 0
+		b.mu.Unlock()
+		if named[subj] || busy {
+			continue
+		}
+		m, err := b.stream.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return purged, fmt.Errorf("jsstore: sweep bodies: %w", err)
+		}
+		if !m.Time.Before(before) {
+			continue
+		}
+		if err := b.stream.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+			return purged, fmt.Errorf("jsstore: sweep bodies: %w", err)
+		}
+		purged++
+	}
+	return purged, nil
+}
+
+// objects lists the live objects of the bucket (one pass over the last meta
+// message of every name).
+func (b *Bodies) objects(ctx context.Context) ([]*jetstream.ObjectInfo, error) {
+	obs, err := b.js.ObjectStore(ctx, b.bucket)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := obs.List(ctx)
+	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return nil, err
+	}
+	return objs, nil
+}
+
+// BodyInfo is one stored body, as List finds it.
+type BodyInfo struct {
+	EnvelopeID string
+	// Size is the bytes its segments hold (its durable offset, if its
+	// segments are whole).
+	Size int64
+	// Segments is how many segment objects it has.
+	Segments int
+	// Modified is when its last written segment was committed.
+	Modified time.Time
+}
+
+// List returns every body the bucket holds, in envelope id order, so that a
+// relay's maintenance can remove those no pending or waiting envelope names
+// (an upload its sender abandoned, whose pending envelope no running relay
+// process holds). Objects that are not segments are skipped.
+func (b *Bodies) List(ctx context.Context) ([]BodyInfo, error) {
+	objs, err := b.objects(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jsstore: list bodies: %w", err)
+	}
+	by := map[string]*BodyInfo{}
+	for _, o := range objs {
+		id, idx, ok := strings.Cut(o.Name, "/")
+		if !ok || len(idx) != 16 || checkID(id) != nil {
+			continue
+		}
+		if _, err := strconv.ParseUint(idx, 16, 64); err != nil {
+			continue
+		}
+		bi := by[id]
+		if bi == nil {
+			bi = &BodyInfo{EnvelopeID: id}
+			by[id] = bi
+		}
+		bi.Size += int64(o.Size)
+		bi.Segments++
+		if o.ModTime.After(bi.Modified) {
+			bi.Modified = o.ModTime
+		}
+	}
+	out := make([]BodyInfo, 0, len(by))
+	for _, bi := range by {
+		out = append(out, *bi)
+	}
+	slices.SortFunc(out, func(x, y BodyInfo) int { return strings.Compare(x.EnvelopeID, y.EnvelopeID) })
+	return out, nil
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
@@ -148,9 +149,11 @@ func TestBodiesAppendUnevenReadBack(t *testing.T) {
 	if _, err := b.Open(ctx, id, int64(len(body))+1); !errors.Is(err, jsstore.ErrBodyRange) {
 		t.Fatalf("Open beyond the end: %v, want ErrBodyRange", err)
 	}
-	digest, size, err := b.Digest(ctx, id)
-	if err != nil || digest != sum(body) || size != int64(len(body)) {
-		t.Fatalf("Digest = %s %d %v, want %s %d", digest, size, err, sum(body), len(body))
+	for name, dig := range map[string]func(context.Context, string) (string, int64, error){"Digest": b.Digest, "ReadDigest": b.ReadDigest} {
+		digest, size, err := dig(ctx, id)
+		if err != nil || digest != sum(body) || size != int64(len(body)) {
+			t.Fatalf("%s = %s %d %v, want %s %d", name, digest, size, err, sum(body), len(body))
+		}
 	}
 
 	obs, err := js.ObjectStore(ctx, jsstore.DefaultBodiesBucket)
@@ -463,15 +466,17 @@ func TestBodiesLargeBodyStreams(t *testing.T) {
 		t.Fatalf("Append = %d, %v (%d checks of the offset)", d, err, r.checks)
 	}
 	want := hex.EncodeToString(h.Sum(nil))
-	digest, n, err := b.Digest(ctx, id)
-	if err != nil || n != size || digest != want {
-		t.Fatalf("Digest = %s %d %v, want %s %d", digest, n, err, want, size)
+	for name, dig := range map[string]func(context.Context, string) (string, int64, error){"Digest": b.Digest, "ReadDigest": b.ReadDigest} {
+		digest, n, err := dig(ctx, id)
+		if err != nil || n != size || digest != want {
+			t.Fatalf("%s = %s %d %v, want %s %d", name, digest, n, err, want, size)
+		}
 	}
 }
 
-// Delete removes every segment and chunk of the body and nothing of another
-// body; the body then reads as empty with offset 0, and a new upload of it
-// starts from 0.
+// List names every body with its size; Delete removes every segment and
+// chunk of the body and nothing of another body; the body then reads as empty
+// with offset 0, is no longer listed, and a new upload of it starts from 0.
 func TestBodiesDelete(t *testing.T) {
 	s := natstest.Node(t)
 	b, js := bodiesOn(t, s, smallSeg, nil)
@@ -486,6 +491,18 @@ func TestBodiesDelete(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	list, err := b.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []jsstore.BodyInfo{{EnvelopeID: id, Size: int64(len(body)), Segments: 5}, {EnvelopeID: keep, Size: int64(len(kept)), Segments: 2}}
+	slices.SortFunc(want, func(x, y jsstore.BodyInfo) int { return strings.Compare(x.EnvelopeID, y.EnvelopeID) })
+	for i := range list {
+		list[i].Modified = time.Time{}
+	}
+	if !slices.Equal(list, want) {
+		t.Fatalf("List = %+v, want %+v", list, want)
+	}
 	if err := b.Delete(ctx, id); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
@@ -499,11 +516,11 @@ func TestBodiesDelete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	list, err := obs.List(ctx, jetstream.ListObjectsShowDeleted())
+	objs, err := obs.List(ctx, jetstream.ListObjectsShowDeleted())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range list {
+	for _, o := range objs {
 		if strings.HasPrefix(o.Name, id) {
 			t.Fatalf("object %s (deleted %t) is left of the deleted body", o.Name, o.Deleted)
 		}
@@ -513,6 +530,10 @@ func TestBodiesDelete(t *testing.T) {
 	}
 	if got := readBody(t, b, keep, 0); !bytes.Equal(got, kept) {
 		t.Fatal("Delete changed another body")
+	}
+	if list, err := b.List(ctx); err != nil || len(list) != 1 || list[0].EnvelopeID != keep ||
+		list[0].Size != int64(len(kept)) || list[0].Segments != 2 || list[0].Modified.IsZero() {
+		t.Fatalf("List after Delete = %+v, %v; want the kept body only", list, err)
 	}
 	if err := b.Delete(ctx, id); err != nil {
 		t.Fatalf("second Delete: %v", err)
@@ -527,9 +548,10 @@ func TestBodiesDelete(t *testing.T) {
 }
 
 // A segment deleted through the object store API (a deleted marker) does not
-// count; the upload resumes at its start and writes it again. A chunk missing
-// under a live segment is detected on read (ErrBodyCorrupt), not returned as
-// a shorter body.
+// count; the upload resumes at its start and writes it again. A segment
+// written by a plain object store client reads as well. A chunk missing under
+// a live segment is detected on read (ErrBodyCorrupt), not returned as a
+// shorter body.
 func TestBodiesDeletedMarkerAndMissingChunk(t *testing.T) {
 	s := natstest.Node(t)
 	b, js := bodiesOn(t, s, smallSeg, nil)
@@ -555,6 +577,18 @@ func TestBodiesDeletedMarkerAndMissingChunk(t *testing.T) {
 	if got := readBody(t, b, id, 0); !bytes.Equal(got, body) {
 		t.Fatal("the body differs")
 	}
+	// The last segment written again by a plain object store client (no
+	// chunk list, no hash state in its meta): read by subject, and its
+	// digest computed by reading.
+	if _, err := obs.PutBytes(ctx, jsstore.SegmentName(id, 2), body[2*smallSeg:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := readBody(t, b, id, smallSeg+5); !bytes.Equal(got, body[smallSeg+5:]) {
+		t.Fatal("the body with a foreign last segment differs")
+	}
+	if digest, n, err := b.Digest(ctx, id); err != nil || digest != sum(body) || n != int64(len(body)) {
+		t.Fatalf("Digest with a foreign last segment = %s %d %v", digest, n, err)
+	}
 
 	info, err := obs.GetInfo(ctx, jsstore.SegmentName(id, 1))
 	if err != nil {
@@ -571,7 +605,243 @@ func TestBodiesDeletedMarkerAndMissingChunk(t *testing.T) {
 	if err := st.DeleteMsg(ctx, m.Sequence); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := b.Digest(ctx, id); !errors.Is(err, jsstore.ErrBodyCorrupt) {
-		t.Fatalf("Digest with a chunk missing: %v, want ErrBodyCorrupt", err)
+	if _, _, err := b.ReadDigest(ctx, id); !errors.Is(err, jsstore.ErrBodyCorrupt) {
+		t.Fatalf("ReadDigest with a chunk missing: %v, want ErrBodyCorrupt", err)
+	}
+}
+
+// Chunks no segment names (a relay process died while writing a segment)
+// are purged by Sweep once older than its cutoff; chunks of live segments and
+// of a segment being written at that moment by this Bodies are kept.
+func TestBodiesSweepPurgesOrphanChunks(t *testing.T) {
+	s := natstest.Node(t)
+	ctx := context.Background()
+	var b *jsstore.Bodies
+	during, sweeps := 0, 0
+	var duringErr error
+	b, js := bodiesOn(t, s, smallSeg, &jsstore.BodiesHooks{BeforeCommit: func(string) {
+		n, err := b.Sweep(ctx, time.Now().Add(time.Hour)) // before each of the body's three commits
+		during, sweeps = during+n, sweeps+1
+		duringErr = errors.Join(duringErr, err)
+	}})
+	id := uuid.NewString()
+	body := randomBytes(20, 2*smallSeg+10)
+	orphan := "$O." + jsstore.DefaultBodiesBucket + ".C.deadbeefdeadbeefdeadbeefdeadbeef"
+	for range 3 {
+		if _, err := js.Publish(ctx, orphan, randomBytes(21, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := b.Sweep(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("Sweep with a cutoff before the orphan = %d, %v; want 0", n, err)
+	}
+	if _, err := b.Append(ctx, id, 0, bytes.NewReader(body)); err != nil {
+		t.Fatal(err)
+	}
+	if duringErr != nil || during != 1 || sweeps != 3 {
+		t.Fatalf("%d Sweeps during an Append = %d, %v; want 3 purging the orphan only", sweeps, during, duringErr)
+	}
+	if n, err := b.Sweep(ctx, time.Now().Add(time.Hour)); err != nil || n != 0 {
+		t.Fatalf("second Sweep = %d, %v; want 0", n, err)
+	}
+	if stored, named := liveChunkSubjects(t, js); !slices.Equal(stored, named) || len(named) != 3 {
+		t.Fatalf("chunk subjects stored %v, named %v", stored, named)
+	}
+	if digest, _, err := b.ReadDigest(ctx, id); err != nil || digest != sum(body) {
+		t.Fatalf("ReadDigest after Sweep = %s, %v", digest, err)
+	}
+}
+
+// Two relay processes on two nodes of a three-node cluster share an R3
+// bodies bucket (allow_direct off). A carrier uploads a body in pieces of
+// uneven sizes, alternating between them and, after any failure, asking the
+// durable offset and going on from there, while one node is stopped and
+// restarted. The body read back through either equals the input.
+func TestBodiesClusterNodeRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three-node cluster")
+	}
+	c := natstest.Cluster(t, 3)
+	c.WaitReady()
+	var bs []*jsstore.Bodies
+	var jss []jetstream.JetStream
+	for _, node := range []int{0, 1} {
+		js, err := jetstream.New(natstest.Connect(t, c.URLs(node)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b *jsstore.Bodies
+		retry(t, func(ctx context.Context) (err error) {
+			b, err = jsstore.OpenBodies(ctx, js, jsstore.BodiesOptions{SegmentSize: smallSeg, Timeout: 2 * time.Second})
+			return err
+		})
+		bs, jss = append(bs, b), append(jss, js)
+	}
+	if cfg := streamConfig(t, jss[0], "OBJ_"+jsstore.DefaultBodiesBucket); cfg.Replicas != 3 || cfg.AllowDirect {
+		t.Fatalf("bucket stream: %d replicas, allow_direct %t; want 3, false", cfg.Replicas, cfg.AllowDirect)
+	}
+	id := uuid.NewString()
+	body := randomBytes(30, 12*smallSeg+321)
+	rng := rand.New(rand.NewPCG(31, 32))
+	var durable int64
+	failures := 0
+	deadline := time.Now().Add(2 * time.Minute)
+	tick := time.NewTicker(20 * time.Millisecond) // the carrier's backoff, not a wait for an event
+	defer tick.Stop()
+	for k := 0; durable < int64(len(body)); k++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("upload stuck at %d of %d after %d failures", durable, len(body), failures)
+		}
+		switch k {
+		case 4:
+			c.Stop(1)
+		case 12:
+			c.Start(1)
+		}
+		b := bs[k%2]
+		n := min(int64(1+rng.IntN(smallSeg)), int64(len(body))-durable)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		d, err := b.Append(ctx, id, durable, bytes.NewReader(body[durable:durable+n]))
+		if err == nil && d != durable+n {
+			t.Fatalf("Append of %d at %d = %d", n, durable, d)
+		}
+		cancel()
+		if err != nil {
+			failures++
+			<-tick.C
+			// Ask for the durable offset, as a carrier does after a failure.
+			retry(t, func(ctx context.Context) (err error) {
+				d, err = b.Offset(ctx, id)
+				return err
+			})
+			if d < durable {
+				t.Fatalf("the durable offset went back from %d to %d", durable, d)
+			}
+		}
+		durable = d
+	}
+	t.Logf("uploaded %d bytes, %d failed attempts", len(body), failures)
+	for i, b := range bs {
+		var digest string
+		var size int64
+		retry(t, func(ctx context.Context) (err error) {
+			digest, size, err = b.ReadDigest(ctx, id)
+			return err
+		})
+		if digest != sum(body) || size != int64(len(body)) {
+			t.Fatalf("body read through relay %d: %d bytes sha %s, want %d sha %s", i, size, digest, len(body), sum(body))
+		}
+		if fast, _, err := b.Digest(context.Background(), id); err != nil || fast != digest {
+			t.Fatalf("Digest through relay %d = %s, %v", i, fast, err)
+		}
+	}
+}
+
+// cancelReader hands out p, then ends the request's context and fails, as a
+// carrier whose connection drops does to the relay's request.
+type cancelReader struct {
+	p      []byte
+	cancel context.CancelFunc
+}
+
+func (c *cancelReader) Read(q []byte) (int, error) {
+	if len(c.p) == 0 {
+		c.cancel()
+		return 0, errors.New("client gone")
+	}
+	n := copy(q, c.p)
+	c.p = c.p[n:]
+	return n, nil
+}
+
+// The bytes read before the carrier went away are committed although the
+// request's context has ended with it, including a partial segment extended
+// with them.
+func TestBodiesCommitAfterCallerGone(t *testing.T) {
+	s := natstest.Node(t)
+	b, _ := bodiesOn(t, s, smallSeg, nil)
+	id := uuid.NewString()
+	body := randomBytes(40, 2*smallSeg)
+	var off int64
+	for _, n := range []int64{1000, smallSeg + 5000, smallSeg - 6000} {
+		ctx, cancel := context.WithCancel(context.Background())
+		d, err := b.Append(ctx, id, off, &cancelReader{p: body[off : off+n], cancel: cancel})
+		if err == nil || d != off+n {
+			t.Fatalf("Append of %d at %d with the caller gone = %d, %v; want %d and the reader's error", n, off, d, err, off+n)
+		}
+		off = d
+	}
+	if got := readBody(t, b, id, 0); !bytes.Equal(got, body) {
+		t.Fatal("the body differs")
+	}
+}
+
+// A second Append of a body waits for the first in this process; its own
+// context bounds the wait, and giving up changes nothing.
+func TestBodiesSecondAppendWaitsBoundedByItsContext(t *testing.T) {
+	s := natstest.Node(t)
+	inCommit, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b, _ := bodiesOn(t, s, smallSeg, &jsstore.BodiesHooks{BeforeCommit: func(string) {
+		once.Do(func() { close(inCommit); <-release })
+	}})
+	id := uuid.NewString()
+	body := randomBytes(41, 5000)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Append(context.Background(), id, 0, bytes.NewReader(body))
+		done <- err
+	}()
+	<-inCommit
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() {
+		_, err := b.Append(ctx, id, 0, failReader{t})
+		waited <- err
+	}()
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the waiting Append: %v, want context.Canceled", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := readBody(t, b, id, 0); !bytes.Equal(got, body) {
+		t.Fatal("the body differs")
+	}
+}
+
+// Another relay process extends the partial last segment, and purges its
+// old chunks, while this one is about to copy them to extend it too: this
+// one's Append is refused with the other's durable offset (ErrOffsetMismatch,
+// the relay's 409), not a storage error, and the body is the other's.
+func TestBodiesRaceWhileCopyingPartialSegment(t *testing.T) {
+	s := natstest.Node(t)
+	ctx := context.Background()
+	id := uuid.NewString()
+	var other *jsstore.Bodies
+	second := randomBytes(51, 3*smallSeg/2)
+	var once sync.Once
+	var otherErr error
+	first, _ := bodiesOn(t, s, smallSeg, &jsstore.BodiesHooks{BeforeSegment: func(name string) {
+		once.Do(func() { _, otherErr = other.Append(ctx, id, 200<<10, bytes.NewReader(second)) })
+	}})
+	other, _ = bodiesOn(t, s, smallSeg, nil)
+	prefix := randomBytes(50, 200<<10) // a partial segment of two chunks
+	if _, err := other.Append(ctx, id, 0, bytes.NewReader(prefix)); err != nil {
+		t.Fatal(err)
+	}
+	d, err := first.Append(ctx, id, 200<<10, bytes.NewReader(randomBytes(52, 1000)))
+	if otherErr != nil {
+		t.Fatalf("the other process's Append: %v", otherErr)
+	}
+	want := int64(len(prefix) + len(second))
+	var oe *jsstore.OffsetError
+	if !errors.As(err, &oe) || oe.Durable != want || d != want {
+		t.Fatalf("the losing Append = %d, %v; want an *OffsetError with durable %d", d, err, want)
+	}
+	if got := readBody(t, first, id, 0); !bytes.Equal(got, append(prefix, second...)) {
+		t.Fatal("the body is not the winner's")
 	}
 }
