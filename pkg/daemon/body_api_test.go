@@ -6,12 +6,12 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -115,8 +115,8 @@ func TestInboxBody(t *testing.T) {
 			t.Fatalf("message %s: %d bytes, %v; want the %d bytes sent", id, len(got), err, len(want))
 		}
 	}
-	if line := fmt.Sprintf(`sealbridge_api_body_bytes_total{direction="got"} %d`, len(big)); !metricLine(t, d, line) {
-		t.Errorf("metrics lack %q", line)
+	if v := metricValue(t, d, `sealbridge_api_body_bytes_total{direction="got"}`); v != float64(len(big)) {
+		t.Errorf("sealbridge_api_body_bytes_total{direction=\"got\"} is %v, want the %d bytes of the blob body", v, len(big))
 	}
 	l, err := c.Inbox(ctx, 0, "")
 	if err != nil {
@@ -170,12 +170,22 @@ func isStatus(err error, status int) bool {
 	return errors.As(err, &ce) && ce.Status == status
 }
 
-// metricLine reports whether d's /metrics has line (a sample, exactly).
-func metricLine(t *testing.T, d *Daemon, line string) bool {
+// metricValue is the value of sample (name and labels, as /metrics writes them) in
+// d's /metrics, or -1 if it has none.
+func metricValue(t *testing.T, d *Daemon, sample string) float64 {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	d.m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
 	promtest.Check(t, body)
-	return strings.Contains(string(body), line+"\n")
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(l, sample+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %q", sample, l)
+			}
+			return f
+		}
+	}
+	return -1
 }
