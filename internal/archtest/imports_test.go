@@ -48,7 +48,7 @@ var allowed = map[string][]string{
 	// neither parses envelopes nor signs (pkg/envelope only for the strict decoder).
 	"pkg/relay/jsstore": {"pkg/envelope", "pkg/identity", "internal/uuid", "github.com/nats-io/nats.go"},
 	"pkg/client":        {"pkg/errcode", "internal/dataroot"},
-	"pkg/daemon": {"pkg/record", "pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "pkg/relayproto",
+	"pkg/daemon": {"pkg/record", "pkg/carrier", "pkg/store", "pkg/identity", "pkg/envelope", "pkg/client", "pkg/errcode", "pkg/relayproto", "internal/bytesize",
 		"internal/dataroot", "internal/uuid", "internal/promx", "github.com/prometheus/client_golang"},
 	// promx: the Prometheus registry and /metrics handler the daemon and the relay share.
 	"internal/promx": {"github.com/prometheus/client_golang"},

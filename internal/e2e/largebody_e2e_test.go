@@ -121,6 +121,80 @@ type countingProxy struct {
 	up, down atomic.Int64
 	mu       sync.Mutex
 	conns    map[net.Conn]bool
+	// resumes are the offsets the requests going up start a body from, in
+	// order: a PATCH's Upload-Offset (the upload) and a GET's Range (the
+	// download), as the proxy saw their headers.
+	resumes []resume
+}
+
+// resume is one request's starting offset of a body.
+type resume struct {
+	upload bool
+	offset int64
+}
+
+// resumeHeaders are the header lines whose value is where a request starts.
+var resumeHeaders = []struct {
+	prefix string
+	upload bool
+}{{"\r\nUpload-Offset: ", true}, {"\r\nRange: bytes=", false}}
+
+// scan notes every resume header in b, the bytes after tail (the end of the
+// connection's previous read, so that a header split over two reads is seen).
+func (p *countingProxy) scan(tail, b []byte) {
+	buf := append(append(make([]byte, 0, len(tail)+len(b)), tail...), b...)
+	for _, h := range resumeHeaders {
+		for i := 0; ; {
+			j := strings.Index(string(buf[i:]), h.prefix)
+			if j < 0 {
+				break
+			}
+			start := i + j + len(h.prefix)
+			end := start
+			for end < len(buf) && buf[end] >= '0' && buf[end] <= '9' {
+				end++
+			}
+			i = start
+			if end < len(tail) || end == len(buf) || end == start {
+				continue // ended in the previous read (counted there), or cut: the next read has it whole
+			}
+			n, _ := strconv.ParseInt(string(buf[start:end]), 10, 64)
+			p.mu.Lock()
+			p.resumes = append(p.resumes, resume{upload: h.upload, offset: n})
+			p.mu.Unlock()
+		}
+	}
+}
+
+// resumesSeen is how many resume headers went up so far.
+func (p *countingProxy) resumesSeen() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.resumes)
+}
+
+// nextResume waits for the first request after the first n whose header says
+// where it starts a body, of the upload (PATCH) or the download (GET), and
+// returns that offset.
+func (p *countingProxy) nextResume(t *testing.T, n int, upload bool) int64 {
+	t.Helper()
+	var off int64
+	what := "a PATCH after the kill"
+	if !upload {
+		what = "a ranged GET of the body after the kill"
+	}
+	until(t, 5*time.Minute, what, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, r := range p.resumes[n:] {
+			if r.upload == upload {
+				off = r.offset
+				return true
+			}
+		}
+		return false
+	})
+	return off
 }
 
 func startProxy(t *testing.T, target string) *countingProxy {
@@ -181,8 +255,13 @@ func (p *countingProxy) serve(c net.Conn) {
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn, n *atomic.Int64) {
 		buf := make([]byte, 64<<10)
+		var tail []byte
 		for {
 			k, err := src.Read(buf)
+			if k > 0 && n == &p.up {
+				p.scan(tail, buf[:k])
+				tail = append(tail[:0], buf[max(0, k-64):k]...)
+			}
 			if k > 0 {
 				if _, werr := dst.Write(buf[:k]); werr != nil {
 					break
@@ -540,6 +619,7 @@ func TestLargeBodyResumesAcrossKills(t *testing.T) {
 		until(t, 10*time.Minute, fmt.Sprintf("%.0f%% of the %s", 100*k.at, k.phase), func() bool {
 			return moved.Load()-*resent > int64(k.at*float64(sealed))
 		})
+		seen := w.proxy.resumesSeen()
 		switch k.who {
 		case "A":
 			w.pa.cmd.Process.Signal(syscall.SIGKILL)
@@ -552,6 +632,7 @@ func TestLargeBodyResumesAcrossKills(t *testing.T) {
 			w.proxy.dropAll()
 		}
 		at := moved.Load() - *resent // where the transfer was when it died
+		seen = max(seen, w.proxy.resumesSeen())
 		switch k.who {
 		case "A":
 			w.pa = w.a.start(t, w.daemonBin)
@@ -561,12 +642,10 @@ func TestLargeBodyResumesAcrossKills(t *testing.T) {
 			w.relay = startRelayAt(t, w.relayBin, w.relayHome)
 			w.proxy.setTarget(w.relay.addr)
 		}
-		var durable int64
-		if k.phase == "up" {
-			durable = w.relayOffset(t, envID, sealed)
-		} else {
-			durable = w.partialSize(t, envID, sealed)
-		}
+		// Where the transfer starts again: the offset of the first PATCH (or
+		// ranged GET) after the kill, as its header says — the relay's durable
+		// offset that the carrier was told, or what B's partial blob kept.
+		durable := w.proxy.nextResume(t, seen, k.phase == "up")
 		lost := max(0, min(at, sealed)-durable)
 		t.Logf("%s killed with %.1f MiB of the %s through the relay; %.1f MiB durable after it: %.1f MiB not yet durable",
 			k.who, float64(at)/(1<<20), k.phase, float64(durable)/(1<<20), float64(lost)/(1<<20))

@@ -80,6 +80,7 @@ func (d *Daemon) serveInboxBody(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	out := &idleWriter{w: w, rc: http.NewResponseController(w)}
 	n, rerr, werr := copyVerified(out, plain)
+	d.m.bodyBytes.WithLabelValues("got").Add(float64(n))
 	switch {
 	case werr != nil:
 		d.log.Debug("api: a body download broke off", "message", id, "bytes", n, "err", werr)

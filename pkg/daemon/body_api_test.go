@@ -7,11 +7,16 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/promtest"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
@@ -110,6 +115,9 @@ func TestInboxBody(t *testing.T) {
 			t.Fatalf("message %s: %d bytes, %v; want the %d bytes sent", id, len(got), err, len(want))
 		}
 	}
+	if v := metricValue(t, d, `sealbridge_api_body_bytes_total{direction="got"}`); v != float64(len(big)) {
+		t.Errorf("sealbridge_api_body_bytes_total{direction=\"got\"} is %v, want the %d bytes of the blob body", v, len(big))
+	}
 	l, err := c.Inbox(ctx, 0, "")
 	if err != nil {
 		t.Fatal(err)
@@ -160,4 +168,24 @@ func TestInboxBody(t *testing.T) {
 func isStatus(err error, status int) bool {
 	var ce *client.Error
 	return errors.As(err, &ce) && ce.Status == status
+}
+
+// metricValue is the value of sample (name and labels, as /metrics writes them) in
+// d's /metrics, or -1 if it has none.
+func metricValue(t *testing.T, d *Daemon, sample string) float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	d.m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	promtest.Check(t, body)
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(l, sample+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %q", sample, l)
+			}
+			return f
+		}
+	}
+	return -1
 }

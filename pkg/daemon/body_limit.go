@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/sealbridge/sealbridge/internal/bytesize"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 )
@@ -19,7 +20,7 @@ func checkMaxBody(n int64) error {
 		return nil
 	}
 	return &OptionError{Option: "--max-body", Err: fmt.Errorf("%d bytes is out of range; give a size from %s to %s, e.g. 4GiB",
-		n, sizeText(envelope.MaxBodySize), sizeText(envelope.MaxBlobSize))}
+		n, bytesize.Format(envelope.MaxBodySize), bytesize.Format(envelope.MaxBlobSize))}
 }
 
 // maxBody is the limit in force on a large body's sealed size.
@@ -33,20 +34,6 @@ func (d *Daemon) writeOverMaxBody(w http.ResponseWriter, msg string) {
 		"limit": limit,
 		"hint": fmt.Sprintf("this daemon takes a body of at most %d bytes (%s) sealed, which is the plaintext plus 16 bytes per 64 KiB "+
 			"and a header of under 1 KiB: send a smaller body, or start sealbridged with a larger --max-body (the relay and "+
-			"the recipient's daemon have their own --max-body)", limit, sizeText(limit)),
+			"the recipient's daemon have their own --max-body)", limit, bytesize.Format(limit)),
 	})
-}
-
-// sizeText is n bytes in the largest binary unit that divides it ("4 GiB"), or in
-// bytes ("97281 bytes"); sealbridged's size flags take both forms.
-func sizeText(n int64) string {
-	for _, u := range []struct {
-		name string
-		mult int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n != 0 && n%u.mult == 0 {
-			return fmt.Sprintf("%d %s", n/u.mult, u.name)
-		}
-	}
-	return fmt.Sprintf("%d bytes", n)
 }

@@ -25,6 +25,9 @@ type metrics struct {
 	// refusalsNotKept counts refused envelopes counted but not kept (the bound on
 	// refusals records was reached).
 	refusalsNotKept prometheus.Counter
+	// bodyBytes counts the plaintext bytes of large bodies the API streamed: "sent"
+	// into streamed sends (sealed as blobs), "got" out of body downloads.
+	bodyBytes *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -42,11 +45,16 @@ func newMetrics(d *Daemon) *metrics {
 			Help: "Inbound envelopes the daemon refused (kept in GET /v1/inbox/refused), by reason."}, []string{"reason"}),
 		refusalsNotKept: prometheus.NewCounter(prometheus.CounterOpts{Name: "sealbridge_inbox_refusals_not_kept_total",
 			Help: "Refused inbound envelopes not kept as evidence because the store holds the most refusals it keeps (10,000)."}),
+		bodyBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sealbridge_api_body_bytes_total",
+			Help: "Plaintext bytes of large bodies the local API streamed: sent (into streamed sends, sealed as blobs) and got (out of GET /v1/inbox/{id}/body)."},
+			[]string{"direction"}),
 	}
+	m.bodyBytes.WithLabelValues("sent")
+	m.bodyBytes.WithLabelValues("got")
 	for _, r := range record.RefusalReasons {
 		m.inboxRefused.WithLabelValues(r) // every reason shows, at 0
 	}
-	m.reg.MustRegister(m.requests, m.enqueue, m.refused, m.storeErrors, m.inboxRefused, m.refusalsNotKept,
+	m.reg.MustRegister(m.requests, m.enqueue, m.refused, m.storeErrors, m.inboxRefused, m.refusalsNotKept, m.bodyBytes,
 		&scrape{d: d})
 	return m
 }

@@ -260,7 +260,9 @@ func (d *Daemon) sendBlob(ctx context.Context, msgID string, req client.SendRequ
 		return nil, "", &badRequest{err.Error()}
 	}
 	sum := sha256.New()
-	if err := copyBody(io.MultiWriter(sealer, sum), body); err != nil {
+	err = copyBody(io.MultiWriter(sealer, sum), body)
+	d.m.bodyBytes.WithLabelValues("sent").Add(float64(sealer.PlainSize()))
+	if err != nil {
 		return nil, "", err
 	}
 	env, wire, err := sealer.Finish()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -170,6 +171,9 @@ func TestStreamedSendStoresBlob(t *testing.T) {
 		if err != nil || !bytes.Equal(got, body) {
 			t.Fatalf("size %d: the blob opens to %d bytes (%v), want the %d sent", size, len(got), err, len(body))
 		}
+	}
+	if v, want := metricValue(t, d, `sealbridge_api_body_bytes_total{direction="sent"}`), float64(envelope.MaxBodySize+1+2*(1<<20+3)); v != want {
+		t.Errorf("sealbridge_api_body_bytes_total{direction=\"sent\"} is %v, want the %v bytes of the three large bodies", v, want)
 	}
 	if n := len(blobFiles(t, d)); n != 3 {
 		t.Fatalf("%d files in blobs/, want the 3 blobs: %v", n, blobFiles(t, d))
@@ -493,5 +497,52 @@ func TestStreamedSendRenewsItsLease(t *testing.T) {
 	}
 	if m := countMessages(t, d); m != 1 {
 		t.Fatalf("%d messages, want 1", m)
+	}
+}
+
+// brokenReader yields n bytes, then fails: a client that dies mid-body.
+type brokenReader struct{ n int }
+
+func (b *brokenReader) Read(p []byte) (int, error) {
+	if b.n == 0 {
+		return 0, errors.New("the sender died")
+	}
+	k := min(len(p), b.n)
+	clear(p[:k])
+	b.n -= k
+	return k, nil
+}
+
+// A streamed send whose client breaks off mid-body (chunked, and short of its
+// Content-Length) stores nothing: the staged blob is removed and no message or
+// outbox record is made; the operation of its key is released, so the retry with the
+// whole body makes the message — once the broken request's handler is done, which
+// the retry's 409s until then show, the store holds exactly the retries' blobs.
+func TestStreamedSendBrokenOffStoresNothing(t *testing.T) {
+	d, hc := streamDaemon(t, nil)
+	peer, _ := identity.Generate()
+	sizes := []int64{-1, 2 << 20}
+	for i, size := range sizes {
+		if _, err := streamPost(hc, fmt.Sprint("broken-", i), peer.DID(), &brokenReader{n: 600 << 10}, size); err == nil {
+			t.Fatalf("Content-Length %d: the broken request got an answer", size)
+		}
+	}
+	body := randomBody(11, 300<<10)
+	deadline := time.Now().Add(30 * time.Second)
+	for i := range sizes {
+		for {
+			a := mustStreamPost(t, hc, fmt.Sprint("broken-", i), peer.DID(), body, -1)
+			if a.status == http.StatusCreated {
+				break
+			}
+			// The broken request's handler may still hold the operation.
+			if a.status != http.StatusConflict || time.Now().After(deadline) {
+				t.Fatalf("the retry with the whole body: %d %s", a.status, a.raw)
+			}
+			time.Sleep(10 * time.Millisecond) // polling the daemon, bounded above
+		}
+	}
+	if m, o, b := countMessages(t, d), countKind(t, d, record.KindOutbox), blobFiles(t, d); m != 2 || o != 2 || len(b) != 2 {
+		t.Fatalf("%d messages, %d outbox records, blobs/ %v; want the two retries' only", m, o, b)
 	}
 }

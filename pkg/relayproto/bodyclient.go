@@ -127,8 +127,8 @@ func (c *Client) UploadBody(ctx context.Context, envelopeID string, offset int64
 }
 
 // FetchBody downloads the body of an envelope fetchable in id's inbox from
-// offset on (a signed GET PathInboxBodies+envelopeID; offset > 0 sends
-// "Range: bytes=offset-"). The returned stream is the body's bytes from offset
+// offset on (a signed GET PathInboxBodies+envelopeID with "Range:
+// bytes=offset-", from 0 too, so every download names where it starts). The returned stream is the body's bytes from offset
 // to its end, checked against the answer's Content-Range (206) or to start at
 // 0 (200); it reports io.ErrUnexpectedEOF if the connection ends early. Offset
 // equal to the size yields an empty stream. The caller closes it. An envelope
@@ -145,9 +145,8 @@ func (c *Client) FetchBody(ctx context.Context, id *identity.Identity, envelopeI
 	if err != nil {
 		return nil, err
 	}
-	if offset > 0 {
-		req.Header.Set("Range", "bytes="+strconv.FormatInt(offset, 10)+"-")
-	}
+	// Always ranged, from 0 too: every download says where it starts.
+	req.Header.Set("Range", "bytes="+strconv.FormatInt(offset, 10)+"-")
 	if err := SignInboxRequest(req, id, c.now()); err != nil {
 		return nil, err
 	}
