@@ -280,7 +280,42 @@ func (r *Relay) resume(ctx context.Context, u *upload) ([]byte, error) {
 func (r *Relay) unbusy(u *upload) {
 	r.upMu.Lock()
 	u.busy = false
+	if r.upIdle != nil {
+		close(r.upIdle)
+		r.upIdle = nil
+	}
 	r.upMu.Unlock()
+}
+
+// busyWait bounds how long a HEAD or a PATCH waits for another request's
+// append to the same upload to end (what a sender killed mid-request leaves:
+// its last bytes still arriving), so that it answers the offset that append
+// made durable rather than the one before it.
+const busyWait = 5 * time.Second
+
+// waitIdle waits, at most busyWait and while ctx lasts, until u is not busy,
+// and returns with r.upMu held either way.
+func (r *Relay) waitIdle(ctx context.Context, u *upload) {
+	deadline := time.NewTimer(busyWait)
+	defer deadline.Stop()
+	r.upMu.Lock()
+	for u.busy && !u.gone {
+		if r.upIdle == nil {
+			r.upIdle = make(chan struct{})
+		}
+		idle := r.upIdle
+		r.upMu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			r.upMu.Lock()
+			return
+		case <-deadline.C:
+			r.upMu.Lock()
+			return
+		}
+		r.upMu.Lock()
+	}
 }
 
 // ensureHash makes u.h the hash of the body's durable bytes, re-reading them
@@ -468,11 +503,13 @@ func (r *Relay) serveUpload(w http.ResponseWriter, req *http.Request) (int, erro
 	}
 	r.upMu.Lock()
 	u := r.uploads[id]
-	var off int64
-	if u != nil {
-		off = u.offset
-	}
 	r.upMu.Unlock()
+	var off int64
+	if u != nil && req.Method == http.MethodHead {
+		r.waitIdle(req.Context(), u)
+		off = u.offset
+		r.upMu.Unlock()
+	}
 	if u == nil {
 		return 0, newError(http.StatusNotFound, relayproto.CodeUploadUnknown,
 			"no envelope %s is pending at this relay (post it: it may be complete already)", id)
@@ -500,7 +537,7 @@ func (r *Relay) patch(w http.ResponseWriter, req *http.Request, u *upload) (int,
 	if n < 0 {
 		return 0, newError(http.StatusLengthRequired, relayproto.CodeBadRequest, "a PATCH needs a Content-Length")
 	}
-	r.upMu.Lock()
+	r.waitIdle(req.Context(), u)
 	switch {
 	case u.gone:
 		r.upMu.Unlock()

@@ -878,3 +878,49 @@ func testBlobInboxExpiryRemovesBody(t *testing.T, backend string) {
 	}
 	e.wantNoBody(backend, en.ID())
 }
+
+// A HEAD or a PATCH that comes while another request is still appending to the
+// upload — what a sender killed mid-request leaves, its last bytes still
+// arriving — answers once that append ended, with the offset it made durable,
+// not the one before it (which would send the resumed upload's bytes again, or
+// into a 409 at a stale offset).
+func TestBlobHeadWaitsForTheAppendInFlight(t *testing.T) {
+	e := newEnv(t)
+	en, wire, sealed := e.blobMessage(ident(t, 2).DID(), 8<<20, time.Hour)
+	e.postIncomplete(wire, 0, int64(len(sealed)))
+	const first = 3 << 20
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pw.CloseWithError(io.ErrClosedPipe) })
+	appended := make(chan error, 1)
+	go func() {
+		_, err := e.client.UploadBody(context.Background(), en.ID(), 0, pr, first)
+		appended <- err
+	}()
+	// Half of the first request is at the relay; its append is running.
+	if _, err := pw.Write(sealed[:first/2]); err != nil {
+		t.Fatal(err)
+	}
+	heads := make(chan int64, 1)
+	go func() {
+		o, _, err := e.client.BodyOffset(context.Background(), en.ID())
+		if err != nil {
+			t.Error(err)
+		}
+		heads <- o
+	}()
+	select {
+	case o := <-heads:
+		t.Fatalf("HEAD answered %d while an append was running", o)
+	case <-time.After(100 * time.Millisecond): // a HEAD that does not wait answers at once
+	}
+	if _, err := pw.Write(sealed[first/2 : first]); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if err := <-appended; err != nil {
+		t.Fatal(err)
+	}
+	if o := <-heads; o != first {
+		t.Fatalf("HEAD answered %d after the append made %d durable", o, first)
+	}
+}

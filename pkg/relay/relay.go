@@ -159,6 +159,7 @@ type Relay struct {
 	bodies   bodyStore
 	maxBody  int64
 	upMu     sync.Mutex
+	upIdle   chan struct{}      // closed (and cleared) when an upload stops being busy; guarded by upMu
 	uploads  map[string]*upload // pending envelope id → its upload
 	pendUse  map[string]usage   // recipient dir → what its pending envelopes claim of its quota
 	byteRate *senderRate        // Limits.SenderByteRate

@@ -106,6 +106,12 @@ func (c *Client) UploadBody(ctx context.Context, envelopeID string, offset int64
 	tusHeaders(req.Header)
 	req.Header.Set("Content-Type", ContentTypeOffsetOctetStream)
 	req.Header.Set(HeaderUploadOffset, strconv.FormatInt(offset, 10))
+	if n > 0 {
+		// A refusal (409 at another offset, 413) then comes before any byte
+		// of the body is sent, where the client's transport waits for it
+		// (http.Transport.ExpectContinueTimeout; the carrier's does).
+		req.Header.Set("Expect", "100-continue")
+	}
 	resp, err := c.http().Do(req)
 	if err != nil {
 		return offset, err
