@@ -415,3 +415,46 @@ func TestEnqueueRacesBlobMaintenance(t *testing.T) {
 	}
 	t.Logf("%d accepted, %d refused with BODY_MISSING", accepted, refused)
 }
+
+// An observation naming a blob is published only if the blob is there, checked
+// under the lock in the hold that publishes it: a blob removed while the
+// observation is staged (a collection of a blob committed longer than the grace
+// time before, by a receiver that crashed before its records) makes the
+// transaction fail with BODY_MISSING and publish nothing.
+func TestObservationChecksItsBlobAtPublication(t *testing.T) {
+	var faulty *fsx.Faulty
+	s := openStore(t, store.Options{WrapFS: func(inner fsx.FS) fsx.FS { faulty = fsx.NewFaulty(inner); return faulty }})
+	now := time.Now()
+	digest, size := writeBlob(t, s, blobBytes(4000, 12), 1000)
+	o := &record.Observation{MessageID: uuid.NewString(), SenderDID: string(peerDID(t)), EnvelopeDigest: envelope.Digest([]byte("e")),
+		CreatedAt: ms(now), DeliveryDeadline: ms(now.Add(time.Hour)), RetainUntil: ms(now.Add(48 * time.Hour)),
+		Blob:  &record.ObservedBlob{EnvelopeID: uuid.NewString(), Digest: digest, Size: size, BodySize: size - 1},
+		Facts: []json.RawMessage{json.RawMessage(`{"a":1}`)}, Published: []string{}}
+	var once sync.Once
+	faulty.Inject = func(op fsx.Op) error {
+		if op.Kind == fsx.OpCreate && strings.HasPrefix(op.Path, string(record.KindObservations)+"/") {
+			once.Do(func() {
+				if err := os.Remove(blobFile(s, digest)); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		return nil
+	}
+	err := s.PreparedTransaction(context.Background(), func(tx *store.Tx) error { return tx.Put(o) })
+	if !errors.Is(err, errcode.BodyMissing) {
+		t.Fatalf("blob removed while the observation was staged: %v, want BODY_MISSING", err)
+	}
+	if got, err := s.Get(record.KindObservations, o.MessageID); err != nil || got != nil {
+		t.Fatalf("the observation naming a missing blob was published: %v %v", got, err)
+	}
+	// With its blob there, the same observation is published.
+	faulty.Inject = nil
+	writeBlob(t, s, blobBytes(4000, 12), 1000)
+	if err := s.PreparedTransaction(context.Background(), func(tx *store.Tx) error { return tx.Put(o) }); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(record.KindObservations, o.MessageID); err != nil || got == nil {
+		t.Fatalf("the observation with its blob there: %v %v", got, err)
+	}
+}

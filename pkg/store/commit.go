@@ -271,6 +271,9 @@ func (s *Store) publishGroup(lock *lockfile.Lock, group []*publication) (failed 
 				if p.err = s.validate(p.plan, &accepted, &publisher.marks); p.err != nil {
 					continue
 				}
+				if p.err = s.checkObservedBlobs(p.plan); p.err != nil {
+					continue
+				}
 				if p.check != nil && len(p.plan.writes) > 0 {
 					if p.err = p.check(publisher); p.err != nil {
 						continue

@@ -499,6 +499,22 @@ func sendBlobs(req SendRequest) ([]envelope.BlobRef, error) {
 	return refs, nil
 }
 
+// checkObservedBlobs checks, under the lock in the hold that publishes plan,
+// that the blob of every observation plan writes with a Blob is in blobs/ with
+// its size (checkBlobs): maintenance removes blobs only under the lock, so an
+// observation is never published naming a blob that a collection removed
+// between its download and its transaction (a blob committed longer than the
+// grace time before, by a receiver that crashed before its records).
+func (s *Store) checkObservedBlobs(plan *Tx) error {
+	var refs []envelope.BlobRef
+	for _, w := range plan.writes {
+		if o, ok := w.rec.(*record.Observation); ok && o.Blob != nil {
+			refs = append(refs, envelope.BlobRef{EnvelopeID: o.Blob.EnvelopeID, Digest: o.Blob.Digest, Size: o.Blob.Size})
+		}
+	}
+	return s.checkBlobs(refs)
+}
+
 // checkBlobs checks that every blob of refs is in blobs/ — a private regular file
 // with one link — with its size: BODY_MISSING otherwise (absent, or another size),
 // OUTBOX_STORE_INVALID for a file that breaks the blob rules.
