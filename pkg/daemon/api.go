@@ -349,30 +349,8 @@ func (d *Daemon) acceptSend(w http.ResponseWriter, r *http.Request, key string, 
 		writeJSONBytes(w, status, body)
 		return
 	}
-	// Operations a dead predecessor left in flight are expired at startup; wait for
-	// that before deciding on a key (bounded by the request).
-	select {
-	case <-d.leasesOK:
-	case <-r.Context().Done():
-		writeError(w, http.StatusServiceUnavailable, errcode.IdempotencyStoreBusy.String(), "starting up")
-		return
-	}
-	start, err := d.st.BeginOperation(r.Context(), key, canonical)
-	if errors.Is(err, errcode.IdempotencyInProgress) {
-		// The operation's message may be accepted although its response was never
-		// stored (and its lease not ended): answer with the message rather than make
-		// the client wait for the lease.
-		if opID, ms, aerr := d.acceptedOperation(key, canonical, req.To); aerr != nil {
-			d.writeSendError(w, aerr, opID, true)
-			return
-		} else if ms != nil {
-			w.Header().Set("Idempotent-Replayed", "true")
-			writeJSONBytes(w, http.StatusCreated, sendAnswer(ms))
-			return
-		}
-	}
-	if err != nil {
-		d.writeStoreError(w, err)
+	start, ok := d.beginSend(w, r, key, canonical, req.To)
+	if !ok {
 		return
 	}
 	if start.Done {
@@ -759,4 +737,36 @@ func writeJSONBytes(w http.ResponseWriter, status int, data []byte) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)+1))
 	w.WriteHeader(status)
 	_, _ = w.Write(append(data, '\n'))
+}
+
+// beginSend binds a send's Idempotency-Key to its operation (BeginOperation), for
+// the JSON and the streamed send alike. It waits first until the operations a dead
+// predecessor left in flight are expired (bounded by the request). A key whose
+// operation is in flight and whose message was accepted already (its answer never
+// stored) is answered with that message, rather than making the client wait for
+// the lease. ok is false when it answered the request itself.
+func (d *Daemon) beginSend(w http.ResponseWriter, r *http.Request, key string, canonical []byte, to client.Recipients) (store.OperationStart, bool) {
+	select {
+	case <-d.leasesOK:
+	case <-r.Context().Done():
+		writeError(w, http.StatusServiceUnavailable, errcode.IdempotencyStoreBusy.String(), "starting up")
+		return store.OperationStart{}, false
+	}
+	start, err := d.st.BeginOperation(r.Context(), key, canonical)
+	if errors.Is(err, errcode.IdempotencyInProgress) {
+		if opID, ms, aerr := d.acceptedOperation(key, canonical, to); aerr != nil {
+			d.writeSendError(w, aerr, opID, true)
+			return store.OperationStart{}, false
+		} else if ms != nil {
+			w.Header().Set("Idempotent-Replayed", "true")
+			moveWriteDeadline(w) // a streamed send may have outlasted WriteTimeout
+			writeJSONBytes(w, http.StatusCreated, sendAnswer(ms))
+			return store.OperationStart{}, false
+		}
+	}
+	if err != nil {
+		d.writeStoreError(w, err)
+		return store.OperationStart{}, false
+	}
+	return start, true
 }

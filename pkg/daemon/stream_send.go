@@ -137,28 +137,11 @@ func (d *Daemon) serveSendStream(w http.ResponseWriter, r *http.Request, key str
 		d.answer(w, http.StatusCreated, sendAnswer([]*record.Message{m}))
 		return
 	}
-	select {
-	case <-d.leasesOK:
-	case <-r.Context().Done():
-		writeError(w, http.StatusServiceUnavailable, errcode.IdempotencyStoreBusy.String(), "starting up")
-		return
-	}
-	start, err := d.st.BeginOperation(r.Context(), key, canonical)
-	if errors.Is(err, errcode.IdempotencyInProgress) {
-		// As for a JSON send: a message already accepted is the answer (its body is
-		// not compared: its first request is still running, or died after the
-		// message was accepted and before its answer was stored).
-		if opID, ms, aerr := d.acceptedOperation(key, canonical, req.To); aerr != nil {
-			d.writeSendError(w, aerr, opID, true)
-			return
-		} else if ms != nil {
-			w.Header().Set("Idempotent-Replayed", "true")
-			d.answer(w, http.StatusCreated, sendAnswer(ms))
-			return
-		}
-	}
-	if err != nil {
-		d.writeStoreError(w, err)
+	// As for a JSON send; a message already accepted is the answer without its
+	// body compared (its first request is still running, or died after the
+	// message was accepted and before its answer was stored).
+	start, ok := d.beginSend(w, r, key, canonical, req.To)
+	if !ok {
 		return
 	}
 	if start.Done {
