@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -69,35 +68,11 @@ func buildBinaries(t *testing.T) (sealbridged, relayBin string) {
 	return filepath.Join(dir, "sealbridged"), filepath.Join(dir, "sealbridge-relay")
 }
 
-// startRelayProcess starts sealbridge-relay on loopback and returns its URL.
+// startRelayProcess starts sealbridge-relay on loopback in a fresh home and
+// returns its URL.
 func startRelayProcess(t *testing.T, bin string) string {
 	t.Helper()
-	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--home", t.TempDir(), "--log-level", "warn")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if u, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
-				lines <- u
-			}
-		}
-	}()
-	select {
-	case u := <-lines:
-		return u
-	case <-time.After(60 * time.Second):
-		t.Fatal("relay did not start")
-	}
-	return ""
+	return "http://" + startRelayAt(t, bin, t.TempDir()).addr
 }
 
 type daemonProc struct {
