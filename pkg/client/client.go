@@ -140,6 +140,10 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
+	if e.Status < 300 {
+		// A stream that broke after its successful header: the status says nothing.
+		return fmt.Sprintf("sealbridged: %s: %s", e.Code, e.Message)
+	}
 	return fmt.Sprintf("sealbridged: %d %s: %s", e.Status, e.Code, e.Message)
 }
 

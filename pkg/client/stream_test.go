@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
+	"strings"
 	"testing"
 
 	"github.com/sealbridge/sealbridge/pkg/client"
@@ -149,6 +150,8 @@ func TestBody(t *testing.T) {
 			t.Fatalf("%s: %d bytes, %v", mode, len(got), err)
 		case want != "" && (!errors.As(err, &ce) || ce.Code != want):
 			t.Fatalf("%s: %d bytes, then %v; want %s", mode, len(got), err, want)
+		case want != "" && !strings.HasPrefix(err.Error(), "sealbridged: "+want+": "):
+			t.Fatalf("%s: %q does not start with the code (a stream's 200 says nothing)", mode, err)
 		case want != "" && want != "BODY_SIZE_MISMATCH" && !bytes.Equal(got, full[:128<<10]):
 			t.Fatalf("%s: %d bytes before the error, want the %d sent", mode, len(got), 128<<10)
 		}
