@@ -350,25 +350,7 @@ func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, b
 	for k, v := range hdr {
 		req.Header[k] = v
 	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("sealbridged at %s: %w", c.socketPath(), err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return c.answerError(resp)
-	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
-	if err != nil {
-		return fmt.Errorf("sealbridged at %s: %w", c.socketPath(), err)
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("sealbridged: bad response: %w", err)
-	}
-	return nil
+	return c.roundTrip(req, out)
 }
 
 // answerError reads a non-2xx answer into an *Error: its JSON {code, message, …},

@@ -96,46 +96,41 @@ func isPart(base string) bool { _, ok := store.BlobPartEnvelope(base); return ok
 // checkBlobFile checks the type and metadata of blobs/<digest>; a regular file is
 // kept for checkBlobs.
 func (c *checker) checkBlobFile(p, digest string) {
-	info, err := c.fs.Lstat(p)
-	if err != nil {
-		return
+	if info, ok := c.checkBlobEntry(p, "blob", digest); ok {
+		c.blobFiles = append(c.blobFiles, blobFile{path: p, digest: digest, info: info})
 	}
-	d := dep{path: p, fp: info.Fingerprint()}
-	switch {
-	case info.IsSymlink():
-		c.add(problem(CodeSymlink, p, "a blob name that is a symbolic link; the store never follows it", actionMove+" (the link, not its target)", moveFix(phaseRecords, false, d)))
-		return
-	case !info.IsRegular():
-		d.dir = info.IsDir()
-		c.add(problem(CodeWrongType, p, "a blob name that is "+typeName(info.Mode)+", not a regular file", actionMove, moveFix(phaseRecords, false, d)))
-		return
-	}
-	if err := fsx.CheckPrivateFile(p, info); err != nil {
-		c.add(blobMetadata(p, "the blob", digest, info))
-	}
-	c.blobFiles = append(c.blobFiles, blobFile{path: p, digest: digest, info: info})
 }
 
 // checkBlobPartial notes a staged or partial blob (why), after the layout rules.
 func (c *checker) checkBlobPartial(p, why string) {
+	if _, ok := c.checkBlobEntry(p, "partial blob", ""); ok {
+		c.add(note(CodeBlobPartial, p, why))
+	}
+}
+
+// checkBlobEntry checks one name in blobs/ (what: "blob" or "partial blob"): a
+// symbolic link or a file of another type is a problem (moved by repair) and ok is
+// false; a regular file that is not private is reported (blobMetadata) and ok is
+// true, with its metadata.
+func (c *checker) checkBlobEntry(p, what, digest string) (fsx.Info, bool) {
 	info, err := c.fs.Lstat(p)
 	if err != nil {
-		return
+		return info, false
 	}
 	d := dep{path: p, fp: info.Fingerprint()}
 	switch {
 	case info.IsSymlink():
-		c.add(problem(CodeSymlink, p, "a partial blob name that is a symbolic link; the store never follows it", actionMove+" (the link, not its target)", moveFix(phaseRecords, false, d)))
-		return
+		c.add(problem(CodeSymlink, p, "a "+what+" name that is a symbolic link; the store never follows it", actionMove+" (the link, not its target)", moveFix(phaseRecords, false, d)))
+		return info, false
 	case !info.IsRegular():
 		d.dir = info.IsDir()
-		c.add(problem(CodeWrongType, p, "a partial blob name that is "+typeName(info.Mode)+", not a regular file", actionMove, moveFix(phaseRecords, false, d)))
-		return
+		c.add(problem(CodeWrongType, p, "a "+what+" name that is "+typeName(info.Mode)+", not a regular file", actionMove, moveFix(phaseRecords, false, d)))
+		return info, false
 	}
 	if err := fsx.CheckPrivateFile(p, info); err != nil {
-		c.add(blobMetadata(p, "the partial blob", "", info))
+		c.add(blobMetadata(p, "the "+what, digest, info))
 	}
-	c.add(note(CodeBlobPartial, p, why))
+	return info, true
 }
 
 // blobMetadata is the finding of a blob or partial blob that fsx.CheckPrivateFile
