@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/crashtest"
-	"github.com/sealbridge/sealbridge/internal/dataroot"
 	"github.com/sealbridge/sealbridge/internal/fsx"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
@@ -138,16 +137,8 @@ func checkMaintenanceKeepsBlobs(t *testing.T, c *clock, st crashtest.State) []st
 	if !has {
 		return nil
 	}
-	dir := dataroot.StoreDir(t.TempDir(), string(owner(t).DID()))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	s, dir := agedCopy(t, c, st)
 	defer os.RemoveAll(dir)
-	if err := st.Tree.Materialize(dir); err != nil {
-		t.Fatal(err)
-	}
-	ageTree(t, dir)
-	s := openAt(t, dir, c, nil)
 	for range 2 {
 		if _, err := s.Maintain(context.Background()); err != nil {
 			return []string{fmt.Sprintf("maintenance: %v", err)}

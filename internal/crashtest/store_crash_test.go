@@ -403,6 +403,21 @@ func checkState(t *testing.T, dir string, c *clock, st crashtest.State, exps []e
 	return bad
 }
 
+// agedCopy materializes state st in a fresh store directory of the owner, dated
+// as after a reboot (ageTree: every file older than any grace time), and opens
+// it on clock c; the caller removes dir.
+func agedCopy(t *testing.T, c *clock, st crashtest.State) (*store.Store, string) {
+	dir := dataroot.StoreDir(t.TempDir(), string(owner(t).DID()))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Tree.Materialize(dir); err != nil {
+		t.Fatal(err)
+	}
+	ageTree(t, dir)
+	return openAt(t, dir, c, nil), dir
+}
+
 // checkMaintenanceKeeps runs maintenance twice (a pass finishes a batch whose message
 // it moved forward only in its next transaction; the second pass finishes what is
 // left) on a copy of state st, and checks that every message in visible (visible in
@@ -411,16 +426,8 @@ func checkMaintenanceKeeps(t *testing.T, c *clock, st crashtest.State, visible [
 	if len(visible) == 0 {
 		return nil
 	}
-	dir := dataroot.StoreDir(t.TempDir(), string(owner(t).DID()))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	s, dir := agedCopy(t, c, st)
 	defer os.RemoveAll(dir)
-	if err := st.Tree.Materialize(dir); err != nil {
-		t.Fatal(err)
-	}
-	ageTree(t, dir)
-	s := openAt(t, dir, c, nil)
 	var bad []string
 	for range 2 {
 		if _, err := s.Maintain(context.Background()); err != nil {

@@ -19,6 +19,12 @@ func tryPost(hc *http.Client, key, body string) (apiAnswer, error) {
 	req, _ := http.NewRequest(http.MethodPost, "http://sealbridged/v1/messages", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	return doAnswer(hc, req)
+}
+
+// doAnswer sends req and reads its JSON answer, returning what went wrong instead
+// of failing a test (for any goroutine).
+func doAnswer(hc *http.Client, req *http.Request) (apiAnswer, error) {
 	resp, err := hc.Do(req)
 	if err != nil {
 		return apiAnswer{}, err

@@ -70,20 +70,7 @@ func streamPost(hc *http.Client, key string, to identity.DID, body io.Reader, si
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return apiAnswer{}, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return apiAnswer{}, err
-	}
-	a := apiAnswer{status: resp.StatusCode, header: resp.Header, raw: string(data)}
-	if err := json.Unmarshal(data, &a.body); err != nil {
-		return a, fmt.Errorf("answer %d is not JSON: %s", resp.StatusCode, data)
-	}
-	return a, nil
+	return doAnswer(hc, req)
 }
 
 func mustStreamPost(t *testing.T, hc *http.Client, key string, to identity.DID, body []byte, size int64) apiAnswer {
