@@ -400,6 +400,12 @@ func (s *Store) tempIsOld(k record.Kind, name string) bool {
 // still older than TempMaxAge (checked again: a name may have been reused meanwhile),
 // then fsyncs the directory once.
 func (s *Store) removeOldTemps(tx *Tx, k record.Kind, names []string, rep *MaintenanceReport) error {
+	if s.staging.Load() > 0 {
+		// A transaction of this process is staging or publishing: any temp may be
+		// its own. Names are fresh, so a temp staged after this check was not
+		// listed; one listed before it is left for a later pass.
+		return nil
+	}
 	removed := false
 	for _, name := range names {
 		if !s.tempIsOld(k, name) {

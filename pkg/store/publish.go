@@ -71,6 +71,10 @@ func (s *Store) stage(ctx context.Context, ws []*write) error {
 		if w.rec == nil || ctx.Err() != nil {
 			return
 		}
+		if w.live == nil {
+			w.live = &s.staging
+			w.live.Add(1)
+		}
 		if errs[i] = s.encode(w); errs[i] != nil {
 			return
 		}
@@ -125,11 +129,16 @@ func firstCoded(errs []error) error {
 	return nil
 }
 
-// discard removes the temps of writes that were staged but not published.
+// discard removes the temps of writes that were staged but not published, and takes
+// every write out of Store.staging. It may run more than once on the same writes.
 func discard(ws []*write) {
 	for _, w := range ws {
 		if w.staged != nil && !w.staged.Published() {
 			_ = w.staged.Cleanup()
+		}
+		if w.live != nil {
+			w.live.Add(-1)
+			w.live = nil
 		}
 	}
 }

@@ -157,6 +157,12 @@ type Store struct {
 	storeDirMade atomic.Bool  // ensureStoreDir made the directory chain durable
 	kindDirs     fsx.DirsMade // the kind directories made durable through s.fs
 
+	// staging counts this process's record writes between the start of their staging
+	// and their publication or removal: while it is above zero, maintenance leaves
+	// every record temp alone, old-looking or not (a clock step must not remove a temp
+	// a transaction is about to rename).
+	staging atomic.Int64
+
 	lockHolds atomic.Int64 // lock acquisitions
 	lockWait  atomic.Int64 // nanoseconds spent waiting for them
 

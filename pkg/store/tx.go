@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path"
 	"slices"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
@@ -51,6 +52,7 @@ type write struct {
 	last   bool // published only after the transaction's other writes are durable
 	data   []byte
 	staged *fsx.Staged
+	live   *atomic.Int64 // Store.staging while this write counts in it, nil otherwise
 }
 
 func (w *write) path() string { return record.Path(w.kind, w.id) }
