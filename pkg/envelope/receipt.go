@@ -14,8 +14,10 @@ import (
 // A relay receipt is exactly these bytes — one compact JSON object, keys in
 // this order, no whitespace, no trailing newline:
 //
-//	{"v":1,"payload":{"envelopeId":"E","envelopeDigest":"G","state":"persisted","relayDid":"R","receivedAt":T},"sig":"SIG"}
+//	{"v":1,"payload":{"envelopeId":"E","envelopeDigest":"G","state":"persisted","relayDid":"R","receivedAt":T,"senderSeq":S},"sig":"SIG"}
 //
+// ",senderSeq":S is absent when S is 0 (0 ≤ S ≤ MaxTime: the highest store-head
+// sequence number the relay had witnessed from the envelope's sender, StoreHead).
 // E is the envelope's id (lower-case UUID), G its digest (64 lower-case hex
 // digits, see Digest), R the relay's did:key, T the time the relay persisted
 // the envelope in Unix milliseconds (0 < T ≤ MaxTime) and SIG the base64url
@@ -34,6 +36,10 @@ type RelayReceipt struct {
 	State          string       // "persisted"
 	RelayDID       identity.DID // the relay that signed the receipt
 	ReceivedAt     time.Time    // millisecond precision
+	// SenderSeq is the highest store-head sequence number (StoreHead.Seq) the relay
+	// had witnessed from the envelope's sender when it signed; 0 when it had none
+	// (and in receipts of relays that predate heads, which omit the field).
+	SenderSeq int64
 }
 
 // ReceiptStatePersisted is the only receipt state of version 1: the relay
@@ -54,6 +60,7 @@ type receiptPayloadJSON struct {
 	State          string       `json:"state"`
 	RelayDID       identity.DID `json:"relayDid"`
 	ReceivedAt     int64        `json:"receivedAt"`
+	SenderSeq      int64        `json:"senderSeq,omitempty"`
 }
 
 func (p *receiptPayloadJSON) validate() (identity.PublicKey, error) {
@@ -66,6 +73,8 @@ func (p *receiptPayloadJSON) validate() (identity.PublicKey, error) {
 		return nil, fmt.Errorf("%w: receipt state is not %q", ErrMalformed, ReceiptStatePersisted)
 	case p.ReceivedAt <= 0 || p.ReceivedAt > MaxTime:
 		return nil, fmt.Errorf("%w: receipt receivedAt out of range", ErrMalformed)
+	case p.SenderSeq < 0 || p.SenderSeq > MaxTime:
+		return nil, fmt.Errorf("%w: receipt senderSeq out of range", ErrMalformed)
 	}
 	pub, err := identity.ParseDID(string(p.RelayDID))
 	if err != nil {
@@ -96,6 +105,7 @@ func SignRelayReceipt(relay *identity.Identity, r RelayReceipt) ([]byte, error) 
 		State:          r.State,
 		RelayDID:       r.RelayDID,
 		ReceivedAt:     r.ReceivedAt.UnixMilli(),
+		SenderSeq:      r.SenderSeq,
 	}
 	if _, err := p.validate(); err != nil {
 		return nil, err
@@ -171,6 +181,7 @@ func ParseRelayReceipt(data []byte) (*RelayReceipt, error) {
 		State:          p.State,
 		RelayDID:       p.RelayDID,
 		ReceivedAt:     time.UnixMilli(p.ReceivedAt),
+		SenderSeq:      p.SenderSeq,
 	}, nil
 }
 

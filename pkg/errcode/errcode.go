@@ -84,6 +84,13 @@ var (
 	// BodyChunkInvalid: a chunk of a sealed blob does not verify (altered,
 	// reordered, duplicated, truncated), or its header does not open.
 	BodyChunkInvalid = &Code{"BODY_CHUNK_INVALID", "a chunk of the sealed body does not verify"}
+	// StoreRolledBack: the store's head is below a head its owner signed earlier
+	// (kept outside the store or witnessed by a relay): it was restored from an
+	// older copy. Nothing may be sent or changed until sealbridge-fsck --reconcile.
+	StoreRolledBack = &Code{"STORE_ROLLED_BACK", "the store is older than its last witnessed head"}
+	// StoreFormatNewer: the store was written by a newer format version than this
+	// binary reads; it is refused unchanged.
+	StoreFormatNewer = &Code{"STORE_FORMAT_NEWER", "the store was written by a newer format version"}
 )
 
 // All lists every code, in catalogue order.
@@ -93,6 +100,7 @@ var All = []*Code{
 	DeliveryStatusConflict, IdempotencyStoreFull, IdempotencyStoreBusy,
 	IdempotencyKeyReused, IdempotencyInProgress, MessageNotFound, MessageClosed,
 	BodyTooLarge, BodyMissing, BodySizeMismatch, BodyDigestMismatch, BodyChunkInvalid,
+	StoreRolledBack, StoreFormatNewer,
 }
 
 // Lookup returns the code with the given string, or nil.
