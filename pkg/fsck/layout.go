@@ -71,7 +71,7 @@ func (c *checker) checkForeign() error {
 // store itself makes.
 func layoutTopName(name string) bool {
 	return record.Kind(name).Valid() || name == lockfile.LockName || lockfile.IsTempName(name) ||
-		name == store.GenerationFile || name == store.LostAndFound || name == blobsDir || fsx.IsTempName(name)
+		name == store.GenerationFile || name == store.HeadFile || name == store.LostAndFound || name == blobsDir || fsx.IsTempName(name)
 }
 
 // movable reports whether Repair may move p: a name inside a kind directory (or a
