@@ -46,7 +46,8 @@ func newRoot(ctx context.Context, stdout, stderr io.Writer) *cobra.Command {
 		Long: `Runs one identity's daemon: its outbox, the carrier that relays it, and the local
 API on a unix socket (docs/DAEMON.md). SIGTERM or SIGINT drains in-flight attempts
 and exits 0. A second daemon for the same identity exits 1 with "already running
-(pid N)".`,
+(pid N)"; a store found older than its last witnessed head exits 3
+(STORE_ROLLED_BACK) and is not changed.`,
 		Example: `  sealbridged --home ~/sb --identity alice
   sealbridged --identity bob --inbox-relay http://127.0.0.1:8470 --log-format json`,
 		Args: cli.NoArgs,
@@ -55,6 +56,8 @@ and exits 0. A second daemon for the same identity exits 1 with "already running
 	cli.Annotate(c, cli.AnnotExit, `  0   stopped by SIGTERM or SIGINT after draining (or --help, --version)
   1   failure: the daemon could not start (no identity, already running, …) or failed
   2   usage error: a flag or option value is invalid
+  3   the store is rolled back (STORE_ROLLED_BACK): it is older than a head it signed
+      earlier, kept by the local witness or a relay; run sealbridge-fsck --reconcile
 `)
 	fs := c.Flags()
 	var home, name string
@@ -109,8 +112,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cli.AsUsage(err) // found by the daemon, but a usage error all the same
 	}
 	prog.Report(stderr, err)
+	if errors.Is(err, errcode.StoreRolledBack) {
+		return exitRolledBack
+	}
 	return prog.Exit(err, 1)
 }
+
+// exitRolledBack is the exit status of a daemon that found its store rolled back: a
+// supervisor must not restart it (docs/systemd: RestartPreventExitStatus=3).
+const exitRolledBack = 3
 
 // version is the module version and VCS revision of this binary.
 func version() string { return buildinfo.Version() }

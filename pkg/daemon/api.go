@@ -578,7 +578,8 @@ func statusOf(c *errcode.Code) int {
 	switch c {
 	case errcode.IdempotencyKeyReused:
 		return http.StatusUnprocessableEntity
-	case errcode.IdempotencyInProgress, errcode.DeliveryRecordConflict, errcode.DeliveryStatusConflict:
+	case errcode.IdempotencyInProgress, errcode.DeliveryRecordConflict, errcode.DeliveryStatusConflict,
+		errcode.StoreRolledBack:
 		return http.StatusConflict
 	case errcode.OutboxFull, errcode.IdempotencyStoreFull:
 		return http.StatusInsufficientStorage
@@ -603,6 +604,10 @@ func (d *Daemon) writeStoreError(w http.ResponseWriter, err error) {
 		return
 	}
 	if hint := idempotencyHint(code); hint != "" {
+		writeJSON(w, status, map[string]string{"code": code, "message": msg, "hint": hint})
+		return
+	}
+	if hint := errcode.HintOf(err); hint != "" && code == errcode.StoreRolledBack.String() {
 		writeJSON(w, status, map[string]string{"code": code, "message": msg, "hint": hint})
 		return
 	}

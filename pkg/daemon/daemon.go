@@ -63,6 +63,10 @@ type Options struct {
 	// that cannot hold them (default 1 s).
 	InboxRelay string
 	PollEvery  time.Duration
+	// HeadEvery is the interval of the store's head writes (default
+	// store.HeadInterval, 1 s): commits are covered by a witnessed head at most this
+	// long after they were acknowledged (head.go).
+	HeadEvery time.Duration
 	// DeliveredRetention and ClosedRetention are how long a message's record is kept
 	// after it was delivered (default 24 h) or closed (default 7 days), and
 	// ClosedRetention also how long a refused inbound envelope's record is kept; 0
@@ -182,6 +186,13 @@ func New(opts Options) (*Daemon, error) {
 	if err := d.lock(); err != nil {
 		return nil, err
 	}
+	// Before anything is served or sent: a store behind a head it signed earlier
+	// (its local witness, or a relay's) is refused with STORE_ROLLED_BACK.
+	if err := d.checkWitnesses(context.Background()); err != nil {
+		d.Close()
+		return nil, err
+	}
+	d.logHead()
 	if opts.SocketPath == "" {
 		if err := privateDir(filepath.Dir(socket)); err != nil {
 			d.Close()
@@ -348,6 +359,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.detectChanges(bg) })
 	wg.Go(func() { d.follow(bg) })
 	wg.Go(func() { d.probeWrites(bg) })
+	wg.Go(func() { d.writeHeads(bg) })
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(&peerListener{UnixListener: ln, uid: os.Getuid(), log: d.log, m: d.m}) }()
 	close(d.ready)
@@ -393,6 +405,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer t.Stop()
 	select {
 	case <-stopped:
+		d.finalHead()
 	case <-t.C:
 		d.log.Error("daemon: the carrier or a background task did not stop within the drain timeout; the pid lock stays held until it stops or the process exits",
 			"timeout", d.opts.DrainTimeout)

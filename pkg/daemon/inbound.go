@@ -229,6 +229,7 @@ func (d *Daemon) follow(ctx context.Context) {
 			return
 		}
 	}
+	f.replayStatuses(ctx)
 	const key = "inbox fetch"
 	wait, fails := time.Duration(0), 0
 	for {
@@ -358,6 +359,45 @@ func (f *follower) recover(ctx context.Context) error {
 	return nil
 }
 
+// replayStatuses processes, once at start, the delivery statuses the inbox relay
+// retained after this store acknowledged them (relayproto.PathInboxStatuses). A store
+// restored from an older copy and reconciled learns again from them which of its
+// messages were delivered; in any other store each is a duplicate of a receipt it
+// holds and changes nothing. A relay without the endpoint, or one that cannot be
+// reached, is skipped (logged): the statuses still to come arrive as always.
+func (f *follower) replayStatuses(ctx context.Context) {
+	after, applied := "", 0
+	for {
+		page, err := f.rc.InboxStatuses(ctx, f.d.id, 0, after)
+		if err != nil {
+			f.d.log.Info("inbox: the relay's retained delivery statuses were not replayed", "relay", f.url, "err", err)
+			return
+		}
+		for _, ie := range page.Envelopes {
+			env, err := envelope.Parse(ie.Envelope)
+			if err != nil || env.Kind() != envelope.KindDeliveryStatus {
+				continue
+			}
+			p, _, err := f.process(ctx, ie, true)
+			if err != nil {
+				f.d.log.Warn("inbox: replaying a retained delivery status", "envelope", ie.EnvelopeID, "err", err)
+				continue
+			}
+			if p != nil {
+				applied++
+				f.advance(ctx, p, true)
+			}
+		}
+		if !page.More || page.Cursor == "" || page.Cursor == after {
+			break
+		}
+		after = page.Cursor
+	}
+	if applied > 0 {
+		f.d.log.Info("inbox: retained delivery statuses replayed", "applied", applied)
+	}
+}
+
 // hasPending reports receipts waiting to be advanced.
 func (f *follower) hasPending() bool {
 	f.mu.Lock()
@@ -435,12 +475,19 @@ func (f *follower) poll(ctx context.Context, wait time.Duration) (got int, stuck
 // the pending receipt to advance once acknowledged (nil if none) and whether to
 // acknowledge the envelope at the relay. An error means: leave it at the relay.
 func (f *follower) processEnvelope(ctx context.Context, ie relayproto.InboxEnvelope) (*pendingReceipt, bool, error) {
+	return f.process(ctx, ie, false)
+}
+
+// process is processEnvelope; replayed says ie is a delivery status the relay
+// retained after it was acknowledged (replayStatuses), whose deadline no longer
+// matters: it confirms a delivery that happened.
+func (f *follower) process(ctx context.Context, ie relayproto.InboxEnvelope, replayed bool) (*pendingReceipt, bool, error) {
 	d := f.d
 	env, err := envelope.Parse(ie.Envelope)
 	if err == nil {
 		err = env.CheckRecipient(d.id.DID())
 	}
-	if err == nil {
+	if err == nil && !replayed {
 		err = env.CheckDeadline(time.Now())
 	}
 	if err != nil {

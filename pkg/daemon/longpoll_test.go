@@ -130,6 +130,10 @@ func TestFollowerOldRelay(t *testing.T) {
 	var mu sync.Mutex
 	var queries []string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != relayproto.PathInbox {
+			http.NotFound(w, r) // an older relay: no witness, no retained statuses
+			return
+		}
 		mu.Lock()
 		queries = append(queries, r.URL.RawQuery)
 		mu.Unlock()
