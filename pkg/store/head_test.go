@@ -289,7 +289,9 @@ func TestOpenRefusesInvalidHead(t *testing.T) {
 			b[len(b)-5] ^= 1
 			os.WriteFile(p, b, 0o600)
 		},
-		"too large": func(t *testing.T, p string) { os.WriteFile(p, bytes.Repeat([]byte("a"), envelope.MaxHeadSize+1), 0o600) },
+		"too large": func(t *testing.T, p string) {
+			os.WriteFile(p, bytes.Repeat([]byte("a"), envelope.MaxHeadSize+1), 0o600)
+		},
 		"mode 0644": func(t *testing.T, p string) { os.WriteFile(p, valid, 0o600); os.Chmod(p, 0o644) },
 		"hard link": func(t *testing.T, p string) { os.WriteFile(p, valid, 0o600); os.Link(p, p+"-link") },
 		"symlink": func(t *testing.T, p string) {
