@@ -176,6 +176,9 @@ func (s *Store) initHead(opts Options) error {
 	if s.witnessPath != "" {
 		dir := filepath.Dir(s.witnessPath)
 		s.witnessFS, s.witnessParent = fsx.NewOS(dir), fsx.NewOS(filepath.Dir(dir))
+		if opts.WrapWitnessFS != nil {
+			s.witnessFS, s.witnessParent = opts.WrapWitnessFS(s.witnessFS), opts.WrapWitnessFS(s.witnessParent)
+		}
 	}
 	h, err := s.readHead()
 	if err != nil {
