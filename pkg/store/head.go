@@ -176,6 +176,9 @@ func (s *Store) initHead(opts Options) error {
 	if s.witnessPath != "" {
 		dir := filepath.Dir(s.witnessPath)
 		s.witnessFS, s.witnessParent = fsx.NewOS(dir), fsx.NewOS(filepath.Dir(dir))
+		if opts.WrapWitnessFS != nil {
+			s.witnessFS, s.witnessParent = opts.WrapWitnessFS(s.witnessFS), opts.WrapWitnessFS(s.witnessParent)
+		}
 	}
 	h, err := s.readHead()
 	if err != nil {
@@ -220,20 +223,33 @@ func (s *Store) WriteHead(ctx context.Context, force bool) (*envelope.StoreHead,
 	}
 	// Under the exclusive hold no publication of this process runs: every one before
 	// it has marked the head dirty and is durable, every one after marks it again.
-	dirty := s.headDirty.Swap(false)
-	var h headState
-	if dirty || force {
-		h, err = s.writeHeadLocked(false, 0)
-		if err != nil {
-			s.headDirty.Store(true)
-		}
+	var head *envelope.StoreHead
+	var data []byte
+	if force || s.headDirty.Load() {
+		head, data, err = s.writeHeadHeld()
 	} else {
-		h.head, h.data = s.Head()
+		head, data = s.Head()
 	}
 	if uerr := unlock(); err == nil {
 		err = uerr
 	}
 	if err != nil {
+		return nil, nil, err
+	}
+	return head, data, nil
+}
+
+// writeHeadHeld is a forced WriteHead for a caller of this package that holds the
+// store lock exclusively (a backup's final hold): the head it writes counts every
+// publication made durable before it.
+func (s *Store) writeHeadHeld() (*envelope.StoreHead, []byte, error) {
+	if err := s.checkWritable(); err != nil {
+		return nil, nil, err
+	}
+	s.headDirty.Store(false)
+	h, err := s.writeHeadLocked(false, 0)
+	if err != nil {
+		s.headDirty.Store(true)
 		return nil, nil, err
 	}
 	return h.head, h.data, nil

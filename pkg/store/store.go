@@ -123,6 +123,10 @@ type Options struct {
 	// head"), instead of dataroot.WitnessFile(data root, owner). With Dir and no
 	// WitnessFile the store has no local witness.
 	WitnessFile string
+	// WrapWitnessFS, if set, wraps the file systems of the local witness: one rooted
+	// at its directory and one at that directory's parent, where the directory is
+	// made (fault injection and crash exploration in tests).
+	WrapWitnessFS func(fsx.FS) fsx.FS
 }
 
 // A file-system timestamp is "racy" (git's rule) while now is less than the racy
