@@ -27,7 +27,7 @@ func (r *Relay) serveBatch(w http.ResponseWriter, req *http.Request) (int, error
 	for i, raw := range batch.Envelopes {
 		wires[i] = raw
 	}
-	head, e := headOf(req)
+	head, e := r.headOf(req)
 	if e != nil {
 		r.countRefusals(e.Code, len(wires))
 		return 0, e

@@ -119,7 +119,7 @@ func (r *Relay) serveEnvelope(w http.ResponseWriter, req *http.Request) (int, er
 		r.countRefusals(e.Code, 1)
 		return 0, e
 	}
-	head, e := headOf(req)
+	head, e := r.headOf(req)
 	if e != nil {
 		r.count(func(s *Stats) { s.Refused++ })
 		r.countRefusals(e.Code, 1)

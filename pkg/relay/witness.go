@@ -56,13 +56,14 @@ func headInvalid(format string, args ...any) *relayproto.Error {
 
 // headOf returns the Sealbridge-Head of a post (nil: none); more than one is
 // a 400 HEAD_INVALID.
-func headOf(req *http.Request) ([]byte, *relayproto.Error) {
+func (r *Relay) headOf(req *http.Request) ([]byte, *relayproto.Error) {
 	switch v := req.Header.Values(relayproto.HeaderHead); len(v) {
 	case 0:
 		return nil, nil
 	case 1:
 		return []byte(v[0]), nil
 	}
+	r.count(func(s *Stats) { s.HeadsInvalid++ })
 	return nil, headInvalid("a post carries at most one %s", relayproto.HeaderHead)
 }
 

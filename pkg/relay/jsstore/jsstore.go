@@ -219,6 +219,7 @@ const (
 	hdrBodySize   = "Sealbridge-Body-Size"  // the sealed size of a blob body kept beside the message
 	hdrSender     = "Sealbridge-Sender"     // hex sha256 of the sender DID
 	hdrSenderSeq  = "Sealbridge-Sender-Seq" // the sender's witnessed head seq at accept (absent: 0)
+	hdrRetained   = "Sealbridge-Retained"   // "1" on a retained delivery status (statuses.go)
 )
 
 // Errors a caller tells apart.
@@ -1216,7 +1217,8 @@ func (s *Store) StatusAt(ctx context.Context, recipient identity.DID, now time.T
 }
 
 // Expire removes every waiting envelope whose deadline is before now and
-// returns how many it removed. Their de-duplication records stay until their
+// returns how many it removed; it also removes the retained delivery statuses
+// whose retention ended before now (statuses.go), which it does not count. Their de-duplication records stay until their
 // TTL, so a late copy is still answered as a duplicate. It reads every waiting
 // envelope's headers; the relay runs it periodically.
 func (s *Store) Expire(ctx context.Context, now time.Time) (int, error) {
@@ -1236,7 +1238,7 @@ func (s *Store) ExpireEach(ctx context.Context, now time.Time, removed func(id s
 		if err != nil {
 			return fmt.Errorf("jsstore: expire: %w", err)
 		}
-		if deleted {
+		if deleted && h.Get(hdrRetained) == "" { // a retained status is not an inbox envelope
 			n++
 			if removed != nil {
 				removed(h.Get(hdrID))

@@ -42,6 +42,7 @@ func (s *Store) retainStatus(ctx context.Context, rkey, id string, m *jetstream.
 	msg.Header.Set(hdrDigest, m.Header.Get(hdrDigest))
 	msg.Header.Set(hdrReceivedAt, m.Header.Get(hdrReceivedAt))
 	msg.Header.Set(hdrDeadline, strconv.FormatInt(until.UnixMilli(), 10))
+	msg.Header.Set(hdrRetained, "1")
 	_, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0))
 	if err != nil && !isWrongLastSeq(err) { // wrong last sequence: retained already
 		return fmt.Errorf("retain status %s: %w", id, err)
