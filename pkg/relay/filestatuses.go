@@ -57,7 +57,8 @@ func parseStatusFileName(name string) (e statusEntry, ok bool) {
 	return e, err1 == nil && err2 == nil && err3 == nil && uuid.Valid(e.envelopeID)
 }
 
-// loadStatuses reads the retained statuses into f.statuses.
+// loadStatuses reads the retained statuses into f.statuses, after the
+// inboxes are loaded.
 func (f *fileStore) loadStatuses() error {
 	dirs, err := readDirSorted(f.fs, statusesDir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -84,6 +85,13 @@ func (f *fileStore) loadStatuses() error {
 				continue
 			}
 			e.file = path.Join(dir, fi.Name)
+			if f.byID[e.envelopeID] != nil {
+				// The envelope is back in its inbox (a crash before the
+				// acknowledgement's inbox directory was fsynced): not
+				// acknowledged, so not retained yet.
+				_ = f.fs.Remove(e.file)
+				continue
+			}
 			f.statuses[d.Name] = append(f.statuses[d.Name], &e)
 			f.lastSeq = max(f.lastSeq, e.seq)
 		}

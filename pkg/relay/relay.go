@@ -17,8 +17,9 @@
 // (200) only after both
 // are durable. The signed receipt is not stored as bytes: Ed25519 signatures
 // are deterministic, so signing the stored fields (envelopeId, digest,
-// receivedAt) again with the same key reproduces the first receipt byte for
-// byte.
+// receivedAt, senderSeq) again with the same key reproduces the first receipt
+// byte for byte. The relay also witnesses its senders' store heads and retains
+// acknowledged delivery statuses (witness.go).
 package relay
 
 import (
