@@ -178,6 +178,10 @@ type Receipt struct {
 	OutcomeCode    string `json:"outcomeCode,omitempty"`
 	ReceivedAt     int64  `json:"receivedAt"`
 	RetainUntil    int64  `json:"retainUntil"`
+	// SenderSeq is, in a relay's receipt records, the store-head seq the relay
+	// had witnessed from the sender when it accepted the envelope (signed into
+	// its receipt as envelope.RelayReceipt.SenderSeq); 0 (omitted) when none.
+	SenderSeq int64 `json:"senderSeq,omitempty"`
 }
 
 // Observation is an inbound message as observed. Its fixed fields (Blob among
@@ -521,6 +525,9 @@ func (r *Receipt) Validate() error {
 	if len(r.OutcomeCode) > 64 {
 		return invalid("outcomeCode is too long")
 	}
+	if r.SenderSeq < 0 || r.SenderSeq > envelope.MaxTime {
+		return invalid("senderSeq is out of range")
+	}
 	return nil
 }
 
@@ -620,7 +627,8 @@ func CheckReplacement(prev, next Record) error {
 		}
 	case *Receipt:
 		if p, ok := prev.(*Receipt); ok {
-			if p.EnvelopeID != n.EnvelopeID || p.SenderDID != n.SenderDID || p.EnvelopeDigest != n.EnvelopeDigest || p.ReceivedAt != n.ReceivedAt {
+			if p.EnvelopeID != n.EnvelopeID || p.SenderDID != n.SenderDID || p.EnvelopeDigest != n.EnvelopeDigest || p.ReceivedAt != n.ReceivedAt ||
+				p.SenderSeq != n.SenderSeq {
 				return conflict(n, "a receipt's envelope identity never changes")
 			}
 			if receiptRank[n.State] < receiptRank[p.State] {

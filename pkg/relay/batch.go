@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
@@ -26,7 +27,12 @@ func (r *Relay) serveBatch(w http.ResponseWriter, req *http.Request) (int, error
 	for i, raw := range batch.Envelopes {
 		wires[i] = raw
 	}
-	results, err := r.AcceptBatch(req.Context(), wires)
+	head, e := r.headOf(req)
+	if e != nil {
+		r.countRefusals(e.Code, len(wires))
+		return 0, e
+	}
+	results, err := r.AcceptBatchHead(req.Context(), wires, head)
 	if err != nil {
 		r.countRefusals(asError(err).Code, len(wires)) // none was acknowledged
 		return 0, err
@@ -69,6 +75,14 @@ type batchItem struct {
 // is a *relayproto.Error.
 // Exported for the package's external tests, which call it without an HTTP server.
 func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.BatchResult, error) {
+	return r.AcceptBatchHead(ctx, wires, nil)
+}
+
+// AcceptBatchHead is AcceptBatch of a batch posted with the store head head
+// (nil: none; witness.go): it must be the head of the sender of every
+// envelope of the batch that parses (else a 400 HEAD_INVALID for the whole
+// batch, nothing accepted), and is kept durably before any envelope is.
+func (r *Relay) AcceptBatchHead(ctx context.Context, wires [][]byte, head []byte) ([]relayproto.BatchResult, error) {
 	items := make([]*batchItem, len(wires))
 	var stripes []int
 	for i, data := range wires {
@@ -82,6 +96,16 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 		}
 		it.env = env
 		stripes = append(stripes, stripe(env.ID()))
+	}
+	var senders []identity.DID
+	for _, it := range items {
+		if it.env != nil {
+			senders = append(senders, it.env.Sender())
+		}
+	}
+	floor, err := r.witness(ctx, string(head), senders)
+	if err != nil {
+		return nil, err
 	}
 	// Every envelope id of the batch is serialised as Accept serialises one, the
 	// stripes taken in ascending order so that two batches cannot deadlock.
@@ -152,6 +176,9 @@ func (r *Relay) AcceptBatch(ctx context.Context, wires [][]byte) ([]relayproto.B
 		freshItems = append(freshItems, it)
 	}
 	if len(fresh) > 0 {
+		if err := r.stamp(ctx, fresh, floor); err != nil {
+			return nil, err
+		}
 		if err := r.back.put(ctx, fresh); err != nil {
 			return nil, err
 		}

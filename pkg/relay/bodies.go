@@ -379,6 +379,9 @@ func (r *Relay) finish(ctx context.Context, u *upload) ([]byte, error) {
 		u.sealed = true
 	}
 	it := &newEnvelope{env: u.env, wire: u.wire, receivedAt: r.now()}
+	if err := r.stamp(ctx, []*newEnvelope{it}, 0); err != nil {
+		return nil, err
+	}
 	if err := r.back.put(ctx, []*newEnvelope{it}); err != nil {
 		return nil, err
 	}

@@ -43,7 +43,8 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	defer ln.Close()
-	ropts := Options{Logger: log, Limits: c.Limits.Limits, Version: c.Version}
+	ropts := Options{Logger: log, Limits: c.Limits.Limits, Version: c.Version,
+		StatusRetention: c.Limits.StatusRetentionOption()}
 	closeConn, err := c.Backend.Open(&ropts, c.Name)
 	if err != nil {
 		return err

@@ -52,6 +52,10 @@ type fileStore struct {
 	regMu sync.Mutex // serializes registrations
 
 	bodies *fileBodies // the blob bodies and pending envelopes (filebodies.go)
+
+	heads           *fileHeads                // the witnessed store heads (fileheads.go)
+	statuses        map[string][]*statusEntry // recipient dir → retained statuses by seq (filestatuses.go); guarded by mu
+	statusRetention time.Duration             // how long an acknowledged status is retained (0: not at all)
 }
 
 // inbox is one recipient's waiting envelopes, in sequence order.
@@ -72,6 +76,7 @@ type entry struct {
 	deadline   int64  // delivery deadline, Unix ms: never served at or after it
 	file       string // name of the envelope file in f.fs: "<recipient dir>/<file name>"
 	recipient  string // recipient dir name
+	status     bool   // a delivery status: retained when acknowledged
 }
 
 // openFiles opens (creating on first use) the relay's store and inbox
@@ -88,6 +93,7 @@ func openFiles(opts Options, now func() time.Time, log *slog.Logger, wake func(s
 		id: opts.Identity, now: now, log: log, wake: wake,
 		inboxes: map[string]*inbox{}, byID: map[string]*entry{}, inflight: map[uint64]struct{}{},
 		hidden: map[uint64]string{}, allowed: map[string]bool{},
+		statuses: map[string][]*statusEntry{}, statusRetention: max(opts.StatusRetention, 0),
 	}
 	// The relay's clock: it dates the receipts, so it judges their retention too.
 	sopts := store.Options{Home: opts.Home, WrapFS: opts.WrapFS, Now: now}
@@ -109,6 +115,7 @@ func openFiles(opts Options, now func() time.Time, log *slog.Logger, wake func(s
 	if opts.WrapFS != nil {
 		f.fs = opts.WrapFS(f.fs)
 	}
+	f.heads = &fileHeads{fs: f.fs, dirs: &f.dirs}
 	if f.lockFile, err = lockDir(f.inboxDir); err != nil {
 		return nil, err
 	}
@@ -117,6 +124,10 @@ func openFiles(opts Options, now func() time.Time, log *slog.Logger, wake func(s
 		return nil, err
 	}
 	if err := f.loadRegistry(); err != nil {
+		f.lockFile.Close()
+		return nil, err
+	}
+	if err := f.loadStatuses(); err != nil {
 		f.lockFile.Close()
 		return nil, err
 	}
@@ -224,7 +235,13 @@ func (f *fileStore) load(ctx context.Context) error {
 			case rec == nil:
 				// Crash between the file and the record: the envelope was never
 				// acknowledged, but it is durable and valid — complete the accept.
-				rec = receiptRecord(env, info.MtimeNs/int64(time.Millisecond))
+				// Its receipt was never answered; it names the head witnessed
+				// now, which was durable before the accept began.
+				_, seq, err := f.heads.read(env.Sender())
+				if err != nil {
+					return fmt.Errorf("relay: complete receipt of %s: %w", envID, err)
+				}
+				rec = receiptRecord(env, info.MtimeNs/int64(time.Millisecond), seq)
 				if err := f.st.PreparedTransaction(ctx, func(tx *store.Tx) error { return tx.Put(rec) }); err != nil {
 					return fmt.Errorf("relay: complete receipt of %s: %w", envID, err)
 				}
@@ -235,7 +252,8 @@ func (f *fileStore) load(ctx context.Context) error {
 				continue
 			}
 			e := &entry{seq: seq, envelopeID: envID, digest: env.Digest(), receivedAt: rec.ReceivedAt,
-				size: len(data), body: blobSize(env), deadline: env.DeliveryDeadlineMillis(), file: file, recipient: rdir}
+				size: len(data), body: blobSize(env), deadline: env.DeliveryDeadlineMillis(), file: file, recipient: rdir,
+				status: env.Kind() == envelope.KindDeliveryStatus}
 			f.insert(e)
 			f.lastSeq = max(f.lastSeq, seq)
 			loaded++
@@ -329,17 +347,18 @@ func firstAtLeast(entries []*entry, seq uint64) int {
 	return i
 }
 
-func receiptRecord(env *envelope.Envelope, receivedAt int64) *record.Receipt {
+func receiptRecord(env *envelope.Envelope, receivedAt, senderSeq int64) *record.Receipt {
 	retain := env.DeliveryDeadlineMillis() + dedupeRetention.Milliseconds()
 	retain = min(max(retain, receivedAt+dedupeRetention.Milliseconds()), envelope.MaxTime)
 	return &record.Receipt{
 		EnvelopeID: env.ID(), SenderDID: string(env.Sender()), EnvelopeDigest: env.Digest(),
-		State: record.ReceiptPersisted, ReceivedAt: receivedAt, RetainUntil: retain,
+		State: record.ReceiptPersisted, ReceivedAt: receivedAt, RetainUntil: retain, SenderSeq: senderSeq,
 	}
 }
 
 func heldOf(rec *record.Receipt) *held {
-	return &held{envelopeID: rec.EnvelopeID, digest: rec.EnvelopeDigest, receivedAt: rec.ReceivedAt}
+	return &held{envelopeID: rec.EnvelopeID, digest: rec.EnvelopeDigest, receivedAt: rec.ReceivedAt,
+		senderKey: recipientDir(identity.DID(rec.SenderDID)), senderSeq: rec.SenderSeq}
 }
 
 // errConflict is a receipt record for the id with another digest.
@@ -380,7 +399,7 @@ func (f *fileStore) putOne(ctx context.Context, it *newEnvelope) error {
 	if err := fsx.CreateFile(f.fs, rdir, name, data); err != nil {
 		return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", err)
 	}
-	rec := receiptRecord(env, it.receivedAt.UnixMilli())
+	rec := receiptRecord(env, it.receivedAt.UnixMilli(), it.senderSeq)
 	err := f.st.PreparedTransaction(ctx, func(tx *store.Tx) error {
 		cur, err := store.TxGet[*record.Receipt](tx, rid)
 		if err != nil {
@@ -392,7 +411,8 @@ func (f *fileStore) putOne(ctx context.Context, it *newEnvelope) error {
 		return tx.Put(rec)
 	})
 	e := &entry{seq: seq, envelopeID: env.ID(), digest: env.Digest(), receivedAt: rec.ReceivedAt,
-		size: len(data), body: blobSize(env), deadline: env.DeliveryDeadlineMillis(), file: path.Join(rdir, name), recipient: rdir}
+		size: len(data), body: blobSize(env), deadline: env.DeliveryDeadlineMillis(), file: path.Join(rdir, name), recipient: rdir,
+		status: env.Kind() == envelope.KindDeliveryStatus}
 	if err != nil {
 		// Keep the file only if the record made it to disk after all (a
 		// failure after publication): it is then the envelope the record names.
@@ -478,6 +498,9 @@ func (f *fileStore) ack(ctx context.Context, recipient identity.DID, ids []strin
 	f.mu.Unlock()
 	if len(gone) == 0 {
 		return 0, nil
+	}
+	if err := f.retainStatuses(rdir, gone); err != nil {
+		return 0, err
 	}
 	if err := f.removeEntries(ctx, rdir, gone, "ACKNOWLEDGED"); err != nil {
 		return 0, err
@@ -666,6 +689,9 @@ func (f *fileStore) expire(ctx context.Context, now time.Time) (int, error) {
 		}
 		total += len(gone)
 	}
+	if _, err := f.expireStatuses(now.UnixMilli()); err != nil {
+		return total, err
+	}
 	// Then the relay's store: receipt records past their retainUntil (the
 	// deadline + 24 h, after which an envelope sent again is refused as expired
 	// anyway) and old temps, in bounded chunks (DESIGN §10).
@@ -752,7 +778,7 @@ func (f *fileStore) commitBatch(ctx context.Context, items []*newEnvelope) error
 		dones = append(dones, done)
 		it.rdir = recipientDir(it.env.Recipient())
 		it.name = fileName(it.seq, it.env.ID())
-		it.rec = receiptRecord(it.env, it.receivedAt.UnixMilli())
+		it.rec = receiptRecord(it.env, it.receivedAt.UnixMilli(), it.senderSeq)
 		if !dirs[it.rdir] {
 			if err := f.dirs.Ensure(f.fs, it.rdir); err != nil {
 				return unavailable(relayproto.CodeInboxUnwritable, "the relay cannot write its inbox", err)
@@ -866,5 +892,6 @@ func (f *fileStore) commitBatch(ctx context.Context, items []*newEnvelope) error
 
 func (it *fileBatchItem) entry() *entry {
 	return &entry{seq: it.seq, envelopeID: it.env.ID(), digest: it.env.Digest(), receivedAt: it.rec.ReceivedAt,
-		size: len(it.wire), body: blobSize(it.env), deadline: it.env.DeliveryDeadlineMillis(), file: path.Join(it.rdir, it.name), recipient: it.rdir}
+		size: len(it.wire), body: blobSize(it.env), deadline: it.env.DeliveryDeadlineMillis(), file: path.Join(it.rdir, it.name), recipient: it.rdir,
+		status: it.env.Kind() == envelope.KindDeliveryStatus}
 }

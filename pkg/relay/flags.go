@@ -39,6 +39,18 @@ type LimitFlags struct {
 	// MaxConns bounds the connections served at once (0: no bound);
 	// LimitListener applies it.
 	MaxConns int
+	// StatusRetention is --status-retention (default DefaultStatusRetention;
+	// 0: none retained); Options takes it as StatusRetentionOption says.
+	StatusRetention time.Duration
+}
+
+// StatusRetentionOption is f.StatusRetention as Options.StatusRetention takes
+// it (there, 0 is the default and a negative value none).
+func (f *LimitFlags) StatusRetentionOption() time.Duration {
+	if f.StatusRetention == 0 {
+		return -1
+	}
+	return f.StatusRetention
 }
 
 // LimitFlagsUsage is the flags' part of a relay command's usage text.
@@ -61,6 +73,8 @@ const LimitFlagsUsage = `  --quota-envelopes N   envelopes one recipient's inbox
                         (POST /v1/recipients/register); others → 403 RECIPIENT_NOT_ALLOWED
   --expire-every D      period of the pass removing inbox envelopes past their deadline
                         (default 1m; 0 turns the pass off, they are never served anyway)
+  --status-retention D  how long an acknowledged delivery-status envelope is kept for
+                        GET /v1/inbox/statuses (default 168h; 0 keeps none)
   --max-conns N         connections served at once (default 0: no bound); more wait
                         to be accepted
   --held-polls-per-address N  inbox fetches with wait= held at once from one client
@@ -72,7 +86,8 @@ const LimitFlagsUsage = `  --quota-envelopes N   envelopes one recipient's inbox
 // value when parsed (a usage error with internal/cli.ParseFlags); call Check
 // after parsing for the rules between flags.
 func AddLimitFlags(fs *flag.FlagSet) *LimitFlags {
-	f := &LimitFlags{Limits: Limits{ExpireEvery: DefaultExpireEvery, MaxBody: DefaultMaxBody}}
+	f := &LimitFlags{Limits: Limits{ExpireEvery: DefaultExpireEvery, MaxBody: DefaultMaxBody},
+		StatusRetention: DefaultStatusRetention}
 	nonNegInt := func(name string, p *int) {
 		fs.Func(name, "", func(s string) error {
 			v, err := strconv.Atoi(s)
@@ -135,6 +150,14 @@ func AddLimitFlags(fs *flag.FlagSet) *LimitFlags {
 			return fmt.Errorf("want a duration of at least 1s, or 0 for no pass, not %q", s)
 		}
 		f.Limits.ExpireEvery = v
+		return nil
+	})
+	fs.Func("status-retention", "", func(s string) error {
+		v, err := time.ParseDuration(s)
+		if err != nil || v < 0 || (v > 0 && v < time.Second) {
+			return fmt.Errorf("want a duration of at least 1s, or 0 to keep none, not %q", s)
+		}
+		f.StatusRetention = v
 		return nil
 	})
 	nonNegInt("max-conns", &f.MaxConns)

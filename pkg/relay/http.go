@@ -34,6 +34,12 @@ func (r *Relay) Handler() http.Handler {
 			status, err = r.only(w, req, http.MethodPost, r.serveRegister)
 		case relayproto.PathInboxStatus:
 			status, err = r.only(w, req, http.MethodGet, r.serveStatus)
+		case relayproto.PathSenderHead:
+			status, err = r.only(w, req, http.MethodGet, r.serveSenderHead)
+		case relayproto.PathSenderReceipts:
+			status, err = r.only(w, req, http.MethodPost, r.serveSenderReceipts)
+		case relayproto.PathInboxStatuses:
+			status, err = r.only(w, req, http.MethodGet, r.serveStatuses)
 		case PathLivez:
 			status, err = r.only(w, req, http.MethodGet, r.serveLive)
 		case PathReadyz:
@@ -113,7 +119,13 @@ func (r *Relay) serveEnvelope(w http.ResponseWriter, req *http.Request) (int, er
 		r.countRefusals(e.Code, 1)
 		return 0, e
 	}
-	receipt, err := r.Accept(req.Context(), body)
+	head, e := r.headOf(req)
+	if e != nil {
+		r.count(func(s *Stats) { s.Refused++ })
+		r.countRefusals(e.Code, 1)
+		return 0, e
+	}
+	receipt, err := r.AcceptHead(req.Context(), body, head)
 	var bi *relayproto.BodyIncompleteError
 	if errors.As(err, &bi) {
 		data, _ := json.Marshal(relayproto.BodyIncomplete{Code: relayproto.CodeBodyIncomplete, Upload: bi.Upload,

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relay/jsstore"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -30,6 +32,9 @@ type jsBackend struct {
 	stopWatch func()
 	bodies    *jsBodies // jsbodies.go
 	log       *slog.Logger
+	// statusRetention is how long an acknowledged delivery status is
+	// retained (0: not at all).
+	statusRetention time.Duration
 }
 
 // jsCursorPrefix marks a JetStream storage cursor.
@@ -80,7 +85,8 @@ func (j *jsBackend) close() error {
 }
 
 func heldOfJS(h jsstore.Held) held {
-	return held{envelopeID: h.EnvelopeID, digest: h.Digest, receivedAt: h.ReceivedAt.UnixMilli()}
+	return held{envelopeID: h.EnvelopeID, digest: h.Digest, receivedAt: h.ReceivedAt.UnixMilli(),
+		senderKey: h.SenderKey, senderSeq: h.SenderSeq}
 }
 
 func (j *jsBackend) lookup(ctx context.Context, id string) (*held, error) {
@@ -101,8 +107,8 @@ func (j *jsBackend) lookup(ctx context.Context, id string) (*held, error) {
 func (j *jsBackend) put(ctx context.Context, items []*newEnvelope) error {
 	for _, it := range items {
 		env := it.env
-		h, dup, err := j.st.PutWithBody(ctx, env.Recipient(), env.ID(), env.Digest(), it.wire, blobSize(env),
-			it.receivedAt, time.UnixMilli(env.DeliveryDeadlineMillis()))
+		h, dup, err := j.st.PutFrom(ctx, env.Recipient(), env.ID(), env.Digest(), it.wire, blobSize(env),
+			it.receivedAt, time.UnixMilli(env.DeliveryDeadlineMillis()), env.Sender(), it.senderSeq)
 		switch {
 		case errors.Is(err, jsstore.ErrConflict):
 			it.held, it.outcome = heldOfJS(h), putConflict
@@ -153,7 +159,16 @@ func (j *jsBackend) fetch(ctx context.Context, recipient identity.DID, after str
 }
 
 func (j *jsBackend) ack(ctx context.Context, recipient identity.DID, ids []string) (int, error) {
-	n, err := j.st.AckEach(ctx, recipient, ids, func(id string, wire []byte) {
+	var retain func([]byte) time.Time
+	if j.statusRetention > 0 {
+		retain = func(wire []byte) time.Time {
+			if !isStatusWire(wire) {
+				return time.Time{}
+			}
+			return j.now().Add(j.statusRetention)
+		}
+	}
+	n, err := j.st.AckRetaining(ctx, recipient, ids, retain, func(id string, wire []byte) {
 		if isBlobWire(wire) {
 			j.dropBody(ctx, id)
 		}
@@ -217,4 +232,65 @@ func (j *jsBackend) unregister(ctx context.Context, did identity.DID) error {
 		return jsError(err)
 	}
 	return nil
+}
+
+func (j *jsBackend) senderHead(ctx context.Context, sender identity.DID) ([]byte, error) {
+	data, err := j.st.Head(ctx, sender)
+	if err != nil {
+		return nil, jsError(err)
+	}
+	return data, nil
+}
+
+func (j *jsBackend) raiseHead(ctx context.Context, data []byte, _ *envelope.StoreHead) (int64, error) {
+	seq, err := j.st.RaiseHead(ctx, data)
+	if err != nil {
+		return 0, jsError(err)
+	}
+	return seq, nil
+}
+
+func (j *jsBackend) sent(ctx context.Context, id string) (*held, bool, error) {
+	h, waiting, ok, err := j.st.Sent(ctx, id, j.now().UnixMilli())
+	if err != nil {
+		return nil, false, jsError(err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	hh := heldOfJS(h)
+	return &hh, waiting, nil
+}
+
+func (j *jsBackend) statusesPage(ctx context.Context, recipient identity.DID, since int64, after string, limit int) (*relayproto.InboxPage, error) {
+	c, err := j.cursor(after)
+	if err != nil {
+		return nil, err
+	}
+	p, err := j.st.PageStatuses(ctx, recipient, time.UnixMilli(since), j.now(), c, limit)
+	if err != nil {
+		return nil, jsError(err)
+	}
+	page := &relayproto.InboxPage{Envelopes: []relayproto.InboxEnvelope{}, Cursor: jsCursorPrefix + p.Cursor, More: p.More}
+	for _, e := range p.Envelopes {
+		page.Envelopes = append(page.Envelopes, relayproto.InboxEnvelope{
+			Cursor: jsCursorPrefix + e.Cursor, EnvelopeID: e.EnvelopeID, EnvelopeDigest: e.Digest,
+			ReceivedAt: e.ReceivedAt.UnixMilli(), Envelope: e.Wire,
+		})
+	}
+	return page, nil
+}
+
+// statusMarker is in every delivery-status envelope's bytes (its payload is
+// canonical JSON within them): envelopes without it are not parsed again.
+var statusMarker = []byte(`"kind":"delivery-status"`)
+
+// isStatusWire reports whether wire is a delivery-status envelope (the
+// relay verified it when it accepted it).
+func isStatusWire(wire []byte) bool {
+	if !bytes.Contains(wire, statusMarker) {
+		return false
+	}
+	env, err := envelope.Parse(wire)
+	return err == nil && env.Kind() == envelope.KindDeliveryStatus
 }

@@ -227,12 +227,15 @@ var (
 		"Body bytes moved, by direction: in (received by uploads), out (sent by downloads).", []string{"direction"}, nil)
 	descUploadConflicts = prometheus.NewDesc("sealbridge_relay_upload_offset_mismatches_total",
 		"Body uploads answered 409 UPLOAD_OFFSET_MISMATCH (another offset, or another upload of the body running).", nil, nil)
+	descHeads = prometheus.NewDesc("sealbridge_relay_store_heads_total",
+		"Store heads carried by posts (Sealbridge-Head), by outcome: witnessed (valid, kept if higher), behind (valid, below the head kept for its sender: a sender behind what it signed earlier), invalid (refused 400 HEAD_INVALID).",
+		[]string{"outcome"}, nil)
 )
 
 func (c *relayCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEnvelopes, descRefusals, descReqErrors, descHeld, descHeldLimit, descHeldRefused,
 		descInbox, descInboxBytes, descAcked, descExpired, descReady, descScrapeErr, descNATSUp, descNATSReconnects,
-		descBodiesPending, descBodies, descBodyBytes, descUploadConflicts} {
+		descBodiesPending, descBodies, descBodyBytes, descUploadConflicts, descHeads} {
 		ch <- d
 	}
 }
@@ -289,6 +292,9 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descBodyBytes, st.BodyBytesIn, "in")
 	counter(descBodyBytes, st.BodyBytesOut, "out")
 	counter(descUploadConflicts, st.UploadOffsetMismatches)
+	counter(descHeads, st.HeadsWitnessed, "witnessed")
+	counter(descHeads, st.HeadsBehind, "behind")
+	counter(descHeads, st.HeadsInvalid, "invalid")
 
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()

@@ -17,8 +17,9 @@
 // (200) only after both
 // are durable. The signed receipt is not stored as bytes: Ed25519 signatures
 // are deterministic, so signing the stored fields (envelopeId, digest,
-// receivedAt) again with the same key reproduces the first receipt byte for
-// byte.
+// receivedAt, senderSeq) again with the same key reproduces the first receipt
+// byte for byte. The relay also witnesses its senders' store heads and retains
+// acknowledged delivery statuses (witness.go).
 package relay
 
 import (
@@ -99,6 +100,10 @@ type Options struct {
 	// Version is the version of the binary, for the sealbridge_relay_build_info
 	// series of GET /metrics.
 	Version string
+	// StatusRetention is how long the relay keeps a delivery-status envelope
+	// after its recipient acknowledged it, for GET /v1/inbox/statuses
+	// (default DefaultStatusRetention; negative: none is kept).
+	StatusRetention time.Duration
 	// MaxInboxWaiters bounds the inbox fetches held at once (GET /v1/inbox
 	// with wait=); past it a waiting fetch gets 503 RELAY_BUSY. Default
 	// DefaultMaxInboxWaiters.
@@ -125,6 +130,10 @@ type Stats struct {
 	UploadOffsetMismatches int64 // PATCHes answered 409
 	BodyBytesIn            int64 // body bytes received by PATCHes (appended or not)
 	BodyBytesOut           int64 // body bytes sent by downloads
+	// Store heads (witness.go).
+	HeadsWitnessed int64 // valid heads carried by posts
+	HeadsBehind    int64 // of them, heads below the one the relay kept for their sender
+	HeadsInvalid   int64 // posts refused 400 HEAD_INVALID
 }
 
 // Relay is the reference relay. Its Handler is safe for concurrent use; with
@@ -155,6 +164,10 @@ type Relay struct {
 
 	nonces nonceCache
 
+	// Witnessed store heads (witness.go).
+	headStripes [64]sync.Mutex // serialize, per sender, the updates of heads
+	heads       headCache
+
 	// Bodies (bodies.go): nil bodies when the storage keeps none.
 	bodies   bodyStore
 	maxBody  int64
@@ -182,7 +195,13 @@ func New(opts Options) (*Relay, error) {
 		id: opts.Identity, now: opts.Now, log: opts.Logger, onAccept: opts.OnAccept,
 		reserved: map[string]usage{}, limits: opts.Limits, rate: newSenderRate(opts.Limits),
 		byteRate: newByteRate(opts.Limits), maxBody: cmp.Or(opts.Limits.MaxBody, DefaultMaxBody),
-		uploads: map[string]*upload{}, pendUse: map[string]usage{},
+		uploads: map[string]*upload{}, pendUse: map[string]usage{}, heads: newHeadCache(),
+	}
+	switch {
+	case opts.StatusRetention == 0:
+		opts.StatusRetention = DefaultStatusRetention
+	case opts.StatusRetention < 0:
+		opts.StatusRetention = 0
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -203,6 +222,7 @@ func New(opts Options) (*Relay, error) {
 		j, err = openJetStream(ctx, opts.JetStream, opts.JetStreamOptions, r.now, r.log, r.wake)
 		cancel()
 		if err == nil {
+			j.statusRetention = opts.StatusRetention
 			r.back, r.bodies = j, j.bodies
 		}
 		if h := JetStreamHint(err); h != "" {
@@ -279,7 +299,7 @@ func recipientDir(did identity.DID) string {
 func (r *Relay) signReceipt(h *held) ([]byte, error) {
 	return envelope.SignRelayReceipt(r.id, envelope.RelayReceipt{
 		EnvelopeID: h.envelopeID, EnvelopeDigest: h.digest, State: envelope.ReceiptStatePersisted,
-		RelayDID: r.id.DID(), ReceivedAt: time.UnixMilli(h.receivedAt),
+		RelayDID: r.id.DID(), ReceivedAt: time.UnixMilli(h.receivedAt), SenderSeq: h.senderSeq,
 	})
 }
 
@@ -296,9 +316,20 @@ func (r *Relay) count(f func(s *Stats)) {
 // *relayproto.BodyIncompleteError (the 202; bodies.go).
 // Exported for the package's external tests, which call it without an HTTP server.
 func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
+	return r.AcceptHead(ctx, data, nil)
+}
+
+// AcceptHead is Accept of an envelope posted with the store head head (nil:
+// none; witness.go): it must be the head of the envelope's sender (else a 400
+// HEAD_INVALID, nothing accepted), and is kept durably before the envelope is.
+func (r *Relay) AcceptHead(ctx context.Context, data, head []byte) ([]byte, error) {
 	env, err := envelope.Parse(data)
 	if err != nil {
 		return nil, envelopeError(err)
+	}
+	floor, err := r.witness(ctx, string(head), []identity.DID{env.Sender()})
+	if err != nil {
+		return nil, err
 	}
 	mu := &r.stripes[stripe(env.ID())]
 	mu.Lock()
@@ -325,6 +356,9 @@ func (r *Relay) Accept(ctx context.Context, data []byte) ([]byte, error) {
 	}
 	defer r.release(res)
 	it := &newEnvelope{env: env, wire: data, receivedAt: now}
+	if err := r.stamp(ctx, []*newEnvelope{it}, floor); err != nil {
+		return nil, err
+	}
 	if err := r.back.put(ctx, []*newEnvelope{it}); err != nil {
 		return nil, err
 	}

@@ -62,6 +62,21 @@ type storage interface {
 	depth(ctx context.Context) (n, bytes int64, err error)
 	conn() *nats.Conn
 	close() error
+
+	// The witness of store heads (witness.go). senderHead returns the highest
+	// head witnessed from sender (nil: none); raiseHead keeps head (data, sh
+	// parsed) unless one with a seq at least as high is kept, durably before
+	// it returns, and returns the seq kept — never lowering it, across
+	// processes too. sent is what is known of envelope id for its sender: its
+	// record (nil: none) and whether it waits in its recipient's inbox.
+	senderHead(ctx context.Context, sender identity.DID) ([]byte, error)
+	raiseHead(ctx context.Context, data []byte, sh *envelope.StoreHead) (int64, error)
+	sent(ctx context.Context, id string) (h *held, waiting bool, err error)
+	// statusesPage is a page of the delivery statuses retained for
+	// recipient (acknowledged within the status retention), received at or
+	// after since (Unix ms), after cursor, at most limit of them. The
+	// storage's ack retains them.
+	statusesPage(ctx context.Context, recipient identity.DID, since int64, after string, limit int) (*relayproto.InboxPage, error)
 }
 
 // held is what a storage keeps of an accepted envelope: the fields its
@@ -70,6 +85,11 @@ type held struct {
 	envelopeID string
 	digest     string
 	receivedAt int64 // Unix ms
+	// senderKey is hex SHA-256 of the sender DID ("" in JetStream records of
+	// relays before store heads); senderSeq the sender's store-head seq the
+	// relay had witnessed at accept (0: none), signed into the receipt.
+	senderKey string
+	senderSeq int64
 }
 
 // putOutcome is what storage.put made of a new envelope.
@@ -86,6 +106,10 @@ type newEnvelope struct {
 	env        *envelope.Envelope
 	wire       []byte
 	receivedAt time.Time
+	// senderSeq is the sender's witnessed store-head seq at accept, for its
+	// record (the receipt signs the record's, which for an envelope another
+	// accept held first is that one's).
+	senderSeq int64
 	// Set by put.
 	held    held
 	outcome putOutcome

@@ -178,9 +178,12 @@ const (
 	// DefaultRecipientsBucket is the allow-list's bucket.
 	DefaultRecipientsBucket = "SEALBRIDGE_RECIPIENTS"
 	// DefaultNotify is the subject prefix of the accept notifications.
-	DefaultNotify    = "sealbridge.notify"
-	DefaultReplicas  = 3
-	DefaultRetention = 24 * time.Hour
+	DefaultNotify = "sealbridge.notify"
+	// DefaultHeadsBucket keeps the highest store head witnessed per sender
+	// (heads.go).
+	DefaultHeadsBucket = "SEALBRIDGE_HEADS"
+	DefaultReplicas    = 3
+	DefaultRetention   = 24 * time.Hour
 	// DefaultTimeout bounds each JetStream request (Options.Timeout): the
 	// JetStream client's own default, and well above a healthy cluster's
 	// answer, which comes in milliseconds.
@@ -213,7 +216,10 @@ const (
 	hdrDigest     = "Sealbridge-Digest"
 	hdrReceivedAt = "Sealbridge-Received-At"
 	hdrDeadline   = "Sealbridge-Deadline"
-	hdrBodySize   = "Sealbridge-Body-Size" // the sealed size of a blob body kept beside the message
+	hdrBodySize   = "Sealbridge-Body-Size"  // the sealed size of a blob body kept beside the message
+	hdrSender     = "Sealbridge-Sender"     // hex sha256 of the sender DID
+	hdrSenderSeq  = "Sealbridge-Sender-Seq" // the sender's witnessed head seq at accept (absent: 0)
+	hdrRetained   = "Sealbridge-Retained"   // "1" on a retained delivery status (statuses.go)
 )
 
 // Errors a caller tells apart.
@@ -282,6 +288,9 @@ type Options struct {
 	// Notify is the subject prefix of the accept notifications (default
 	// DefaultNotify); it must not overlap Subject.
 	Notify string
+	// HeadsBucket is the bucket of the witnessed store heads (default
+	// DefaultHeadsBucket).
+	HeadsBucket string
 	// Replicas is the replication of the stream and bucket when Open creates
 	// them (default DefaultReplicas). Existing ones are checked, not changed.
 	Replicas int
@@ -324,6 +333,7 @@ type Store struct {
 	stream    jetstream.Stream
 	kv        jetstream.KeyValue
 	reg       jetstream.KeyValue // the allow-list
+	heads     jetstream.KeyValue // the witnessed store heads (heads.go)
 	subject   string
 	notify    string
 	retention time.Duration
@@ -342,6 +352,11 @@ type Held struct {
 	Deadline   time.Time // millisecond precision
 	// Cursor is the envelope's position in its recipient's inbox.
 	Cursor string
+	// SenderKey is hex SHA-256 of the sender DID ("" in records of relays
+	// before store heads); SenderSeq is the sender's store-head seq the relay
+	// had witnessed at accept (0: none).
+	SenderKey string
+	SenderSeq int64
 }
 
 // record is the value of a de-duplication key.
@@ -351,12 +366,14 @@ type record struct {
 	ReceivedAt int64  `json:"receivedAt"`
 	Deadline   int64  `json:"deadline"`
 	Seq        uint64 `json:"seq"`
+	Sender     string `json:"sender,omitempty"`
+	SenderSeq  int64  `json:"senderSeq,omitempty"`
 }
 
 func (r *record) held(id string) Held {
 	return Held{EnvelopeID: id, Digest: r.Digest, Recipient: r.Recipient,
 		ReceivedAt: time.UnixMilli(r.ReceivedAt), Deadline: time.UnixMilli(r.Deadline),
-		Cursor: strconv.FormatUint(r.Seq, 10)}
+		Cursor: strconv.FormatUint(r.Seq, 10), SenderKey: r.Sender, SenderSeq: r.SenderSeq}
 }
 
 // withDefaults returns opts with every unset field at its default, or the
@@ -376,6 +393,9 @@ func (opts Options) withDefaults() (Options, error) {
 	}
 	if opts.Notify == "" {
 		opts.Notify = DefaultNotify
+	}
+	if opts.HeadsBucket == "" {
+		opts.HeadsBucket = DefaultHeadsBucket
 	}
 	if opts.Notify == opts.Subject || strings.HasPrefix(opts.Notify, opts.Subject+".") {
 		return opts, fmt.Errorf("jsstore: the notification subject %s lies in the stream's subjects %s.>; hint: choose another Notify prefix", opts.Notify, opts.Subject)
@@ -483,6 +503,12 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	}
 	if s.reg, err = openBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: opts.RecipientsBucket, Description: "sealbridge relay allow-list",
+		History: 1, Storage: jetstream.FileStorage, Replicas: opts.Replicas,
+	}, opts.SyncAlways, nc); err != nil {
+		return nil, err
+	}
+	if s.heads, err = openBucket(ctx, js, jetstream.KeyValueConfig{
+		Bucket: opts.HeadsBucket, Description: "sealbridge relay witnessed store heads",
 		History: 1, Storage: jetstream.FileStorage, Replicas: opts.Replicas,
 	}, opts.SyncAlways, nc); err != nil {
 		return nil, err
@@ -689,6 +715,7 @@ func preflight(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, opts 
 		{"stream " + opts.Stream, opts.Stream},
 		{"bucket " + opts.Bucket, bucketStream(opts.Bucket)},
 		{"bucket " + opts.RecipientsBucket, bucketStream(opts.RecipientsBucket)},
+		{"bucket " + opts.HeadsBucket, bucketStream(opts.HeadsBucket)},
 	} {
 		st, err := js.Stream(ctx, r.stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -746,6 +773,15 @@ func (s *Store) Put(ctx context.Context, recipient identity.DID, envelopeID, dig
 // which Status counts in Bytes.
 func (s *Store) PutWithBody(ctx context.Context, recipient identity.DID, envelopeID, digest string, wire []byte,
 	bodySize int64, receivedAt, deadline time.Time) (held Held, duplicate bool, err error) {
+	return s.PutFrom(ctx, recipient, envelopeID, digest, wire, bodySize, receivedAt, deadline, "", 0)
+}
+
+// PutFrom is PutWithBody naming the envelope's sender and the sender's
+// store-head seq the relay witnessed (0: none), both kept in the message's
+// headers and its record (Held.SenderKey, Held.SenderSeq; SenderReceipt). A
+// duplicate returns the record's, not the arguments.
+func (s *Store) PutFrom(ctx context.Context, recipient identity.DID, envelopeID, digest string, wire []byte,
+	bodySize int64, receivedAt, deadline time.Time, sender identity.DID, senderSeq int64) (held Held, duplicate bool, err error) {
 	if err := checkID(envelopeID); err != nil {
 		return Held{}, false, err
 	}
@@ -756,7 +792,11 @@ func (s *Store) PutWithBody(ctx context.Context, recipient identity.DID, envelop
 	}
 	rkey := RecipientKey(recipient)
 	subj := s.envelopeSubject(rkey, envelopeID)
-	rec := &record{Digest: digest, Recipient: rkey, ReceivedAt: receivedAt.UnixMilli(), Deadline: deadline.UnixMilli()}
+	rec := &record{Digest: digest, Recipient: rkey, ReceivedAt: receivedAt.UnixMilli(), Deadline: deadline.UnixMilli(),
+		SenderSeq: max(senderSeq, 0)}
+	if sender != "" {
+		rec.Sender = RecipientKey(sender)
+	}
 	if s.hooks.BeforePublish != nil {
 		s.hooks.BeforePublish(envelopeID)
 	}
@@ -768,6 +808,12 @@ func (s *Store) PutWithBody(ctx context.Context, recipient identity.DID, envelop
 	msg.Header.Set(hdrDeadline, strconv.FormatInt(rec.Deadline, 10))
 	if bodySize > 0 {
 		msg.Header.Set(hdrBodySize, strconv.FormatInt(bodySize, 10))
+	}
+	if rec.Sender != "" {
+		msg.Header.Set(hdrSender, rec.Sender)
+	}
+	if rec.SenderSeq > 0 {
+		msg.Header.Set(hdrSenderSeq, strconv.FormatInt(rec.SenderSeq, 10))
 	}
 	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0))
 	switch {
@@ -895,6 +941,14 @@ func recordOf(h nats.Header, seq uint64, rkey string) (*record, error) {
 	rec.Deadline, err2 = strconv.ParseInt(h.Get(hdrDeadline), 10, 64)
 	if rec.Digest == "" || err1 != nil || err2 != nil {
 		return nil, fmt.Errorf("jsstore: message %d lacks the relay's headers", seq)
+	}
+	rec.Sender = h.Get(hdrSender)
+	if v := h.Get(hdrSenderSeq); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("jsstore: message %d has a malformed %s", seq, hdrSenderSeq)
+		}
+		rec.SenderSeq = n
 	}
 	return rec, nil
 }
@@ -1041,6 +1095,14 @@ func (s *Store) Ack(ctx context.Context, recipient identity.DID, ids []string) (
 // AckEach is Ack calling removed (if set) with the id and wire bytes of each
 // envelope it removed, after its removal: the relay removes their bodies.
 func (s *Store) AckEach(ctx context.Context, recipient identity.DID, ids []string, removed func(id string, wire []byte)) (int, error) {
+	return s.AckRetaining(ctx, recipient, ids, nil, removed)
+}
+
+// AckRetaining is AckEach keeping a copy of each envelope for which retain
+// (if set) returns a time — a delivery status, kept until then (statuses.go):
+// the copy is durable before the inbox message is deleted.
+func (s *Store) AckRetaining(ctx context.Context, recipient identity.DID, ids []string, retain func(wire []byte) (until time.Time),
+	removed func(id string, wire []byte)) (int, error) {
 	rkey := RecipientKey(recipient)
 	n := 0
 	for _, id := range ids {
@@ -1058,8 +1120,16 @@ func (s *Store) AckEach(ctx context.Context, recipient identity.DID, ids []strin
 		if err != nil {
 			return n, fmt.Errorf("jsstore: ack: %w", err)
 		}
-		if _, err := s.heldRecord(ctx, id, rec); err != nil {
+		held, err := s.heldRecord(ctx, id, rec)
+		if err != nil {
 			return n, fmt.Errorf("jsstore: ack: %w", err)
+		}
+		if retain != nil && held.Seq == m.Sequence {
+			if until := retain(m.Data); !until.IsZero() {
+				if err := s.retainStatus(ctx, rkey, id, m, until); err != nil {
+					return n, fmt.Errorf("jsstore: ack: %w", err)
+				}
+			}
 		}
 		switch deleted, err := s.deleteMsg(ctx, m.Sequence); {
 		case err != nil:
@@ -1147,7 +1217,8 @@ func (s *Store) StatusAt(ctx context.Context, recipient identity.DID, now time.T
 }
 
 // Expire removes every waiting envelope whose deadline is before now and
-// returns how many it removed. Their de-duplication records stay until their
+// returns how many it removed; it also removes the retained delivery statuses
+// whose retention ended before now (statuses.go), which it does not count. Their de-duplication records stay until their
 // TTL, so a late copy is still answered as a duplicate. It reads every waiting
 // envelope's headers; the relay runs it periodically.
 func (s *Store) Expire(ctx context.Context, now time.Time) (int, error) {
@@ -1167,7 +1238,7 @@ func (s *Store) ExpireEach(ctx context.Context, now time.Time, removed func(id s
 		if err != nil {
 			return fmt.Errorf("jsstore: expire: %w", err)
 		}
-		if deleted {
+		if deleted && h.Get(hdrRetained) == "" { // a retained status is not an inbox envelope
 			n++
 			if removed != nil {
 				removed(h.Get(hdrID))

@@ -353,8 +353,8 @@ func TestOpenRefusesUnreplicatedUnsynced(t *testing.T) {
 	if _, err := jsstore.Open(ctx, nc, jsstore.Options{Replicas: 1, SyncAlways: true}); err != nil {
 		t.Fatalf("Open R1 with SyncAlways: %v", err)
 	}
-	if n := len(streams()); n != 3 {
-		t.Fatalf("%d streams, want the inbox and two buckets", n)
+	if n := len(streams()); n != 4 {
+		t.Fatalf("%d streams, want the inbox and three buckets", n)
 	}
 	// The R1 stream and buckets exist: without the declaration they are refused.
 	refused("the existing R1 stream", jsstore.Options{},
