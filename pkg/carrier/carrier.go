@@ -282,6 +282,7 @@ func (c *Carrier) Run(ctx context.Context) error {
 		cancel()
 		wg.Wait()
 		c.drainDone()
+		c.st.inFlight.Store(int64(len(c.inflight)))
 	}()
 	for {
 		c.reconcile(ctx, &wg)
