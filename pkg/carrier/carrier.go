@@ -96,7 +96,7 @@ type Options struct {
 	// Identity is the store's owner. With it, and a transport that is a
 	// HeadTransport, the carrier checks each receipt's SenderSeq against the
 	// store's head and asks the relay for its signed head when the relay has
-	// witnessed a newer one (DESIGN §11, "Rollback"); without it no relay's
+	// witnessed a newer one (docs/CARRIER.md "The head witness"); without it no relay's
 	// receipt is checked (a restored store is then caught by the local witness
 	// and the daemon's start only).
 	Identity *identity.Identity

@@ -2,7 +2,7 @@ package carrier
 
 import "context"
 
-// The head witness (DESIGN §11, "Rollback"; docs/CARRIER.md "The head witness").
+// The head witness (docs/CARRIER.md "The head witness"; DESIGN §5 "The head").
 //
 // Every post carries the store's current signed head (WithHead, from
 // store.Store.Head); the relay keeps the highest head it has seen from the sender

@@ -1,5 +1,5 @@
 // Package reconcile brings a store forward to what its relays know of it
-// (DESIGN §11, "Rollback"; docs/FSCK.md "Reconcile"): after a store was restored
+// (docs/FSCK.md "Reconcile"; DESIGN §5 "The head"): after a store was restored
 // from a copy it may hold envelopes as pending that a relay accepted since (the
 // copy was made before their receipts), and its head is behind the heads its
 // owner signed since. Run asks every relay the store names what it holds of the
@@ -71,8 +71,10 @@ type Report struct {
 	// BroughtForward and LeftPending sum the relays'.
 	BroughtForward int `json:"broughtForward"`
 	LeftPending    int `json:"leftPending"`
-	// Head is the head Run wrote (its seq is above every head a relay witnessed).
-	Head *envelope.StoreHead `json:"head,omitempty"`
+	// Head is the head Run wrote (its seq is above every head a relay
+	// witnessed); HeadSeq is its seq.
+	Head    *envelope.StoreHead `json:"-"`
+	HeadSeq int64               `json:"headSeq"`
 }
 
 // answer is one envelope a relay holds, with its verified receipt.
@@ -192,6 +194,9 @@ func Run(ctx context.Context, s *store.Store, id *identity.Identity, opts Option
 		rep.LeftPending += r.LeftPending
 	}
 	rep.Head, _ = s.Head()
+	if rep.Head != nil {
+		rep.HeadSeq = rep.Head.Seq
+	}
 	return rep, nil
 }
 
