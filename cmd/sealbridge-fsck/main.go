@@ -28,16 +28,27 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/reconcile"
+	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // usageText is the description of the command line, in its help and man page.
 const usageText = `Checks a sealbridge store directory offline: every record against the store's
 validity rules (signatures verified on every core), batches, orphans, messages,
 receipts, leftover temps, the lock, modes, owners, symbolic links and unknown
-files. Read-only unless --repair is given. Checking never needs the private key;
-repairing a message's state (a message behind its envelopes, a hold left on a
-closed record or made on one side only) signs the corrected record with the key of
---identity NAME.
+files. Read-only unless --repair or --reconcile is given. Checking never needs the
+private key; repairing a message's state (a message behind its envelopes, a hold
+left on a closed record or made on one side only) signs the corrected record with
+the key of --identity NAME.
+
+--reconcile brings a store restored from a copy forward to what its relays know
+(docs/FSCK.md "Reconcile"): it asks every relay the outbox names, and each
+--relay URL, for the head it witnessed and for what it holds of the pending
+envelopes, settles those a relay holds as relayed, writes a head above every
+relay's (which ends STORE_ROLLED_BACK), then checks the store as without it. It
+never sends an envelope, needs the key of --identity NAME, and is refused while
+the store's daemon runs. A relay that cannot be asked fails it with nothing
+written.
 
 STORE-DIR is the store directory, <data root>/delivery/<hex sha256(DID)>; never a
 data root, an empty path or any other directory. Without it, --home and
@@ -45,13 +56,13 @@ data root, an empty path or any other directory. Without it, --home and
 ./completion.)`
 
 // exitText is the exit statuses, in the help and the man page.
-const exitText = `  0   no problems found
+const exitText = `  0   no problems found (with --reconcile: reconciled, and no problems found)
   1   problems were found and all were repaired
   4   problems are left (found by a check, or not repairable)
   8   operational error: the store cannot be checked (missing, not a directory,
       another user's, not laid out like a store, a data root, owner unknown) or
-      the store is in use (its lock or its daemon is live) during --repair;
-      nothing is changed
+      the store is in use (its lock or its daemon is live) during --repair or
+      --reconcile, or --reconcile could not ask a relay; nothing is changed
   16  usage error (an empty STORE-DIR, --home or --identity is one)
   32  cancelled (Ctrl-C); the store is left intact
 `
@@ -106,14 +117,18 @@ var errUsage = errors.New("usage error")
 
 type config struct {
 	json, repair, progress, version bool
+	reconcile                       bool     // --reconcile
+	relays                          []string // --relay URL, repeated
 	home                            string
 	identityArg                     string       // --identity as given (a name or a DID), or its default
 	identityGiven                   bool         // --identity was given
 	identity                        identity.DID // the owner, once known
 	root                            string       // the data root, when known
 	dir                             string
-	viaHome                         bool          // the store was named by --home/--identity
-	signer                          crypto.Signer // the key of --identity NAME, for the state repairs
+	viaHome                         bool               // the store was named by --home/--identity
+	signer                          crypto.Signer      // the key of --identity NAME, for the state repairs
+	owner                           *identity.Identity // the key of --identity NAME, for --reconcile
+	reconciled                      *reconcile.Report  // what --reconcile did, once it did
 }
 
 // identityEnv names the identity when --identity is not given (as in sealbridge and
@@ -124,20 +139,23 @@ const identityEnv = "SEALBRIDGE_IDENTITY"
 // help, the completions and the man page are made. Its run parses into *c.
 func newRoot(c *config) *cobra.Command {
 	root := &cobra.Command{
-		Use:   "sealbridge-fsck [--json] [--repair] [--progress] [--identity NAME|DID] STORE-DIR",
+		Use:   "sealbridge-fsck [--json] [--repair | --reconcile [--relay URL]...] [--progress] [--identity NAME|DID] STORE-DIR",
 		Short: "check (and repair) a sealbridge store offline",
 		Long:  usageText,
 		Example: `  sealbridge-fsck
   sealbridge-fsck --home ~/.local/state/sealbridge --identity alice
   sealbridge-fsck ~/.local/state/sealbridge/delivery/256caa67…
-  sealbridge-fsck --repair --json STORE-DIR`,
+  sealbridge-fsck --repair --json STORE-DIR
+  sealbridge-fsck --reconcile --identity alice`,
 		Args: cobra.ArbitraryArgs,
 	}
-	cli.Annotate(root, cli.AnnotSynopsis, "[--json] [--repair] [--progress] [--home DIR] [--identity NAME|DID]\n--version\ncompletion bash|zsh|fish")
+	cli.Annotate(root, cli.AnnotSynopsis, "[--json] [--repair] [--progress] [--home DIR] [--identity NAME|DID]\n[--json] --reconcile [--relay URL]... [--home DIR] [--identity NAME]\n--version\ncompletion bash|zsh|fish")
 	cli.Annotate(root, cli.AnnotExit, exitText)
 	fs := root.Flags()
 	fs.BoolVar(&c.json, "json", false, "print one JSON document (schema in docs/FSCK.md)")
 	fs.BoolVar(&c.repair, "repair", false, "repair what can be repaired: files it does not keep are moved (never deleted) into lost+found/ with a note; stale temps are removed and a stale lock is marked free. Refused while the store's lock or its daemon (the flock of its pid file) is live")
+	fs.BoolVar(&c.reconcile, "reconcile", false, "bring a store restored from a copy forward to what its relays hold, write a head above every relay's (ending STORE_ROLLED_BACK), then check it; never sends an envelope. Needs the key of --identity NAME; refused while the store's daemon runs; a relay that cannot be asked fails it with nothing written")
+	fs.StringArrayVar(&c.relays, "relay", nil, "with --reconcile: also ask the relay at `URL` (repeatable), besides every relay the outbox names")
 	fs.BoolVar(&c.progress, "progress", false, "report progress on stderr even when it is not a terminal (by default a bar is shown only on a terminal, for large stores)")
 	fs.StringVar(&c.home, "home", "", cli.HomeUsage)
 	fs.StringVar(&c.identityArg, "identity", "", "the owner: an identity `NAME|DID` (its key file <data root>/identities/NAME.key is read for its DID) or its did:key. Without STORE-DIR it names the store (default: $SEALBRIDGE_IDENTITY, else \"default\"); with STORE-DIR the directory's name must be the SHA-256 of its DID")
@@ -186,6 +204,16 @@ func (c *config) parse(cmd *cobra.Command, positional []string) error {
 		return fmt.Errorf("%w: one STORE-DIR only (got %d)", errUsage, len(positional))
 	case len(positional) == 1 && homeGiven:
 		return fmt.Errorf("%w: give STORE-DIR or --home DIR [--identity NAME|DID], not both", errUsage)
+	case c.reconcile && c.repair:
+		return fmt.Errorf("%w: give --reconcile or --repair, not both (run --reconcile first; it checks the store after)", errUsage)
+	case len(c.relays) > 0 && !c.reconcile:
+		return fmt.Errorf("%w: --relay is for --reconcile", errUsage)
+	case c.reconcile && isDID(c.identityArg):
+		return fmt.Errorf("%w: --reconcile signs with the owner's key: give --identity NAME (its key file in the data root), not a did:key", errUsage)
+	case c.reconcile && len(positional) == 1 && !c.identityGiven:
+		return fmt.Errorf("%w: --reconcile signs with the owner's key: give --identity NAME with STORE-DIR", errUsage)
+	case slices.Contains(c.relays, ""):
+		return fmt.Errorf("%w: --relay is empty (an unset variable?); give a relay URL", errUsage)
 	}
 	if !c.identityGiven && len(positional) == 0 {
 		c.identityArg = os.Getenv(identityEnv)
@@ -253,6 +281,9 @@ func resolveOwner(cfg *config) error {
 		cfg.identity = id.DID()
 		if cfg.repair {
 			cfg.signer = id.Signer()
+		}
+		if cfg.reconcile {
+			cfg.owner = id
 		}
 	}
 	if cfg.viaHome {
@@ -346,6 +377,22 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitOperational
 	}
 
+	if cfg.reconcile {
+		rep, err := runReconcile(ctx, cfg)
+		if err != nil {
+			code := exitCode(err, nil, nil)
+			if cfg.json {
+				writeJSON(stdout, cfg, nil, nil, nil, err, code)
+			}
+			writeError(stderr, cfg, err, nil, code)
+			return code
+		}
+		cfg.reconciled = &rep
+		if !cfg.json {
+			writeReconcile(stdout, rep)
+		}
+	}
+
 	bar := &progressBar{w: stderr, tty: isTerminal(stderr), force: cfg.progress, now: time.Now}
 	opts := fsck.Options{Owner: cfg.identity, Signer: cfg.signer, Tool: "sealbridge-fsck " + version(), Progress: func(p fsck.Progress) {
 		bar.update(p)
@@ -384,6 +431,60 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return code
 }
 
+// runReconcile is --reconcile (pkg/reconcile): on the store of --identity NAME,
+// opened with the owner's key through its data root (so its local witness is
+// read and written), unless its daemon runs (fsck.ErrLive: like --repair). It
+// writes nothing when it fails.
+func runReconcile(ctx context.Context, cfg config) (reconcile.Report, error) {
+	var none reconcile.Report
+	if cfg.owner == nil || cfg.root == "" {
+		return none, errcode.WithHint(fmt.Errorf("--reconcile needs the owner's key, and %s is not in a data root", cfg.dir),
+			"give the store as <data root>/delivery/<64 hex digits> with --identity NAME, or as --home DIR --identity NAME")
+	}
+	if want := dataroot.StoreDir(cfg.root, string(cfg.identity)); want != cfg.dir {
+		return none, errcode.WithHint(fmt.Errorf("%s is not the store of identity %s (%s is)", cfg.dir, cfg.identityArg, want),
+			"nothing was changed; give the identity that owns the store")
+	}
+	switch fi, err := os.Lstat(cfg.dir); {
+	case errors.Is(err, os.ErrNotExist):
+		return none, errcode.WithHint(fmt.Errorf("identity %s has no store at %s", cfg.identityArg, cfg.dir),
+			"nothing to reconcile: a store is made by its first message")
+	case err != nil:
+		return none, err
+	case !fi.IsDir():
+		return none, fmt.Errorf("%w: %s is not a directory (symbolic links are not followed)", fsck.ErrNotStore, cfg.dir)
+	}
+	live, who, err := daemonLive(cfg.dir)
+	if err != nil {
+		return none, err
+	}
+	if live {
+		return none, fmt.Errorf("%w: its daemon is running (%s)", fsck.ErrLive, who)
+	}
+	s, err := store.Open(cfg.owner.Signer(), store.Options{Home: cfg.root})
+	if err != nil {
+		return none, err
+	}
+	return reconcile.Run(ctx, s, cfg.owner, reconcile.Options{Relays: cfg.relays})
+}
+
+// writeReconcile prints what --reconcile did, before the check's lines.
+func writeReconcile(w io.Writer, rep reconcile.Report) {
+	if rep.RolledBack != "" {
+		fmt.Fprintf(w, "sealbridge-fsck: reconcile: the store was rolled back: %s\n", rep.RolledBack)
+	}
+	for _, r := range rep.Relays {
+		seen := "no head witnessed"
+		if r.WitnessedSeq > 0 {
+			seen = fmt.Sprintf("witnessed head seq %d", r.WitnessedSeq)
+		}
+		fmt.Fprintf(w, "sealbridge-fsck: reconcile: relay %s: %s; %d pending %s asked about: %d brought forward (relayed), %d left pending\n",
+			r.URL, seen, r.Asked, plural(r.Asked, "envelope", "envelopes"), r.BroughtForward, r.LeftPending)
+	}
+	fmt.Fprintf(w, "sealbridge-fsck: reconcile: wrote head seq %d; %d %s brought forward, %d left pending (the daemon sends them)\n",
+		rep.HeadSeq, rep.BroughtForward, plural(rep.BroughtForward, "envelope", "envelopes"), rep.LeftPending)
+}
+
 // exitCode is the one place that maps an outcome to an exit code.
 func exitCode(err error, before, after *fsck.Report) int {
 	switch {
@@ -420,6 +521,8 @@ func writeError(w io.Writer, cfg config, err error, repairs []fsck.ActionResult,
 		repair = " --repair"
 	}
 	switch {
+	case errors.Is(err, fsck.ErrLive) && cfg.reconcile:
+		fmt.Fprintf(w, "sealbridge-fsck: hint: nothing was changed; stop the daemon, then run sealbridge-fsck --reconcile again\n")
 	case errors.Is(err, fsck.ErrLive):
 		fmt.Fprintf(w, "sealbridge-fsck: hint: nothing was changed%s; check without --repair to see the findings\n", changedNote(done))
 	case errors.Is(err, fsck.ErrOwner):
@@ -492,6 +595,7 @@ type document struct {
 	Tool          string               `json:"tool"`
 	Store         string               `json:"store"`
 	Mode          string               `json:"mode"`
+	Reconcile     *reconcile.Report    `json:"reconcile,omitempty"`
 	Owner         string               `json:"owner,omitempty"`
 	OwnerSource   string               `json:"ownerSource,omitempty"`
 	Lock          string               `json:"lock,omitempty"`
@@ -523,6 +627,9 @@ func writeJSON(w io.Writer, cfg config, before, after *fsck.Report, repairs []fs
 		Findings: []fsck.Finding{}, ExitCode: code}
 	if cfg.repair {
 		doc.Mode = "repair"
+	}
+	if cfg.reconcile {
+		doc.Mode, doc.Reconcile = "reconcile", cfg.reconciled
 	}
 	if err != nil {
 		doc.Error = err.Error()

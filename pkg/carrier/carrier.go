@@ -13,6 +13,7 @@ import (
 
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
+	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -92,6 +93,13 @@ type Options struct {
 	// makes each request durable before it answers, so an upload that is cut
 	// resumes from its end at worst (blob.go).
 	UploadChunk int64
+	// Identity is the store's owner. With it, and a transport that is a
+	// HeadTransport, the carrier checks each receipt's SenderSeq against the
+	// store's head and asks the relay for its signed head when the relay has
+	// witnessed a newer one (docs/CARRIER.md "The head witness"); without it no relay's
+	// receipt is checked (a restored store is then caught by the local witness
+	// and the daemon's start only).
+	Identity *identity.Identity
 }
 
 func (o Options) withDefaults() Options {
@@ -167,6 +175,7 @@ type Carrier struct {
 	storeBlocked map[string]bool      // of blocked, those delayed by a store failure
 	storeFails   int                  // store failures in a row (the delay's exponent)
 	tookOver     bool                 // TakeOverLeases is done
+	stopErr      error                // the store is rolled back: dispatch no more
 	timer        Timer
 	timerAt      time.Time
 
@@ -251,12 +260,18 @@ type passResult struct {
 }
 
 // Run delivers until ctx is done, then waits for the attempts in flight to settle
-// and returns ctx's error. A Carrier runs at most once at a time.
+// and returns ctx's error. When the store is rolled back (it says so, refuses a
+// write as STORE_ROLLED_BACK, or a relay's signed head proves it: EventRolledBack)
+// Run dispatches nothing more: it cancels the attempts in flight, waits for them
+// (their settlements are refused: the envelopes stay pending, their records as
+// they were) and returns the STORE_ROLLED_BACK error. A Carrier runs at most once
+// at a time.
 func (c *Carrier) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("carrier: already running")
 	}
 	defer c.running.Store(false)
+	c.stopErr = nil
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { c.watch(ctx) })
@@ -267,9 +282,13 @@ func (c *Carrier) Run(ctx context.Context) error {
 		cancel()
 		wg.Wait()
 		c.drainDone()
+		c.st.inFlight.Store(int64(len(c.inflight)))
 	}()
 	for {
 		c.reconcile(ctx, &wg)
+		if c.stopErr != nil {
+			return c.stopErr
+		}
 		c.setIdle(true)
 		var due <-chan time.Time
 		if c.timer != nil {
@@ -328,6 +347,9 @@ func (c *Carrier) finish(r passResult) {
 	delete(c.inflight, r.target)
 	now := c.o.Clock.Now()
 	switch {
+	case rolledBack(r.err):
+		c.rolledBack(r.target, r.err)
+		return
 	case r.err != nil:
 		c.storeError(r.err)
 		delay := c.storeDelay()
@@ -400,12 +422,23 @@ func (c *Carrier) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 	if ctx.Err() != nil {
 		return
 	}
+	if c.stopErr != nil {
+		return
+	}
+	if err := c.s.RolledBack(); err != nil {
+		c.rolledBack("", err)
+		return
+	}
 	c.st.reconciles.Add(1)
 	now := c.o.Clock.Now()
 	if c.o.TakeOverLeases && !c.tookOver {
 		n, err := c.takeOverLeases(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
+				return
+			}
+			if rolledBack(err) {
+				c.rolledBack("", err)
 				return
 			}
 			c.storeError(err)
@@ -424,6 +457,10 @@ func (c *Carrier) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 	plans, err := c.plan(ctx, now, exp)
 	if err != nil {
 		if ctx.Err() != nil {
+			return
+		}
+		if rolledBack(err) {
+			c.rolledBack("", err)
 			return
 		}
 		c.storeError(err)
@@ -476,6 +513,23 @@ func (c *Carrier) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 	c.st.targetsWaiting.Store(int64(waiting))
 	c.st.targets.Store(int64(len(plans)))
 	c.arm(now, next)
+}
+
+// rolledBack reports whether err is the store's STORE_ROLLED_BACK.
+func rolledBack(err error) bool {
+	return errors.Is(err, errcode.StoreRolledBack)
+}
+
+// rolledBack stops dispatching: the store is rolled back (err, learnt through
+// target's pass, or "" for the schedule). Reported once per Run.
+func (c *Carrier) rolledBack(target string, err error) {
+	if c.stopErr != nil {
+		return
+	}
+	c.stopErr = err
+	c.o.Logger.Error("carrier: the store is rolled back: dispatching stopped", "target", target, "err", err,
+		"hint", errcode.HintOf(err))
+	c.event(Event{Kind: EventRolledBack, Target: target, Err: err})
 }
 
 func laterOf(a, b time.Time) time.Time {

@@ -14,6 +14,14 @@ const (
 	// EventStoreOK: a target's pass (or, Target "", the schedule) worked with the
 	// store. Reported at every success, so a receiver keeps a state, not a count.
 	EventStoreOK
+	// EventRolledBack: the store is rolled back (STORE_ROLLED_BACK, in Err): a
+	// relay (Target) answered a receipt naming a head newer than the store's and
+	// its signed head proved it (store.Store.Witness), or the store refused a
+	// write as rolled back (Target: the pass's, or "" for the schedule). The
+	// carrier stops dispatching: Run returns that error once its passes have
+	// ended. Nothing the relay accepted meanwhile is lost: those envelopes stay
+	// pending (sealbridge-fsck --reconcile brings them forward). Reported once.
+	EventRolledBack
 )
 
 // Event is what the carrier tells Options.Events. Its texts never contain envelope
@@ -29,7 +37,7 @@ type Event struct {
 	Status      int
 	Reason      string
 	NextAttempt time.Time
-	// For EventStoreError: the store's error.
+	// For EventStoreError and EventRolledBack: the store's error.
 	Err error
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
 )
 
@@ -91,7 +92,18 @@ func NewHTTPTransport(opts HTTPOptions) *HTTPTransport {
 // CloseIdleConnections closes the transport's idle connections.
 func (t *HTTPTransport) CloseIdleConnections() { t.client.CloseIdleConnections() }
 
-// Send posts envelope to relayURL + "/v1/envelopes" and classifies the answer:
+// SenderHead fetches the highest store head relayURL witnessed from id
+// (relayproto.Client.SenderHead: signed by id, verified to be id's head); nil,
+// nil when it holds none. It is bounded by the send timeout.
+func (t *HTTPTransport) SenderHead(ctx context.Context, relayURL string, id *identity.Identity) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	c := &relayproto.Client{BaseURL: relayURL, HTTP: t.client}
+	return c.SenderHead(ctx, id)
+}
+
+// Send posts envelope to relayURL + "/v1/envelopes", with the store head ctx
+// carries (WithHead) in relayproto.HeaderHead, and classifies the answer:
 //
 //	200 with a valid signed receipt for this envelope's id and digest → Accepted
 //	200 with anything else                                            → Failed
@@ -108,6 +120,9 @@ func (t *HTTPTransport) Send(ctx context.Context, relayURL string, env []byte) R
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
+	if h := HeadOf(ctx); h != nil {
+		req.Header.Set(relayproto.HeaderHead, string(h))
+	}
 	resp, err := t.client.Do(req)
 	if err != nil {
 		return Result{Outcome: classifyError(ctx, err), Err: err}
@@ -170,8 +185,8 @@ func (t *HTTPTransport) Batches(relayURL string) bool {
 	return !ok
 }
 
-// SendBatch posts envs to relayURL + "/v1/envelopes/batch" with relayproto.Client
-// and classifies the answer of each envelope as Send classifies a single answer.
+// SendBatch posts envs to relayURL + "/v1/envelopes/batch" with relayproto.Client,
+// with the store head ctx carries (WithHead), and classifies the answer of each envelope as Send classifies a single answer.
 // Whole-request answers: 404, 405 or a 200 that is not a batch answer → nil (the
 // relay lacks the endpoint; remembered for an hour); any other 4xx but 408 and 429 →
 // nil (the request, not an envelope, was refused); otherwise every envelope gets the
@@ -180,7 +195,8 @@ func (t *HTTPTransport) Batches(relayURL string) bool {
 func (t *HTTPTransport) SendBatch(ctx context.Context, relayURL string, envs [][]byte) []Result {
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
-	c := &relayproto.Client{BaseURL: relayURL, HTTP: t.client}
+	head := HeadOf(ctx)
+	c := &relayproto.Client{BaseURL: relayURL, HTTP: t.client, Head: func() []byte { return head }}
 	answers, err := c.PostBatch(ctx, envs)
 	all := func(r Result) []Result {
 		out := make([]Result, len(envs))

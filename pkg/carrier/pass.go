@@ -2,6 +2,7 @@ package carrier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -181,6 +182,7 @@ func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, bat
 	if len(taken) == 0 {
 		return rr, nil
 	}
+	ctx = WithHead(ctx, c.head()) // every post carries the store's head
 	var results []Result
 	if batch && len(taken) > 1 {
 		envs := make([][]byte, len(taken))
@@ -229,6 +231,11 @@ func (c *Carrier) attemptRun(ctx context.Context, tp *targetPlan, run []int, bat
 		if res.Outcome == Unreachable {
 			rr.unreachable = true
 		}
+	}
+	if err := c.witness(sctx, tp.url, results); err != nil {
+		// The store is rolled back: nothing is settled (the store refuses it
+		// anyway); what the relay accepted stays pending, its record as it was.
+		return rr, err
 	}
 	nexts, err := c.settleRun(sctx, tp, taken, results, stopping)
 	if err != nil {
@@ -364,20 +371,16 @@ func (c *Carrier) settleRun(ctx context.Context, tp *targetPlan, taken []leased,
 // settleTx records one attempt's outcome on o. It reports whether the deadline closed
 // o and when o is due again (0 if not pending any more). batches is messageTx's.
 func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res Result, now int64, delay time.Duration, batches map[string][]*record.Outbox) (bool, int64, error) {
-	if l := o.Lease; res.Outcome != Accepted && l != nil && l.Holder != c.o.HolderID && l.Until > now {
+	if res.Outcome == Accepted {
+		return false, 0, settleAccepted(tx, o, now, batches)
+	}
+	if l := o.Lease; l != nil && l.Holder != c.o.HolderID && l.Until > now {
 		return false, 0, nil // another holder took it over after our lease ran out
 	}
 	why := describe(res)
 	o.Attempts++
 	o.Lease = nil
 	switch res.Outcome {
-	case Accepted:
-		// A hold that came while the envelope was in flight ends with the send.
-		o.State, o.LastError, o.UnreachableSince, o.Held = record.StateRelayed, "", 0, nil
-		if err := tx.Put(o); err != nil {
-			return false, 0, err
-		}
-		return false, 0, c.messageTx(tx, o, now, record.StatusRelayed, "", "", batches)
 	case Refused:
 		prefix := record.RefusedPrefix
 		if res.local {
@@ -393,7 +396,7 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res R
 		if err := tx.Put(o); err != nil {
 			return false, 0, err
 		}
-		return false, o.NextAttemptAt, c.messageTx(tx, o, now, "", "", "", batches)
+		return false, o.NextAttemptAt, messageTx(tx, o, now, "", "", "", batches)
 	}
 	// Unreachable: the target waits. This envelope carries the next probe; the
 	// others that do not know of the wait yet learn it afterwards (markWaiting).
@@ -408,7 +411,41 @@ func (c *Carrier) settleTx(tx *store.Tx, tp *targetPlan, o *record.Outbox, res R
 	if err := tx.Put(o); err != nil {
 		return false, 0, err
 	}
-	return false, o.NextAttemptAt, c.messageTx(tx, o, now, "", "", "", batches)
+	return false, o.NextAttemptAt, messageTx(tx, o, now, "", "", "", batches)
+}
+
+// settleAccepted records on the pending o that its relay accepted it: the attempt
+// counted, o relayed (its lease, wait and lastError gone; a hold that came while
+// it was in flight ends with the send) and its message moved forward
+// (messageTx). An accepted envelope is settled whoever holds its lease now: the
+// relay has it. batches is messageTx's.
+func settleAccepted(tx *store.Tx, o *record.Outbox, now int64, batches map[string][]*record.Outbox) error {
+	o.Attempts++
+	o.State, o.Lease, o.LastError, o.UnreachableSince, o.Held = record.StateRelayed, nil, "", 0, nil
+	if err := tx.Put(o); err != nil {
+		return err
+	}
+	return messageTx(tx, o, now, record.StatusRelayed, "", "", batches)
+}
+
+// SettleAccepted applies, in tx, the carrier's settlement of an accepted attempt
+// (settleAccepted: DESIGN §11's "accepted" edge) to o, a pending outbox record
+// as tx reads it, for rcpt, the relay's parsed and verified receipt
+// (envelope.ParseRelayReceipt), which must be a persisted receipt for exactly o
+// (its id and digest): otherwise nothing changes and the error says why. It is
+// how sealbridge-fsck --reconcile (pkg/reconcile) settles an envelope a relay
+// says it holds, with the very rule the carrier applies to a receipt. It writes
+// o and its message in tx: durable when tx publishes. now is in Unix ms.
+func SettleAccepted(tx *store.Tx, o *record.Outbox, rcpt *envelope.RelayReceipt, now int64) error {
+	switch {
+	case o == nil:
+		return errors.New("carrier: no outbox record to settle")
+	case o.State != record.StatePending:
+		return fmt.Errorf("carrier: envelope %s is %s, not pending", o.EnvelopeID, o.State)
+	case !rcpt.Matches(o.EnvelopeID, o.EnvelopeDigest):
+		return fmt.Errorf("carrier: the receipt is not a persisted receipt for envelope %s", o.EnvelopeID)
+	}
+	return settleAccepted(tx, o, now, map[string][]*record.Outbox{})
 }
 
 // probeDelay is how long after now a target waiting since since (ms) is probed
@@ -604,7 +641,7 @@ func (c *Carrier) closeTx(tx *store.Tx, o *record.Outbox, now int64, closedBy, r
 	if err := tx.Put(o); err != nil {
 		return err
 	}
-	return c.messageTx(tx, o, now, record.StatusClosed, closedBy, reason, batches)
+	return messageTx(tx, o, now, record.StatusClosed, closedBy, reason, batches)
 }
 
 // messageTx moves o's message forward (never back) in the transaction that settles,
@@ -616,7 +653,7 @@ func (c *Carrier) closeTx(tx *store.Tx, o *record.Outbox, now int64, closedBy, r
 // the message's hold goes in the same transaction (closing the message clears it
 // anyway). batches caches the committed members of the batches tx read, for their
 // kinds, which never change.
-func (c *Carrier) messageTx(tx *store.Tx, o *record.Outbox, now int64, status, closedBy, reason string, batches map[string][]*record.Outbox) error {
+func messageTx(tx *store.Tx, o *record.Outbox, now int64, status, closedBy, reason string, batches map[string][]*record.Outbox) error {
 	m, err := store.TxGet[*record.Message](tx, o.MessageID)
 	if err != nil || m == nil {
 		return err

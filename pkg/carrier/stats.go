@@ -32,6 +32,9 @@ type Stats struct {
 	// UploadedBytes counts the blob body bytes relays acknowledged as durable
 	// (their offset moved forward by that much).
 	UploadedBytes uint64
+	// HeadChecks counts the relays' signed heads fetched because a receipt named a
+	// head newer than the store's (the head witness, witness.go).
+	HeadChecks uint64
 }
 
 type stats struct {
@@ -41,8 +44,8 @@ type stats struct {
 	storeErrors map[string]uint64
 	watch       string
 
-	leaseSkips, reconciles, sweeps, notifications, uploaded atomic.Uint64
-	targets, targetsWaiting, inFlight                       atomic.Int64
+	leaseSkips, reconciles, sweeps, notifications, uploaded, headChecks atomic.Uint64
+	targets, targetsWaiting, inFlight                                   atomic.Int64
 }
 
 func newStats() stats {
@@ -76,6 +79,7 @@ func (c *Carrier) Stats() Stats {
 	out.Sweeps = s.sweeps.Load()
 	out.Notifications = s.notifications.Load()
 	out.UploadedBytes = s.uploaded.Load()
+	out.HeadChecks = s.headChecks.Load()
 	out.Targets = int(s.targets.Load())
 	out.TargetsWaiting = int(s.targetsWaiting.Load())
 	out.InFlight = int(s.inFlight.Load())

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/pkg/envelope"
+	"github.com/sealbridge/sealbridge/pkg/identity"
 )
 
 // Outcome classifies one delivery attempt (DESIGN §11).
@@ -111,4 +112,36 @@ type BodyTransport interface {
 	// BodyOffset asks the relay how much of envelopeID's body it holds durably:
 	// Accepted with Body set, or a failure classified as UploadBody's.
 	BodyOffset(ctx context.Context, relayURL, envelopeID string) Result
+}
+
+// HeadTransport is a Transport that can also fetch the highest store head a relay
+// has witnessed from a sender (relayproto.PathSenderHead, signed by id). The
+// carrier asks for it when a receipt says the relay witnessed a head newer than
+// the store's (Result.ParsedReceipt's SenderSeq): a bare sequence number is the
+// relay's word, the head is the owner's signature, and only that makes the store
+// rolled back (store.Store.Witness). SenderHead returns nil, nil when the relay
+// holds no head of id. It must honour ctx and be safe for concurrent use.
+type HeadTransport interface {
+	Transport
+	SenderHead(ctx context.Context, relayURL string, id *identity.Identity) ([]byte, error)
+}
+
+// headKey is the context key of the store head a post carries.
+type headKey struct{}
+
+// WithHead returns ctx carrying head, the bytes of the store's current signed head
+// (envelope.SignStoreHead): a transport puts them on every post it makes under ctx
+// (relayproto.HeaderHead), so the relay witnesses the sender's head. The carrier
+// sets it on the context of each send; nil or empty means no head.
+func WithHead(ctx context.Context, head []byte) context.Context {
+	if len(head) == 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, headKey{}, head)
+}
+
+// HeadOf returns the store head ctx carries (WithHead), nil if none.
+func HeadOf(ctx context.Context) []byte {
+	h, _ := ctx.Value(headKey{}).([]byte)
+	return h
 }
