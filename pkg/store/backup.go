@@ -33,6 +33,11 @@ type BackupOptions struct {
 	MaxPasses int
 	// Workers copies files in parallel (default min(4 × GOMAXPROCS, 32)).
 	Workers int
+	// Scan finds changes by comparing every file's fingerprint with its copy's
+	// instead of by inotify, in every pass and in the final hold (which then grows
+	// with the store). Use it for a store on a network file system written from
+	// other hosts too, whose changes inotify does not see.
+	Scan bool
 }
 
 // BackupReport says what Backup copied and what it cost the store's other writers.
@@ -244,12 +249,14 @@ func (b *backup) run(ctx context.Context) (BackupReport, error) {
 	b.dst = fsx.NewOS(path.Join(b.parent.Root(), b.stageName))
 
 	b.rep.Watch = "scan"
-	if w, err := newDirWatch(); err == nil {
-		b.watch = w
-		defer w.close()
-		b.rep.Watch = "inotify"
-		if err := b.watchDir("."); err != nil && !errors.Is(err, errNoWatch) {
-			return BackupReport{}, err
+	if !b.opts.Scan {
+		if w, err := newDirWatch(); err == nil {
+			b.watch = w
+			defer w.close()
+			b.rep.Watch = "inotify"
+			if err := b.watchDir("."); err != nil && !errors.Is(err, errNoWatch) {
+				return BackupReport{}, err
+			}
 		}
 	}
 	for _, d := range backupDirs {

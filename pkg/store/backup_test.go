@@ -422,7 +422,7 @@ func TestBackupUnderConcurrentSenders(t *testing.T) {
 	}
 	var results []result
 	for i := range 3 {
-		results = append(results, backup(bs, fmt.Sprint("seq", i), store.BackupOptions{}))
+		results = append(results, backup(bs, fmt.Sprint("seq", i), store.BackupOptions{Scan: i == 2}))
 	}
 	// Two at once: one on the writers' Store, one on the other with a final hold of
 	// at most 4 changed files (so more passes).
