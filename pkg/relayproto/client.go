@@ -30,6 +30,11 @@ type Client struct {
 	BaseURL string // e.g. "http://127.0.0.1:8080"
 	HTTP    *http.Client
 	Now     func() time.Time
+	// Head, if set, is called for every post (Post, PostBatch); the bytes it
+	// returns, if any, are sent as HeaderHead: the sender's latest store head
+	// (envelope.SignStoreHead), for the relay to witness. It must be safe to
+	// call concurrently.
+	Head func() []byte
 }
 
 func (c *Client) http() *http.Client {
@@ -57,6 +62,7 @@ func (c *Client) Post(ctx context.Context, wire []byte) ([]byte, *envelope.Relay
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	c.setHead(req)
 	var incomplete *BodyIncompleteError
 	body, err := c.doWith(req, envelope.MaxReceiptSize, func(status int, body []byte) error {
 		if status != http.StatusAccepted {
@@ -138,6 +144,7 @@ func (c *Client) PostBatch(ctx context.Context, wires [][]byte) ([]BatchAnswer, 
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	c.setHead(req)
 	body, err := c.do(req, maxBatchAnswer)
 	if err != nil {
 		return nil, err

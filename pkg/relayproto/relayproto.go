@@ -3,8 +3,11 @@
 // signed inbox request (SignInboxRequest for a client, VerifyInboxRequest for
 // the relay), and a Client for its endpoints (POST /v1/envelopes, POST
 // /v1/envelopes/batch, GET /v1/inbox, GET /v1/inbox/status, POST /v1/inbox/ack,
-// POST /v1/recipients/register and /v1/recipients/unregister, and for large
-// bodies HEAD and PATCH /v1/bodies/{id} and GET /v1/inbox/bodies/{id}, body.go).
+// POST /v1/recipients/register and /v1/recipients/unregister, for large
+// bodies HEAD and PATCH /v1/bodies/{id} and GET /v1/inbox/bodies/{id}
+// (body.go), and for the witness of store heads the Sealbridge-Head header of
+// the posts, GET /v1/senders/head, POST /v1/senders/receipts and GET
+// /v1/inbox/statuses (witness.go)).
 // pkg/relay serves
 // it; the daemon's inbox follower speaks it.
 package relayproto
