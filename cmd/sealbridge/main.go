@@ -92,6 +92,7 @@ func newRoot() *cobra.Command {
   sealbridge ls --home ~/sb --identity alice --status queued
   sealbridge get --home ~/sb --identity bob 0190b6a4-… --out report.pdf
   sealbridge queue --json | jq -r 'select(.state == "unreachable") | .relayUrl' | sealbridge retry --target -
+  sealbridge backup --home ~/sb --identity alice ~/backups/alice-2026-12-02
   sealbridge relay --listen 127.0.0.1:8470 --home ~/sb-relay`,
 	}
 	cli.Annotate(root, cli.AnnotSynopsis, "COMMAND --help      (or: sealbridge help COMMAND)\ncompletion bash|zsh|fish")
@@ -104,7 +105,7 @@ func newRoot() *cobra.Command {
 `)
 	root.Flags().Bool("version", false, "print the version and exit")
 	root.AddCommand(initCommand(), whoamiCommand(), sendCommand(), statusCommand(), lsCommand(), queueCommand(),
-		inboxCommand(), getCommand(), watchCommand())
+		inboxCommand(), getCommand(), watchCommand(), backupCommand())
 	for _, op := range actionOps {
 		root.AddCommand(op.command())
 	}

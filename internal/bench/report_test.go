@@ -64,6 +64,7 @@ var (
 	storeFull100k  = bench{name: "StoreSenders8Full100k", fn: BenchmarkStoreSenders8Full100k, unit: "msgs/s", minTime: sendersMinTime}
 	deliverRelay   = bench{name: "CarrierDeliverOneRelay", fn: BenchmarkCarrierDeliverOneRelay, unit: "env/s"}
 	lockCycle      = bench{name: "LockHoldUnreachable", fn: BenchmarkLockHoldUnreachable, unit: "max-hold-ms"}
+	lockBackup     = bench{name: "LockHoldBackup", fn: BenchmarkLockHoldBackup, unit: "max-hold-ms"}
 	storePut8      = bench{name: "StorePut8", fn: BenchmarkStorePut8, unit: "records/s"}
 	storeTx8       = bench{name: "StoreTx8", fn: BenchmarkStoreTx8, unit: "records/s", optional: true}
 	storeCached    = bench{name: "StoreReadCached", fn: BenchmarkStoreReadCached, unit: "reads/s"}
@@ -214,6 +215,7 @@ var rows = []row{
 		baseWhat: "the same relay's raw accept rate, same run: one client posting back to back", min: 0.5, size: &deliverSize},
 	{what: "longest store-lock hold, 10,000 pending envelopes whose relay goes unreachable and comes back (ms)", ours: lockCycle, absMax: 50, lowerBetter: true, size: &cycleSize},
 	{what: "… p99 store-lock hold in that cycle (ms)", ours: lockCycle.with("p99-hold-ms"), absMax: 10, lowerBetter: true, size: &cycleSize},
+	{what: "longest store-lock hold of a backup (Store.Backup) of a store of 10,000 pending envelopes, 8 senders enqueueing meanwhile (ms)", ours: lockBackup, absMax: 50, lowerBetter: true, size: &cycleSize},
 	// Last in every round: the mass delete slows creates near it for a minute or more.
 	{what: "creates after delivering+removing 20,000 (records/s)", ours: churnDeleted, base: ref(churnFresh), baseWhat: "same creates, fresh store", min: 0.8},
 	{what: "cleanup: immediate durable unlink, 1 per tx (records/s)", ours: storeRemove1, base: ref(churnDeleted.with("bulk-removed/s")), baseWhat: "bulk unlink of 20,000 + 1 dir fsync"},
