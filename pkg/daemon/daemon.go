@@ -208,6 +208,7 @@ func New(opts Options) (*Daemon, error) {
 	// leases a dead predecessor left are taken back at once (the relay
 	// de-duplicates a second send) instead of waited out.
 	co.TakeOverLeases = true
+	co.Identity = id // the carrier asks a relay for the head it witnessed (§5 "The head")
 	if co.Logger == nil {
 		co.Logger = d.log
 	}

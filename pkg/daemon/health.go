@@ -173,6 +173,8 @@ func (d *Daemon) carrierEvent(e carrier.Event) {
 			attrs = append(attrs, "next_attempt", e.NextAttempt.UTC().Format(time.RFC3339))
 		}
 		d.cond.warn(key, class, "delivery: attempt failed", attrs...)
+	case carrier.EventRolledBack:
+		d.rolledBack(e.Err)
 	case carrier.EventStoreError:
 		key := "carrier " + e.Target
 		if e.Target == "" {
