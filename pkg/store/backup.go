@@ -168,6 +168,9 @@ func (o BackupOptions) withDefaults() BackupOptions {
 	return o
 }
 
+// backupBeforeFinalHold, if set (by tests only), runs before each final hold.
+var backupBeforeFinalHold func()
+
 // copiedFile is the version of a store file that the copy holds.
 type copiedFile struct {
 	fp   fsx.Fingerprint
@@ -282,6 +285,9 @@ func (b *backup) run(ctx context.Context) (BackupReport, error) {
 		b.rep.Passes++
 		if b.pending() > b.opts.MaxHoldNames {
 			continue
+		}
+		if backupBeforeFinalHold != nil {
+			backupBeforeFinalHold()
 		}
 		done, err := b.finalHold(ctx)
 		if err != nil {
