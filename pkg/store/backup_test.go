@@ -584,3 +584,20 @@ func checkInstant(t *testing.T, h *history, dest string, start, end time.Time) {
 			dest, w.lo.Sub(start), w.hi.Sub(start), time.Duration(0), end.Sub(start))
 	}
 }
+
+// A backup whose context ends fails with OUTBOX_STORE_BUSY and leaves nothing.
+func TestBackupCancelled(t *testing.T) {
+	s := openStore(t, store.Options{})
+	for range 50 {
+		enqueue(t, s, 1)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	dest := backupDest(t, "copy")
+	if _, err := s.Backup(ctx, dest, store.BackupOptions{}); !errors.Is(err, errcode.OutboxStoreBusy) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want OUTBOX_STORE_BUSY caused by the context", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(dest)); len(ents) != 0 {
+		t.Fatalf("left after a cancelled backup: %v", ents)
+	}
+}
