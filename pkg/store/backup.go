@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/fsx"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/record"
 )
@@ -57,8 +58,12 @@ type BackupReport struct {
 	// changed files; the final hold opens only them) or "scan" (no inotify: every
 	// pass, and the final hold, compare every file's fingerprint).
 	Watch string
-	// Head is the head file copied (nil: the store had none).
-	Head []byte
+	// Head is the head file copied (nil: the store had none). HeadWritten says
+	// that the backup wrote it, in its final hold, so that it counts exactly the
+	// state copied; it does not when the store is rolled back (writes are refused),
+	// and then the head on disk is copied as it is.
+	Head        []byte
+	HeadWritten bool
 }
 
 // BackupDestError is the cause of the error Backup returns for an unusable
@@ -70,13 +75,6 @@ type BackupDestError struct {
 }
 
 func (e *BackupDestError) Error() string { return e.Dest + ": " + e.Reason }
-
-// headFileName is the store's head (DESIGN §5).
-// TODO(head): use HeadFile once the head API is merged from main.
-const headFileName = ".head"
-
-// maxHeadBytes bounds the head file read (envelope.MaxHeadSize once merged).
-const maxHeadBytes = 4 << 10
 
 // backupDirs are the directories of a store that a backup copies: the kind
 // directories and blobs/. Nothing else is copied: not .lock or its temps (a lock
@@ -97,32 +95,40 @@ var backupDirs = func() []string {
 // writing meanwhile; the copy is made through this Store's lock, so it may be run
 // beside a daemon using the store.
 //
-// The consistency rule: the copy holds exactly the record files, blobs and head
-// that the store directory held at one instant inside the backup's final hold of
-// the store lock — when no writer of any process was publishing, because every
-// publication renames or unlinks under that lock (DESIGN §6, §9) — byte for byte,
-// and nothing else. That instant lies between two lock holds of the store's
-// writers, so the copy is a state the store was in: every transaction acknowledged
-// before the backup started is in it whole, every other one either whole or not at
-// all (a publication that failed midway is left as it was, as a crash would leave
-// it), and what fsck finds in the copy it would have found in the store then.
+// The consistency rule: the copy holds exactly the record files and blobs that the
+// store directory held at one instant inside the backup's final hold of the store
+// lock — the instant that hold read the change events — byte for byte, nothing else,
+// and the head written in that same hold (seq one above the store's, counting
+// exactly that state). No writer of any process publishes a record during the hold:
+// every rename and unlink of a record is made under the lock (DESIGN §6, §9). So
+// the copy is a state the store was in between two lock holds of its writers:
+// every transaction acknowledged before the backup began is in it whole, every
+// other one whole or not at all (a publication that failed midway is as it left
+// it, as after a crash), and fsck finds in the copy what it would have found in the
+// store then. (A blob is committed outside the lock, before any record may name it;
+// one committed during the hold is in the copy or not, and no copied record names
+// it.) A later commit makes the store's next head higher than the copy's: a copy
+// restored over a store that changed since is seen as rolled back (DESIGN §5).
+// While the store is rolled back no head is written: the head on disk is copied.
 //
 // How: files are copied outside the lock, in passes, into a private directory beside
 // dest. Before the first pass the store directory and each kind directory are
-// watched with inotify: a publication (rename, link, unlink, create, write or
-// attribute change of a name) queues an event naming it before the writer's system
-// call returns, so once the backup holds the lock, every publication by then is
+// watched with inotify: a change to a name (rename, link, unlink, create, write or
+// attribute change) queues an event naming it in the writer's system call, before
+// it returns, so once the backup holds the lock every publication made by then is
 // among the events. A file copied since its last event is current. Each pass copies
 // again the files changed since their copy (and drops those removed); once they are
-// at most opts.MaxHoldNames, the final hold (exclusive) drains the events, and if
+// at most opts.MaxHoldNames, the final hold (exclusive) drains the events and, if
 // the delta is still within that bound, opens each changed file (pinning its inode:
-// a record or blob file is never rewritten in place, only replaced) and reads the
+// a record or blob file is never rewritten in place, only replaced), writes the
 // head, releases the lock, and copies from the open files. A larger delta releases
 // the lock for another pass. So the final hold grows with the files changed since
-// the last pass, not with the store. Without inotify (or when its queue overflowed)
-// a pass compares every file's fingerprint with its copy's (the racy rule of DESIGN
-// §8 decides equal ones), and so does the final hold: correct, but a hold that grows
-// with the store.
+// the last pass (and the head's fsyncs), not with the store. Where events were lost
+// (queue overflow) a pass compares every file's fingerprint with its copy's (the
+// racy rule of DESIGN §8 decides equal ones); without inotify, or with opts.Scan
+// (a store on a network file system that other hosts write: inotify sees only this
+// host's changes), every pass and the final hold do so: correct, but a hold that
+// grows with the store.
 //
 // Every record copied is verified (record.Parse) and every blob hashed against its
 // name: a store file that fails fails the backup with OUTBOX_STORE_INVALID (run
@@ -161,6 +167,9 @@ func (o BackupOptions) withDefaults() BackupOptions {
 	}
 	return o
 }
+
+// backupBeforeFinalHold, if set (by tests only), runs before each final hold.
+var backupBeforeFinalHold func()
 
 // copiedFile is the version of a store file that the copy holds.
 type copiedFile struct {
@@ -276,6 +285,9 @@ func (b *backup) run(ctx context.Context) (BackupReport, error) {
 		b.rep.Passes++
 		if b.pending() > b.opts.MaxHoldNames {
 			continue
+		}
+		if backupBeforeFinalHold != nil {
+			backupBeforeFinalHold()
 		}
 		done, err := b.finalHold(ctx)
 		if err != nil {
@@ -635,8 +647,9 @@ func (b *backup) finalHold(ctx context.Context) (done bool, err error) {
 		pins, err = b.pin()
 	}
 	var head []byte
+	var headWritten bool
 	if err == nil && ready {
-		head, err = b.headLocked(ctx)
+		head, headWritten, err = b.headLocked()
 	}
 	if uerr := release(); err == nil && uerr != nil {
 		err = uerr
@@ -655,7 +668,7 @@ func (b *backup) finalHold(ctx context.Context) (done bool, err error) {
 	}); err != nil {
 		return false, err
 	}
-	b.rep.Head = head
+	b.rep.Head, b.rep.HeadWritten = head, headWritten
 	return true, nil
 }
 
@@ -731,28 +744,41 @@ func (b *backup) pin() ([]pinned, error) {
 	return pins, nil
 }
 
-// headLocked returns the head the copy gets, under the final hold.
-//
-// TODO(head): once Store.WriteHead is on main, write a head here, forced, under this
-// same hold (s.headDirty.Store(false); s.writeHeadLocked(false, 0), dirty again on
-// error), so the copy's .head names exactly the state copied; until then the head
-// on disk, if any, is copied as it is.
-func (b *backup) headLocked(context.Context) ([]byte, error) {
-	data, _, err := fsx.ReadFile(b.s.fs, headFileName, maxHeadBytes)
+// headLocked returns the head the copy gets, under the final hold: a head written
+// now, forced (as WriteHead does, under this same hold), so that it counts exactly
+// the state copied and a later commit makes the store's next head higher than the
+// copy's; or, while the store is rolled back (no write is allowed), the head on
+// disk as it is.
+func (b *backup) headLocked() (data []byte, written bool, err error) {
+	s := b.s
+	if s.RolledBack() == nil {
+		// Under the exclusive hold no publication of this process runs: the head
+		// written now counts every one before it.
+		s.headDirty.Store(false)
+		h, err := s.writeHeadLocked(false, 0)
+		if err == nil {
+			return h.data, true, nil
+		}
+		s.headDirty.Store(true)
+		if !errors.Is(err, errcode.StoreRolledBack) {
+			return nil, false, err
+		}
+	}
+	data, _, err = fsx.ReadFile(s.fs, HeadFile, envelope.MaxHeadSize)
 	if fsx.IsNotExist(err) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, invalidAt(headFileName, err)
+		return nil, false, invalidAt(HeadFile, err)
 	}
-	return data, nil
+	return data, false, nil
 }
 
 // finish writes the head, fsyncs every directory of the copy and renames it to dest.
 func (b *backup) finish() error {
 	if b.rep.Head != nil {
-		if err := fsx.WriteFile(b.dst, ".", headFileName, b.rep.Head); err != nil {
-			return unwritable(b.dest+"/"+headFileName, err)
+		if err := fsx.WriteFile(b.dst, ".", HeadFile, b.rep.Head); err != nil {
+			return unwritable(b.dest+"/"+HeadFile, err)
 		}
 	}
 	b.mu.Lock()

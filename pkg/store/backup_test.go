@@ -163,6 +163,10 @@ func TestBackupCopiesTheStore(t *testing.T) {
 	if rep.Watch != "inotify" {
 		t.Logf("watch: %s (inotify unavailable here)", rep.Watch)
 	}
+	// The head was written in the final hold: the store's and the copy's are one.
+	if _, head := s.Head(); !rep.HeadWritten || !bytes.Equal(rep.Head, head) || !bytes.Equal(got[store.HeadFile], head) {
+		t.Errorf("head: written %v, reported %q, store %q, copy %q", rep.HeadWritten, rep.Head, head, got[store.HeadFile])
+	}
 	checkCopy(t, dest)
 	// The copy opens as a store and reads the same messages.
 	c, err := store.Open(ownerIdentity(t).Signer(), store.Options{Dir: dest})
@@ -181,6 +185,72 @@ func TestBackupCopiesTheStore(t *testing.T) {
 	ents, _ := os.ReadDir(filepath.Dir(dest))
 	if len(ents) != 1 {
 		t.Errorf("beside the copy: %v", ents)
+	}
+}
+
+// A copy restored in place of its store opens as it was; one restored after the
+// store committed more (and wrote its head) is caught by the local witness as rolled
+// back: the head the backup wrote counts exactly what it copied.
+func TestBackupRestoreAndTheWitness(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	dir, wit := filepath.Join(root, "store"), filepath.Join(root, "witness", "w.head")
+	open := func() *store.Store {
+		t.Helper()
+		s, err := store.Open(ownerIdentity(t).Signer(), store.Options{Dir: dir, WitnessFile: wit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	restore := func(copy string) {
+		t.Helper()
+		if err := os.Rename(dir, dir+fmt.Sprint(".old", time.Now().UnixNano())); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(copy, dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := open()
+	enqueue(t, s, 1)
+	if _, _, err := s.WriteHead(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	same := filepath.Join(root, "same")
+	rep, err := s.Backup(ctx, same, store.BackupOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	behind := filepath.Join(root, "behind")
+	if _, err := s.Backup(ctx, behind, store.BackupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing changed since the second copy: restoring the first is restoring a
+	// lower head than the witness's (the second backup wrote one more).
+	restore(same)
+	if err := open().RolledBack(); !errors.Is(err, errcode.StoreRolledBack) {
+		t.Fatalf("restored a copy older than the last head: RolledBack = %v", err)
+	}
+	restore(behind)
+	s = open()
+	if err := s.RolledBack(); err != nil {
+		t.Fatalf("restored the latest copy of an unchanged store: %v", err)
+	}
+	if h, _ := s.Head(); h == nil || h.Seq != 3 || rep.HeadWritten != true {
+		t.Fatalf("head after restore: %+v", h)
+	}
+	again := filepath.Join(root, "again")
+	if _, err := s.Backup(ctx, again, store.BackupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, s, 1)
+	if _, _, err := s.WriteHead(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	restore(again)
+	if err := open().RolledBack(); !errors.Is(err, errcode.StoreRolledBack) {
+		t.Fatalf("restored a copy the store committed past: RolledBack = %v", err)
 	}
 }
 
@@ -512,5 +582,22 @@ func checkInstant(t *testing.T, h *history, dest string, start, end time.Time) {
 	if !w.lo.Before(w.hi) {
 		t.Fatalf("%s: no instant fits the copy: it needs one at or after %v and before %v (backup ran %v .. %v)",
 			dest, w.lo.Sub(start), w.hi.Sub(start), time.Duration(0), end.Sub(start))
+	}
+}
+
+// A backup whose context ends fails with OUTBOX_STORE_BUSY and leaves nothing.
+func TestBackupCancelled(t *testing.T) {
+	s := openStore(t, store.Options{})
+	for range 50 {
+		enqueue(t, s, 1)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	dest := backupDest(t, "copy")
+	if _, err := s.Backup(ctx, dest, store.BackupOptions{}); !errors.Is(err, errcode.OutboxStoreBusy) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want OUTBOX_STORE_BUSY caused by the context", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(dest)); len(ents) != 0 {
+		t.Fatalf("left after a cancelled backup: %v", ents)
 	}
 }

@@ -240,6 +240,9 @@ func (b *backup) events(w *dirWatch, buf []byte) {
 	}
 }
 
+// backupDrainEvery is how often drainInBackground drains (tests lengthen it).
+var backupDrainEvery = 5 * time.Millisecond
+
 // drainInBackground drains the events every few milliseconds while the backup runs,
 // so that the kernel's queue (16,384 events by default) does not overflow during a
 // long pass. The returned function stops it.
@@ -252,7 +255,7 @@ func (b *backup) drainInBackground() (stop func()) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(5 * time.Millisecond)
+		t := time.NewTicker(backupDrainEvery)
 		defer t.Stop()
 		for {
 			select {
