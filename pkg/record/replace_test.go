@@ -201,6 +201,7 @@ func TestReceiptReplacement(t *testing.T) {
 		{"senderDid", conflict, func(_, n *record.Receipt) { n.SenderDID = otherDID }},
 		{"envelopeDigest", conflict, func(_, n *record.Receipt) { n.EnvelopeDigest = otherDigest }},
 		{"receivedAt", conflict, func(_, n *record.Receipt) { n.ReceivedAt++ }},
+		{"senderSeq", conflict, func(_, n *record.Receipt) { n.SenderSeq++ }},
 		{"outcomeCode", nil, func(_, n *record.Receipt) { n.OutcomeCode = "OK" }},
 		{"retainUntil", nil, func(_, n *record.Receipt) { n.RetainUntil++ }},
 		{"persisted → processed", nil, state(record.ReceiptPersisted, record.ReceiptProcessed)},
