@@ -528,7 +528,9 @@ func indexOf(s []string, v string) int {
 
 // A blob envelope posted with a head: its receipt, signed when its body is
 // complete, names the seq witnessed then.
-func TestBlobReceiptNamesTheWitnessedHead(t *testing.T) { eachBackend(t, testBlobReceiptNamesTheWitnessedHead) }
+func TestBlobReceiptNamesTheWitnessedHead(t *testing.T) {
+	eachBackend(t, testBlobReceiptNamesTheWitnessedHead)
+}
 
 func testBlobReceiptNamesTheWitnessedHead(t *testing.T, backend string) {
 	e := newEnvOn(t, backend, relay.Limits{})
