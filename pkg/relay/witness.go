@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/sealbridge/sealbridge/internal/lru"
@@ -233,27 +234,45 @@ func (r *Relay) serveSenderReceipts(w http.ResponseWriter, req *http.Request) (i
 func (r *Relay) SenderReceipts(ctx context.Context, sender identity.DID, ids []string) ([]relayproto.SenderReceipt, error) {
 	key := headKey(sender)
 	out := make([]relayproto.SenderReceipt, len(ids))
+	errs := make([]error, len(ids))
+	sem := make(chan struct{}, senderReceiptReaders)
+	var wg sync.WaitGroup
 	for i, id := range ids {
 		out[i] = relayproto.SenderReceipt{EnvelopeID: id, State: relayproto.SenderReceiptUnknown}
-		h, waiting, err := r.back.sent(ctx, id)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			h, waiting, err := r.back.sent(ctx, id)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if h == nil || h.senderKey != key || h.envelopeID != id {
+				return
+			}
+			receipt, err := r.signReceipt(h)
+			if err != nil {
+				errs[i] = internalError(err)
+				return
+			}
+			out[i].Receipt = receipt
+			out[i].State = relayproto.SenderReceiptAcked
+			if waiting {
+				out[i].State = relayproto.SenderReceiptHeld
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
 		if err != nil {
 			return nil, err
-		}
-		if h == nil || h.senderKey != key || h.envelopeID != id {
-			continue
-		}
-		receipt, err := r.signReceipt(h)
-		if err != nil {
-			return nil, internalError(err)
-		}
-		out[i].Receipt = receipt
-		out[i].State = relayproto.SenderReceiptAcked
-		if waiting {
-			out[i].State = relayproto.SenderReceiptHeld
 		}
 	}
 	return out, nil
 }
+
+// senderReceiptReaders bounds the records one SenderReceipts reads at once.
+const senderReceiptReaders = 8
 
 // serveStatuses answers GET /v1/inbox/statuses?since=&after=&limit=.
 func (r *Relay) serveStatuses(w http.ResponseWriter, req *http.Request) (int, error) {

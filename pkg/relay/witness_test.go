@@ -167,8 +167,8 @@ func testHeadInvalidRefusesTheRequest(t *testing.T, backend string) {
 			t.Fatalf("%s: %v, want 400 %s", what, err, relayproto.CodeHeadInvalid)
 		}
 	}
-	a1, w1 := e.messageFrom(alice, bob.DID(), 10, e.clock.Now().Add(time.Hour))
-	c1, w2 := e.messageFrom(carol, bob.DID(), 10, e.clock.Now().Add(time.Hour))
+	_, w1 := e.messageFrom(alice, bob.DID(), 10, e.clock.Now().Add(time.Hour))
+	_, w2 := e.messageFrom(carol, bob.DID(), 10, e.clock.Now().Add(time.Hour))
 	aliceHead := headOf(t, alice, 7, e.clock.Now())
 	_, _, err := e.withHead(headOf(t, carol, 7, e.clock.Now())).Post(ctx, w1)
 	wantInvalid("carol's head on alice's envelope", err)
@@ -206,7 +206,6 @@ func testHeadInvalidRefusesTheRequest(t *testing.T, backend string) {
 	if _, _, err := e.withHead(headOf(t, carol, 1, e.clock.Now())).Post(ctx, w2); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = a1, c1
 }
 
 // Two JetStream relay processes witnessing one sender's heads at once never
