@@ -191,7 +191,7 @@ func TestMessageReplacement(t *testing.T) {
 }
 
 // docs/FORMAT.md §5, receipts: the state only rises; envelopeId, senderDid,
-// envelopeDigest and receivedAt never change.
+// envelopeDigest, receivedAt and senderSeq never change.
 func TestReceiptReplacement(t *testing.T) {
 	state := func(from, to string) func(p, n *record.Receipt) {
 		return func(p, n *record.Receipt) { p.State, n.State = from, to }
