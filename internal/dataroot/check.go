@@ -16,7 +16,7 @@ import (
 const RelayDir = "relay"
 
 // The data-root rules. Every directory from the data root down — the data root,
-// delivery/, identities/, run/, relay/, a store directory and its kind directories —
+// delivery/, identities/, run/, relay/, witness/, a store directory and its kind directories —
 // is a real directory (never a symbolic link: none is followed from the data root
 // down), owned by the effective user and not writable by group or others. Store
 // directories and their kind directories have no group or other permission bits at
@@ -39,10 +39,10 @@ func (v *Violation) err() error { return errcode.WithHint(v, v.Fix) }
 
 // rootDirs are the directories directly under a data root that CheckRoot checks
 // when they exist.
-var rootDirs = []string{DeliveryDir, IdentitiesDir, RunDir, RelayDir}
+var rootDirs = []string{DeliveryDir, IdentitiesDir, RunDir, RelayDir, WitnessDir}
 
-// CheckRoot checks the data root root and those of its delivery/, identities/, run/
-// and relay/ directories that exist. A data root that does not exist yet is no
+// CheckRoot checks the data root root and those of its delivery/, identities/, run/,
+// relay/ and witness/ directories that exist. A data root that does not exist yet is no
 // violation (whoever creates it creates it 0700). It returns nil, the first
 // violation (a *Violation carrying its fix as hint, see errors.As and
 // errcode.HintOf), or the error of an lstat that failed for another reason.
@@ -58,7 +58,7 @@ func CheckRoot(root string) error {
 }
 
 // RootViolations returns every violation CheckRoot would refuse, in order: the data
-// root, then delivery/, identities/, run/, relay/.
+// root, then delivery/, identities/, run/, relay/, witness/.
 func RootViolations(root string) ([]*Violation, error) {
 	v, exists, err := checkDir(root, "the data root", false)
 	if err != nil || !exists {

@@ -4,6 +4,7 @@
 //
 //	<root>/identities/<name>.key          an identity's key (0600)
 //	<root>/delivery/<hex sha256(did)>/    the identity's store (0700)
+//	<root>/witness/<hex sha256(did)>.head the local witness of the store's head (0600)
 //	<root>/run/<short id>.pid             the daemon's pid-file lock (never removed)
 //	<root>/run/<short id>.sock            its socket, unless $XDG_RUNTIME_DIR is set:
 //	$XDG_RUNTIME_DIR/sealbridge/<short id>.sock
@@ -84,4 +85,17 @@ func Resolve(home string) (string, error) {
 func StoreDir(root, did string) string {
 	sum := sha256.Sum256([]byte(did))
 	return filepath.Join(root, DeliveryDir, hex.EncodeToString(sum[:]))
+}
+
+// WitnessDir is the directory under the data root that holds the local witnesses of
+// the stores' heads (DESIGN §5, "The head").
+const WitnessDir = "witness"
+
+// WitnessFile returns where the local witness of did's store head is kept under the
+// data root root: <root>/witness/<hex sha256(did)>.head. It is outside the store
+// directory, so that a store directory restored alone from an older copy is behind
+// it.
+func WitnessFile(root, did string) string {
+	sum := sha256.Sum256([]byte(did))
+	return filepath.Join(root, WitnessDir, hex.EncodeToString(sum[:])+".head")
 }

@@ -371,6 +371,8 @@ func (c *checker) walk(ctx context.Context) error {
 			// checkLock
 		case name == store.GenerationFile:
 			c.checkGeneration()
+		case name == store.HeadFile:
+			// checkHead
 		case record.Kind(name).Valid():
 			if err := c.checkKind(record.Kind(name)); err != nil {
 				return err

@@ -71,12 +71,12 @@ func (c *checker) checkForeign() error {
 // store itself makes.
 func layoutTopName(name string) bool {
 	return record.Kind(name).Valid() || name == lockfile.LockName || lockfile.IsTempName(name) ||
-		name == store.GenerationFile || name == store.LostAndFound || name == blobsDir || fsx.IsTempName(name)
+		name == store.GenerationFile || name == store.HeadFile || name == store.LostAndFound || name == blobsDir || fsx.IsTempName(name)
 }
 
 // movable reports whether Repair may move p: a name inside a kind directory (or a
 // temp name inside lost+found), or a top-level name of the store's layout other than
-// lost+found. Nothing the store did not make at the top of the store directory, and
+// lost+found and .head (fsck never changes the head). Nothing the store did not make at the top of the store directory, and
 // nothing outside it, is ever moved.
 func movable(p string) bool {
 	first, rest, nested := strings.Cut(p, "/")
@@ -86,7 +86,7 @@ func movable(p string) bool {
 	if nested {
 		return (record.Kind(first).Valid() || first == blobsDir || first == store.LostAndFound && fsx.IsTempName(rest)) && rest != ""
 	}
-	return first != store.LostAndFound && layoutTopName(first)
+	return first != store.LostAndFound && first != store.HeadFile && layoutTopName(first)
 }
 
 // recheck confirms, just before a change, that the directory is still the store the

@@ -95,7 +95,11 @@ type BlobWriter struct {
 // CreateBlob starts a blob: it makes blobs/ (0700, durable) if needed and creates a
 // staged temp there (fsx.StageStream: .<uuid>.tmp, O_EXCL, 0600, no symlink followed).
 // It takes no lock. An abandoned temp is removed by maintenance after Limits.BlobGrace.
+// A rolled-back Store refuses it (STORE_ROLLED_BACK).
 func (s *Store) CreateBlob() (*BlobWriter, error) {
+	if err := s.checkWritable(); err != nil {
+		return nil, err
+	}
 	if err := s.ensureBlobDir(); err != nil {
 		return nil, err
 	}
@@ -242,9 +246,13 @@ type Partial struct {
 // PartialBlob opens the partial blob of envelopeID, or creates it (0600, blobs/ made
 // if needed): its Offset, the file's length, is where the download resumes. It takes
 // no lock. A partial blob left alone is removed by maintenance after Limits.BlobGrace.
+// A rolled-back Store refuses it (STORE_ROLLED_BACK).
 func (s *Store) PartialBlob(envelopeID string) (*Partial, error) {
 	if !uuid.Valid(envelopeID) {
 		return nil, invalidAt(BlobDir+"/"+partBase(envelopeID), errors.New("envelope id is not a lower-case UUID"))
+	}
+	if err := s.checkWritable(); err != nil {
+		return nil, err
 	}
 	if err := s.ensureBlobDir(); err != nil {
 		return nil, err

@@ -63,12 +63,16 @@ type publication struct {
 // never both acknowledged. fn may run more than once and must have no side effects
 // besides its plan; its error aborts the transaction with nothing written. A failure
 // during publication keeps what was published before it (nothing is acknowledged).
+// A rolled-back Store refuses it (STORE_ROLLED_BACK, RolledBack).
 func (s *Store) PreparedTransaction(ctx context.Context, fn func(tx *Tx) error) error {
 	return s.preparedTx(ctx, fn, nil)
 }
 
 // preparedTx is PreparedTransaction with a capacity check at publication.
 func (s *Store) preparedTx(ctx context.Context, fn func(tx *Tx) error, check capacityCheck) error {
+	if err := s.checkWritable(); err != nil {
+		return err
+	}
 	backoff := time.Millisecond
 	for round := 0; round < maxPlanRounds; round++ {
 		if round == maxPlanRounds-1 && !s.optimisticOnly {

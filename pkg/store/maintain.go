@@ -31,9 +31,12 @@ type MaintenanceReport struct {
 // Maintain runs every maintenance step of DESIGN §10, each in its own short
 // transaction that rechecks its condition under the lock, checking ctx between steps.
 // A step that fails is recorded in the report and the pass goes on; ctx cancellation
-// stops the pass and is returned.
+// stops the pass and is returned. A rolled-back Store refuses it (STORE_ROLLED_BACK).
 func (s *Store) Maintain(ctx context.Context) (MaintenanceReport, error) {
 	var rep MaintenanceReport
+	if err := s.checkWritable(); err != nil {
+		return rep, err
+	}
 	stepFailed := false // the last step's transaction failed (recorded in the report)
 	step := func(fn func(tx *Tx) error) error {
 		stepFailed = false

@@ -144,7 +144,7 @@ func discard(ws []*write) {
 }
 
 // publish renames each staged write into place (or removes the record), in order,
-// under the lock held by tx, and marks each (mark). The first publish of tx checks
+// under the lock held by tx, marks the head dirty (markDirty) and marks each (mark). The first publish of tx checks
 // that .lock still names the inode it holds (lockfile.Lock.Check). It returns the directories to
 // fsync. A failure stops at that write and keeps what was published before it.
 func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
@@ -179,6 +179,7 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 			return dirs, writeError(w.path(), err)
 		}
 		dirs[string(w.kind)] = true
+		tx.s.markDirty()
 		if err := tx.mark(w, before); err != nil {
 			tx.markFailed(w.kind)
 			return dirs, err

@@ -46,7 +46,11 @@ type SendRequest struct {
 // record that commits it. When Enqueue returns nil the message
 // is accepted: it will be delivered or explicitly expired. Enqueueing the same message
 // again (same id and first envelope) returns the stored message without writing.
+// A rolled-back Store refuses it (STORE_ROLLED_BACK).
 func (s *Store) Enqueue(ctx context.Context, req SendRequest) (*record.Message, error) {
+	if err := s.checkWritable(); err != nil {
+		return nil, err
+	}
 	if err := s.checkSendRequest(req); err != nil {
 		return nil, err
 	}

@@ -119,6 +119,10 @@ type Options struct {
 	// other goroutines too) and must be safe for concurrent use. Benchmarks use it to
 	// measure lock holds.
 	LockHoldObserver func(time.Duration)
+	// WitnessFile, if set, is the local witness of the store's head (DESIGN §5, "The
+	// head"), instead of dataroot.WitnessFile(data root, owner). With Dir and no
+	// WitnessFile the store has no local witness.
+	WitnessFile string
 }
 
 // A file-system timestamp is "racy" (git's rule) while now is less than the racy
@@ -186,13 +190,18 @@ type Store struct {
 	unmarkedKinds map[record.Kind]bool
 	published     chan struct{} // closed (and replaced) when a publication in flight ends
 
+	headFields // the head, the witness and the rolled-back state (head.go)
 }
 
 // Open returns the store of the identity whose key signer holds. It has no side
 // effects on disk: directories are created by the first write. It refuses, with
 // OUTBOX_STORE_INVALID, a data root or store directory that breaks the data-root
 // rules (internal/dataroot): the error names the path and carries the fix as its
-// hint (errcode.HintOf).
+// hint (errcode.HintOf). It reads the head (.head) and the local witness: a head or
+// witness that is not a private regular file holding a head signed by the owner is
+// OUTBOX_STORE_INVALID; a head of a newer format than FormatVersion is
+// STORE_FORMAT_NEWER (nothing is changed); a witness ahead of the head leaves the
+// Store rolled back (RolledBack), refusing every write until Reconcile.
 func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	pub, ok := signer.Public().(ed25519.PublicKey)
 	if !ok {
@@ -250,6 +259,9 @@ func Open(signer crypto.Signer, opts Options) (*Store, error) {
 	}
 	s.cache = lru.New[string, *cached](entries, bytesMax)
 	s.lockOpts = lockfile.Options{Wait: opts.LockWait, Stale: opts.LockStale, Now: s.now}
+	if err := s.initHead(opts); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 

@@ -64,18 +64,28 @@ func (w *write) path() string { return record.Path(w.kind, w.id) }
 // fn's error is returned as is, after the lock is released.
 //
 // Transaction fsyncs while holding the lock; hot paths that run concurrently should
-// use PreparedTransaction, which never does.
+// use PreparedTransaction, which never does. A rolled-back Store refuses it
+// (STORE_ROLLED_BACK, RolledBack).
 func (s *Store) Transaction(ctx context.Context, fn func(tx *Tx) error) error {
+	if err := s.checkWritable(); err != nil {
+		return err
+	}
 	unlock, h, err := s.lockStore(ctx, exclusive)
 	if err != nil {
 		return err
 	}
-	tx := &Tx{s: s, ctx: ctx, lock: h.lock, reads: map[string]record.Record{}, marks: marks{s: s}}
-	err = fn(tx)
-	tx.end()
+	err = s.runTx(ctx, h, fn)
 	if uerr := unlock(); uerr != nil && err == nil {
 		err = uerr
 	}
+	return err
+}
+
+// runTx runs fn as a Transaction in the exclusive hold h the caller has.
+func (s *Store) runTx(ctx context.Context, h lockHold, fn func(tx *Tx) error) error {
+	tx := &Tx{s: s, ctx: ctx, lock: h.lock, reads: map[string]record.Record{}, marks: marks{s: s}}
+	err := fn(tx)
+	tx.end()
 	return err
 }
 
