@@ -191,7 +191,7 @@ func TestMessageReplacement(t *testing.T) {
 }
 
 // docs/FORMAT.md §5, receipts: the state only rises; envelopeId, senderDid,
-// envelopeDigest and receivedAt never change.
+// envelopeDigest, receivedAt and senderSeq never change.
 func TestReceiptReplacement(t *testing.T) {
 	state := func(from, to string) func(p, n *record.Receipt) {
 		return func(p, n *record.Receipt) { p.State, n.State = from, to }
@@ -201,6 +201,7 @@ func TestReceiptReplacement(t *testing.T) {
 		{"senderDid", conflict, func(_, n *record.Receipt) { n.SenderDID = otherDID }},
 		{"envelopeDigest", conflict, func(_, n *record.Receipt) { n.EnvelopeDigest = otherDigest }},
 		{"receivedAt", conflict, func(_, n *record.Receipt) { n.ReceivedAt++ }},
+		{"senderSeq", conflict, func(_, n *record.Receipt) { n.SenderSeq++ }},
 		{"outcomeCode", nil, func(_, n *record.Receipt) { n.OutcomeCode = "OK" }},
 		{"retainUntil", nil, func(_, n *record.Receipt) { n.RetainUntil++ }},
 		{"persisted → processed", nil, state(record.ReceiptPersisted, record.ReceiptProcessed)},

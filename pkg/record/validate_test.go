@@ -313,6 +313,10 @@ func TestReceiptRules(t *testing.T) {
 		{"state unknown", false, func(r *record.Receipt) { r.State = "done" }},
 		{"outcomeCode of 64 bytes", true, func(r *record.Receipt) { r.OutcomeCode = strings.Repeat("C", 64) }},
 		{"outcomeCode of 65 bytes", false, func(r *record.Receipt) { r.OutcomeCode = strings.Repeat("C", 65) }},
+		{"senderSeq 1", true, func(r *record.Receipt) { r.SenderSeq = 1 }},
+		{"senderSeq MaxTime", true, func(r *record.Receipt) { r.SenderSeq = envelope.MaxTime }},
+		{"senderSeq past MaxTime", false, func(r *record.Receipt) { r.SenderSeq = envelope.MaxTime + 1 }},
+		{"senderSeq negative", false, func(r *record.Receipt) { r.SenderSeq = -1 }},
 	}...)
 	checkRules(t, validReceipt, rs)
 }

@@ -36,6 +36,19 @@ type fileHeads struct {
 
 func headKey(did identity.DID) string { return recipientDir(did) }
 
+// removeTemps removes what an interrupted head write left (its temps).
+func (h *fileHeads) removeTemps() {
+	ents, err := h.fs.ReadDir(headsDir)
+	if err != nil {
+		return // none yet, or unreadable: a write will say
+	}
+	for _, d := range ents {
+		if fsx.IsTempName(d.Name) {
+			_ = h.fs.Remove(path.Join(headsDir, d.Name))
+		}
+	}
+}
+
 // read returns sender's head (bytes and seq; nil, 0 when none). A file that
 // is not sender's valid head is an error: the highest seq is then unknown.
 func (h *fileHeads) read(sender identity.DID) ([]byte, int64, error) {

@@ -131,6 +131,7 @@ func openFiles(opts Options, now func() time.Time, log *slog.Logger, wake func(s
 		f.lockFile.Close()
 		return nil, err
 	}
+	f.heads.removeTemps()
 	if f.bodies, err = openFileBodies(f); err != nil {
 		f.lockFile.Close()
 		return nil, err

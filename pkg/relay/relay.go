@@ -166,7 +166,7 @@ type Relay struct {
 
 	// Witnessed store heads (witness.go).
 	headStripes [64]sync.Mutex // serialize, per sender, the updates of heads
-	heads       headCache
+	heads       *headCache
 
 	// Bodies (bodies.go): nil bodies when the storage keeps none.
 	bodies   bodyStore

@@ -14,7 +14,7 @@ package relay
 // highest one kept. A duplicate answers its record's, so the same bytes.
 //
 // The relay remembers the seq it last kept or read per sender in a bounded
-// cache (heads); a stripe lock per sender orders its updates, so the cache
+// cache (headCache); a stripe lock per sender orders its updates, so the cache
 // never goes down. With several JetStream relay processes the cache of one may
 // be behind what another witnessed: its receipts then name a lower seq (never
 // below their own request's head), which the sender learns the next time its
@@ -25,9 +25,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
-	"github.com/sealbridge/sealbridge/internal/lru"
 	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
@@ -41,13 +41,32 @@ const DefaultStatusRetention = 7 * 24 * time.Hour
 // maxCachedHeads bounds the senders whose witnessed seq the relay remembers.
 const maxCachedHeads = 1 << 16
 
-// headCache is the witnessed seq per sender key, guarded per sender by
-// Relay.headStripes.
+// headCache is the witnessed seq per sender key. Its updates for one sender
+// are ordered by Relay.headStripes; mu guards the map. It holds only seqs
+// the storage keeps (durable), so dropping entries is always safe: a sender
+// not in it is read from the storage again. Full, it is emptied.
 type headCache struct {
-	c *lru.Cache[string, int64]
+	mu  sync.Mutex
+	seq map[string]int64
 }
 
-func newHeadCache() headCache { return headCache{c: lru.New[string, int64](maxCachedHeads, 0)} }
+func newHeadCache() *headCache { return &headCache{seq: map[string]int64{}} }
+
+func (c *headCache) get(key string) (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.seq[key]
+	return v, ok
+}
+
+func (c *headCache) set(key string, v int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.seq[key]; !ok && len(c.seq) >= maxCachedHeads {
+		clear(c.seq)
+	}
+	c.seq[key] = v
+}
 
 // headInvalid is the refusal of a request whose head is not acceptable.
 func headInvalid(format string, args ...any) *relayproto.Error {
@@ -91,7 +110,7 @@ func (r *Relay) witness(ctx context.Context, raw string, senders []identity.DID)
 	mu := &r.headStripes[stripe(key)]
 	mu.Lock()
 	defer mu.Unlock()
-	if cur, ok := r.heads.c.Get(key); ok && cur >= sh.Seq {
+	if cur, ok := r.heads.get(key); ok && cur >= sh.Seq {
 		r.countHead(cur, sh.Seq)
 		return cur, nil // kept already: durable
 	}
@@ -99,7 +118,7 @@ func (r *Relay) witness(ctx context.Context, raw string, senders []identity.DID)
 	if err != nil {
 		return 0, err
 	}
-	r.heads.c.Add(key, kept, 0)
+	r.heads.set(key, kept)
 	r.countHead(kept, sh.Seq)
 	if kept == sh.Seq {
 		r.log.Debug("relay: head witnessed", "sender", string(sh.Owner), "seq", sh.Seq)
@@ -124,7 +143,7 @@ func (r *Relay) senderSeqOf(ctx context.Context, sender identity.DID, floor int6
 	mu := &r.headStripes[stripe(key)]
 	mu.Lock()
 	defer mu.Unlock()
-	if cur, ok := r.heads.c.Get(key); ok {
+	if cur, ok := r.heads.get(key); ok {
 		return max(cur, floor), nil
 	}
 	data, err := r.back.senderHead(ctx, sender)
@@ -137,7 +156,7 @@ func (r *Relay) senderSeqOf(ctx context.Context, sender identity.DID, floor int6
 			seq = sh.Seq
 		}
 	}
-	r.heads.c.Add(key, seq, 0)
+	r.heads.set(key, seq)
 	return max(seq, floor), nil
 }
 
@@ -233,27 +252,45 @@ func (r *Relay) serveSenderReceipts(w http.ResponseWriter, req *http.Request) (i
 func (r *Relay) SenderReceipts(ctx context.Context, sender identity.DID, ids []string) ([]relayproto.SenderReceipt, error) {
 	key := headKey(sender)
 	out := make([]relayproto.SenderReceipt, len(ids))
+	errs := make([]error, len(ids))
+	sem := make(chan struct{}, senderReceiptReaders)
+	var wg sync.WaitGroup
 	for i, id := range ids {
 		out[i] = relayproto.SenderReceipt{EnvelopeID: id, State: relayproto.SenderReceiptUnknown}
-		h, waiting, err := r.back.sent(ctx, id)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			h, waiting, err := r.back.sent(ctx, id)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if h == nil || h.senderKey != key || h.envelopeID != id {
+				return
+			}
+			receipt, err := r.signReceipt(h)
+			if err != nil {
+				errs[i] = internalError(err)
+				return
+			}
+			out[i].Receipt = receipt
+			out[i].State = relayproto.SenderReceiptAcked
+			if waiting {
+				out[i].State = relayproto.SenderReceiptHeld
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
 		if err != nil {
 			return nil, err
-		}
-		if h == nil || h.senderKey != key || h.envelopeID != id {
-			continue
-		}
-		receipt, err := r.signReceipt(h)
-		if err != nil {
-			return nil, internalError(err)
-		}
-		out[i].Receipt = receipt
-		out[i].State = relayproto.SenderReceiptAcked
-		if waiting {
-			out[i].State = relayproto.SenderReceiptHeld
 		}
 	}
 	return out, nil
 }
+
+// senderReceiptReaders bounds the records one SenderReceipts reads at once.
+const senderReceiptReaders = 8
 
 // serveStatuses answers GET /v1/inbox/statuses?since=&after=&limit=.
 func (r *Relay) serveStatuses(w http.ResponseWriter, req *http.Request) (int, error) {

@@ -167,8 +167,8 @@ func testHeadInvalidRefusesTheRequest(t *testing.T, backend string) {
 			t.Fatalf("%s: %v, want 400 %s", what, err, relayproto.CodeHeadInvalid)
 		}
 	}
-	a1, w1 := e.messageFrom(alice, bob.DID(), 10, e.clock.Now().Add(time.Hour))
-	c1, w2 := e.messageFrom(carol, bob.DID(), 10, e.clock.Now().Add(time.Hour))
+	_, w1 := e.messageFrom(alice, bob.DID(), 10, e.clock.Now().Add(time.Hour))
+	_, w2 := e.messageFrom(carol, bob.DID(), 10, e.clock.Now().Add(time.Hour))
 	aliceHead := headOf(t, alice, 7, e.clock.Now())
 	_, _, err := e.withHead(headOf(t, carol, 7, e.clock.Now())).Post(ctx, w1)
 	wantInvalid("carol's head on alice's envelope", err)
@@ -206,7 +206,6 @@ func testHeadInvalidRefusesTheRequest(t *testing.T, backend string) {
 	if _, _, err := e.withHead(headOf(t, carol, 1, e.clock.Now())).Post(ctx, w2); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = a1, c1
 }
 
 // Two JetStream relay processes witnessing one sender's heads at once never
@@ -524,4 +523,29 @@ func indexOf(s []string, v string) int {
 		}
 	}
 	return -1
+}
+
+// A blob envelope posted with a head: its receipt, signed when its body is
+// complete, names the seq witnessed then.
+func TestBlobReceiptNamesTheWitnessedHead(t *testing.T) {
+	eachBackend(t, testBlobReceiptNamesTheWitnessedHead)
+}
+
+func testBlobReceiptNamesTheWitnessedHead(t *testing.T, backend string) {
+	e := newEnvOn(t, backend, relay.Limits{})
+	ctx := context.Background()
+	alice, bob := ident(t, 1), ident(t, 2)
+	en, wire, sealed := e.blobMessage(bob.DID(), 100<<10, time.Hour)
+	c := e.withHead(headOf(t, alice, 6, e.clock.Now()))
+	var bi *relayproto.BodyIncompleteError
+	if _, _, err := c.Post(ctx, wire); !errors.As(err, &bi) {
+		t.Fatalf("post: %v, want a 202", err)
+	}
+	if off, err := e.upload(en.ID(), 0, sealed); err != nil || off != int64(len(sealed)) {
+		t.Fatalf("upload: %d, %v", off, err)
+	}
+	_, rc, err := e.client.Post(ctx, wire)
+	if err != nil || rc.SenderSeq != 6 {
+		t.Fatalf("receipt after the body: %v, senderSeq %+v", err, rc)
+	}
 }

@@ -26,6 +26,11 @@
 // de-duplication only covers a window of two minutes, and a carrier retries for
 // days.
 //
+// A third bucket (default SEALBRIDGE_HEADS) keeps the highest store head
+// witnessed per sender (heads.go), and retained delivery statuses are copies
+// on PREFIX.statuses.<hex sha256(recipient DID)>.<envelopeId> in the inbox
+// stream (statuses.go).
+//
 // # The rule: a message is served only as its record names it
 //
 // Fetch serves a message only if the record of its id exists and names that
