@@ -108,6 +108,7 @@ func (t *HTTPTransport) SenderHead(ctx context.Context, relayURL string, id *ide
 //	200 with a valid signed receipt for this envelope's id and digest → Accepted
 //	200 with anything else                                            → Failed
 //	408, 429, 5xx, any other status, a timeout, a broken connection    → Failed (Retry-After kept)
+//	400 HEAD_INVALID (the relay refused the head, not the envelope)    → Failed
 //	4xx other than 408 and 429                                        → Refused
 //	connection refused, host or network unreachable, DNS, TLS          → Unreachable
 func (t *HTTPTransport) Send(ctx context.Context, relayURL string, env []byte) Result {
@@ -163,6 +164,9 @@ func (t *HTTPTransport) Send(ctx context.Context, relayURL string, env []byte) R
 			res.Err = errors.New("HTTP 202 that is not a BODY_INCOMPLETE answer")
 		}
 	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
+		res.Outcome, res.Err = Failed, fmt.Errorf("HTTP %d%s", code, errorCode(body))
+	case code == http.StatusBadRequest && errorCode(body) == " "+relayproto.CodeHeadInvalid:
+		// The relay refused the head the post carried, not the envelope: retried.
 		res.Outcome, res.Err = Failed, fmt.Errorf("HTTP %d%s", code, errorCode(body))
 	case code >= 400 && code < 500:
 		res.Outcome, res.Err = Refused, fmt.Errorf("HTTP %d%s", code, errorCode(body))

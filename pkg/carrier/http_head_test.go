@@ -59,3 +59,19 @@ func TestHTTPPostsCarryHead(t *testing.T) {
 		t.Fatalf("batch posts carried %q", s)
 	}
 }
+
+// A relay that refuses the head a post carries (400 HEAD_INVALID) has not
+// refused the envelope: the attempt failed and is retried, the envelope is not
+// closed.
+func TestHTTPHeadInvalidIsFailed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		w.Write([]byte(`{"code":"` + relayproto.CodeHeadInvalid + `","message":"the head is not the sender's"}`))
+	}))
+	defer srv.Close()
+	_, env := wireEnvelope(t)
+	res := NewHTTPTransport(HTTPOptions{}).Send(context.Background(), srv.URL, env)
+	if res.Outcome != Failed || res.Status != http.StatusBadRequest {
+		t.Fatalf("outcome %v status %d, want failed 400", res.Outcome, res.Status)
+	}
+}

@@ -435,7 +435,7 @@ func settleAccepted(tx *store.Tx, o *record.Outbox, now int64, batches map[strin
 // (its id and digest): otherwise nothing changes and the error says why. It is
 // how sealbridge-fsck --reconcile (pkg/reconcile) settles an envelope a relay
 // says it holds, with the very rule the carrier applies to a receipt. It writes
-// o and its message in tx: durable when tx publishes. now is in Unix ms.
+// o and its message through tx, durable as tx's writes are. now is in Unix ms.
 func SettleAccepted(tx *store.Tx, o *record.Outbox, rcpt *envelope.RelayReceipt, now int64) error {
 	switch {
 	case o == nil:

@@ -65,12 +65,6 @@ func (r *fakeRelay) postCounts() map[string]int {
 	return out
 }
 
-func (r *fakeRelay) witnessedSeq() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.headSeq
-}
-
 func fail(w http.ResponseWriter, status int, code string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -18,6 +18,7 @@ import (
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/reconcile"
 	"github.com/sealbridge/sealbridge/pkg/record"
+	"github.com/sealbridge/sealbridge/pkg/relayproto"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -188,8 +189,35 @@ func (e *env) restore(backup string) {
 // above the relay's, and ends the state; the carrier then sends only what is new.
 // The relay receives every envelope exactly once.
 func TestRestoreReconcileCarrierPostsEachEnvelopeOnce(t *testing.T) {
+	restoreStory(t, newFakeRelay(t))
+}
+
+// testRelay is a relay the story runs against: its URL and how many posts of
+// each envelope reached it.
+type testRelay interface {
+	url() string
+	postCounts() map[string]int
+}
+
+// witnessedSeq asks relay for the head it witnessed from id (0: none).
+func witnessedSeq(t *testing.T, relay testRelay, id *identity.Identity) int64 {
+	t.Helper()
+	b, err := (&relayproto.Client{BaseURL: relay.url()}).SenderHead(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b == nil {
+		return 0
+	}
+	h, err := envelope.ParseStoreHead(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.Seq
+}
+
+func restoreStory(t *testing.T, relay testRelay) {
 	e := newEnv(t)
-	relay := newFakeRelay(t)
 	s := e.open()
 	a := e.enqueue(s, relay.url(), 3)
 	writeHead(t, s)
@@ -204,7 +232,7 @@ func TestRestoreReconcileCarrierPostsEachEnvelopeOnce(t *testing.T) {
 	if _, _, err := s.WriteHead(context.Background(), false); err != nil {
 		t.Fatal(err)
 	}
-	witnessed := relay.witnessedSeq()
+	witnessed := witnessedSeq(t, relay, e.id)
 	if witnessed < 3 {
 		t.Fatalf("the relay witnessed seq %d", witnessed)
 	}
