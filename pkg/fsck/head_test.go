@@ -109,7 +109,7 @@ func TestHeadInvalidKinds(t *testing.T) {
 			os.Rename(p, p+"-target")
 			os.Symlink(filepath.Base(p)+"-target", p)
 		}, "a symbolic link"},
-		"mode": {func(t *testing.T, p string) { os.Chmod(p, 0o644) }, "has mode 0644"},
+		"mode":      {func(t *testing.T, p string) { os.Chmod(p, 0o644) }, "has mode 0644"},
 		"hard link": {func(t *testing.T, p string) { os.Link(p, filepath.Join(filepath.Dir(p), "messages", "x")) }, "has 2 links"},
 		"directory": {func(t *testing.T, p string) { os.Remove(p); os.Mkdir(p, 0o700) }, "a directory"},
 		"fifo":      {func(t *testing.T, p string) { os.Remove(p); syscall.Mkfifo(p, 0o600) }, "a FIFO"},
