@@ -38,8 +38,7 @@
 //     outbox envelope's blob body, an observation's Blob): absent (blob-missing, or
 //     blob-missing-settled for an envelope never sent again), of another size
 //     (blob-truncated), not hashing to its name (blob-digest: the SHA-256 is streamed
-//     through a fixed buffer per worker), named by no record (blob-unreferenced).
-//
+//     through a fixed buffer per worker), named by no record (blob-unreferenced);
 //   - the head (head.go): .head read first, by the store's rules; a head of the owner
 //     naming a newer format than store.FormatVersion refuses the run
 //     (errcode.StoreFormatNewer) with nothing read further; otherwise head-invalid,
