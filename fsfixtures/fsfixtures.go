@@ -100,6 +100,21 @@ var names = []string{
 // Names returns the name of every fixture, in a fixed order.
 func Names() []string { return slices.Clone(names) }
 
+// headNames lists the fixtures of the head checks (DESIGN §5, "The head"), in a
+// fixed order. Every other fixture has a valid head (seq 1) and its local witness.
+var headNames = []string{"head-absent", "head-invalid", "head-foreign", "store-rolled-back", "head-format-newer"}
+
+// HeadNames returns the name of every head fixture, in a fixed order: a store
+// without a head (head-absent, a note), with a damaged head or one signed by
+// another identity (head-invalid, not repairable), behind its local witness
+// (store-rolled-back, not repairable), and with a head of a newer format than
+// store.FormatVersion, which fsck refuses to check (STORE_FORMAT_NEWER, exit 8):
+// its golden file holds that exit code and no findings.
+func HeadNames() []string { return slices.Clone(headNames) }
+
+// HeadFormatNewer is the fixture fsck refuses to check.
+const HeadFormatNewer = "head-format-newer"
+
 // Option configures Build.
 type Option func(*config)
 
@@ -122,6 +137,23 @@ func Build(t testing.TB, name string, opts ...Option) string {
 	}
 	b := newBuilder(t)
 	switch name {
+	case "head-absent":
+		b.noHead = true
+		b.base()
+	case "head-invalid":
+		b.base()
+		data := b.read(store.HeadFile)
+		data[strings.Index(string(data), `"sig":"`)+16] ^= 0x01
+		b.write(store.HeadFile, data, 0o600)
+	case "head-foreign":
+		b.base()
+		b.write(store.HeadFile, b.signHead(Foreign(), store.FormatVersion, 2), 0o600)
+	case "store-rolled-back":
+		b.base()
+		b.writeAbs(dataroot.WitnessFile(b.root, string(b.owner.DID())), b.signHead(b.owner, store.FormatVersion, 5))
+	case HeadFormatNewer:
+		b.base()
+		b.write(store.HeadFile, b.signHead(b.owner, store.FormatVersion+1, 2), 0o600)
 	case "valid":
 		b.base()
 	case "valid-large":
@@ -241,11 +273,42 @@ func ID(label string) string {
 func DataRoot(dir string) string { return filepath.Dir(filepath.Dir(dir)) }
 
 type builder struct {
-	t     testing.TB
-	root  string // the data root
-	dir   string // the store directory
-	owner *identity.Identity
-	s     *store.Store
+	t      testing.TB
+	root   string // the data root
+	dir    string // the store directory
+	owner  *identity.Identity
+	s      *store.Store
+	noHead bool // base and large write no head (a store from before heads)
+}
+
+// head writes the store's head (seq 1 in a fresh store) and its local witness,
+// as the daemon does after the fixture's commits.
+func (b *builder) head() {
+	b.t.Helper()
+	if b.noHead {
+		return
+	}
+	if _, _, err := b.s.WriteHead(context.Background(), true); err != nil {
+		b.t.Fatalf("fsfixtures: write the head: %v", err)
+	}
+}
+
+// signHead returns a head of id's store at the fixtures' time T0.
+func (b *builder) signHead(id *identity.Identity, format int, seq int64) []byte {
+	b.t.Helper()
+	data, err := envelope.SignStoreHead(id.Signer(), envelope.StoreHead{Owner: id.DID(), Format: format, Seq: seq, Time: T0})
+	if err != nil {
+		b.t.Fatalf("fsfixtures: %v", err)
+	}
+	return data
+}
+
+// writeAbs replaces the file at the absolute path p (0600).
+func (b *builder) writeAbs(p string, data []byte) {
+	b.t.Helper()
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		b.t.Fatalf("fsfixtures: %v", err)
+	}
 }
 
 func newBuilder(t testing.TB) *builder {
@@ -352,6 +415,7 @@ func (b *builder) base() {
 		RequestDigest: req, CreatedAt: ms(T0), RetainUntil: op.RetainUntil}
 	b.tx(func(tx *store.Tx) error { return tx.PutAll(r1, o1, r2, op) })
 	b.tx(func(tx *store.Tx) error { return tx.Put(bind) })
+	b.head()
 }
 
 // path returns the absolute path of a name relative to the store directory.
@@ -724,6 +788,7 @@ func (b *builder) large(n int) {
 	for err := range errs {
 		b.t.Fatalf("fsfixtures: large: %v", err)
 	}
+	b.head()
 }
 
 // StoreDirOf returns the store directory of did under data root root, as the store

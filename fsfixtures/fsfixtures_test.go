@@ -2,6 +2,7 @@ package fsfixtures_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sealbridge/sealbridge/fsfixtures"
+	"github.com/sealbridge/sealbridge/pkg/errcode"
 	"github.com/sealbridge/sealbridge/pkg/fsck"
 	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
@@ -38,10 +40,23 @@ func goldenOf(r *fsck.Report) fsfixtures.Golden {
 // TestGolden checks every fixture against its golden findings (or rewrites them
 // with -update).
 func TestGolden(t *testing.T) {
-	for _, name := range fsfixtures.Names() {
+	for _, name := range append(fsfixtures.Names(), fsfixtures.HeadNames()...) {
 		t.Run(name, func(t *testing.T) {
 			dir := fsfixtures.Build(t, name)
 			rep, err := fsck.Check(context.Background(), dir, fsck.Options{})
+			if name == fsfixtures.HeadFormatNewer {
+				// Refused: exit 8, no findings (sealbridge-fsck's operational error).
+				if !errors.Is(err, errcode.StoreFormatNewer) {
+					t.Fatalf("Check of a store of a newer format: %v, want STORE_FORMAT_NEWER", err)
+				}
+				got := fsfixtures.Golden{ExitCode: 8, Findings: []fsfixtures.GoldenFinding{}}
+				if *update {
+					fsfixtures.WriteGolden(t, name, got)
+				} else if diff := fsfixtures.DiffGolden(fsfixtures.ReadGolden(t, name), got); diff != "" {
+					t.Error(diff)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -63,7 +78,7 @@ func TestGolden(t *testing.T) {
 // TestGoldenFilesHaveNoTempNames guards the golden files: relative paths only, no
 // temporary directory names, no times.
 func TestGoldenFilesHaveNoTempNames(t *testing.T) {
-	for _, name := range fsfixtures.Names() {
+	for _, name := range append(fsfixtures.Names(), fsfixtures.HeadNames()...) {
 		data, err := os.ReadFile(fsfixtures.GoldenPath(name))
 		if err != nil {
 			t.Fatal(err)

@@ -35,8 +35,9 @@ import (
 // Check may run while writers use the store; its report is then a snapshot that may
 // include changes in progress. Errors: ErrNotStore, ErrDataRoot, ErrNotStoreLayout
 // (checkLayout, checkForeign: a directory that is not a store is never checked),
-// ErrOwner, ctx's error, or the error of a file-system call that made the check
-// impossible.
+// ErrOwner, errcode.StoreFormatNewer (the owner's .head names a newer format than
+// store.FormatVersion: nothing else is read), ctx's error, or the error of a
+// file-system call that made the check impossible.
 func Check(ctx context.Context, dir string, opts Options) (*Report, error) {
 	c, err := newChecker(dir, opts)
 	if err != nil {
@@ -65,6 +66,8 @@ type checker struct {
 	// that blobs/ is a real directory that was listed.
 	blobFiles   []blobFile
 	blobsListed bool
+	// head is what reading .head found (checkHeadFormat).
+	head headRead
 }
 
 // job is one "<kind>/<id>.json" name to verify.
@@ -135,6 +138,9 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 	if err := c.checkLayout(); err != nil {
 		return nil, err
 	}
+	if err := c.checkHeadFormat(); err != nil {
+		return nil, err
+	}
 	if err := c.checkDataRoot(); err != nil {
 		return nil, err
 	}
@@ -147,6 +153,7 @@ func (c *checker) check(ctx context.Context) (*Report, error) {
 	if err := c.establishOwner(); err != nil {
 		return nil, err
 	}
+	c.checkHead()
 	results, err := c.verifyAll(ctx)
 	if err != nil {
 		return nil, err

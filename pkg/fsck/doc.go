@@ -38,7 +38,13 @@
 //     outbox envelope's blob body, an observation's Blob): absent (blob-missing, or
 //     blob-missing-settled for an envelope never sent again), of another size
 //     (blob-truncated), not hashing to its name (blob-digest: the SHA-256 is streamed
-//     through a fixed buffer per worker), named by no record (blob-unreferenced).
+//     through a fixed buffer per worker), named by no record (blob-unreferenced);
+//   - the head (head.go): .head read first, by the store's rules; a head of the owner
+//     naming a newer format than store.FormatVersion refuses the run
+//     (errcode.StoreFormatNewer) with nothing read further; otherwise head-invalid,
+//     head-absent (a note), and the local witness (<data root>/witness/<hex>.head):
+//     witness-invalid, or store-rolled-back when it is above .head. Repair never
+//     writes, moves or removes either.
 //
 // Check never writes: it lists, lstats, reads, and tries (and at once releases) the
 // lock's flock. It never needs the private key: the owner's DID comes from

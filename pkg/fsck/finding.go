@@ -117,6 +117,19 @@ const (
 	// CodeBlobDigest: a blob whose content's SHA-256 is not its name (or that cannot
 	// be read). Moved to lost+found.
 	CodeBlobDigest Code = "blob-digest"
+	// CodeHeadInvalid: ".head" is not a private regular file holding one head
+	// signed by the store's owner (envelope.ParseStoreHead): the store refuses to
+	// open. Not repairable: fsck never writes the head.
+	CodeHeadInvalid Code = "head-invalid"
+	// CodeWitnessInvalid: the local witness of the store's head
+	// (<data root>/witness/<hex>.head) is not a private regular file holding one
+	// head signed by the store's owner: the store refuses to open. The path is
+	// absolute; not repairable.
+	CodeWitnessInvalid Code = "witness-invalid"
+	// CodeStoreRolledBack: the local witness holds a head of a higher seq than
+	// ".head": the store was restored from an older copy and refuses every write.
+	// Not repairable by --repair: sealbridge-fsck --reconcile brings it forward.
+	CodeStoreRolledBack Code = "store-rolled-back"
 )
 
 // Notes: facts worth knowing that are not damage. They never change the exit code and
@@ -176,6 +189,10 @@ const (
 	// blob that is absent: it is never sent again, so nothing needs the body (the
 	// daemon closes an envelope whose blob is missing, which leaves this). Kept.
 	CodeBlobMissingSettled Code = "blob-missing-settled"
+	// CodeHeadAbsent: the store has no ".head": a store from before heads (format
+	// 1), or one that has not written a head yet. The store writes one after its
+	// next commit. Kept.
+	CodeHeadAbsent Code = "head-absent"
 )
 
 // Severity says whether a finding is a problem or a note.
@@ -325,6 +342,10 @@ type Options struct {
 	Tool string
 	// WrapFS, if set, wraps the file system fsck uses (fault injection in tests).
 	WrapFS func(fsx.FS) fsx.FS
+	// WitnessFile, if set, is the local witness of the store's head; by default it
+	// is <data root>/witness/<store directory name>.head (dataroot.WitnessFile), the
+	// data root being the store directory's grandparent (<data root>/delivery/<hex>).
+	WitnessFile string
 	// MayBeAbsent says that the store directory was named from its owner's identity
 	// (dataroot.StoreDir of a data root and Owner, as sealbridge-fsck --identity NAME
 	// names it) and that the identity exists: a store directory that does not exist

@@ -13,6 +13,7 @@ func TestMovable(t *testing.T) {
 		"operations":      true, // a kind name of the wrong type, or a link
 		".lock":           true,
 		".generation":     true,
+		".head":           false, // fsck never moves the head
 		".lock-6f1c1b7e-3b9e-4f0a-9c55-0d2a7c3c9f10.tmp":       true,
 		".6f1c1b7e-3b9e-4f0a-9c55-0d2a7c3c9f10.tmp":            true,
 		"lost+found/.6f1c1b7e-3b9e-4f0a-9c55-0d2a7c3c9f10.tmp": true,
