@@ -62,6 +62,9 @@ type rolledBack struct{ err error }
 // headFields are the Store's head fields (embedded in Store).
 type headFields struct {
 	headDirty atomic.Bool                // a publication since the last head write
+	// dirtyUnder is the inode of the .head on disk at this process's last
+	// publication (markDirty).
+	dirtyUnder atomic.Uint64
 	rolled    atomic.Pointer[rolledBack] // nil: not rolled back
 	headMu    sync.Mutex                 // guards cur
 	cur       headState
@@ -74,8 +77,22 @@ type headFields struct {
 }
 
 // markDirty records that a publication happened: the next WriteHead writes a head.
-// It is one atomic store, made by the publisher under the lock.
-func (s *Store) markDirty() { s.headDirty.Store(true) }
+// Made by the publisher under the lock, it also notes which .head was on disk then
+// (its inode, one lstat): a head renamed in after it, by any process (a backup's
+// final hold), counts this publication, and WriteHead need not write another.
+func (s *Store) markDirty() {
+	s.dirtyUnder.Store(s.headInode())
+	s.headDirty.Store(true)
+}
+
+// headInode is the inode of .head, 0 when there is none (or it cannot be seen).
+func (s *Store) headInode() uint64 {
+	info, err := s.fs.Lstat(HeadFile)
+	if err != nil {
+		return 0
+	}
+	return info.Ino
+}
 
 // Head returns the latest head this Store knows on disk — read at Open or later,
 // or written by this Store — as parsed and as its bytes; nil, nil if none. Safe
@@ -225,9 +242,21 @@ func (s *Store) WriteHead(ctx context.Context, force bool) (*envelope.StoreHead,
 	// it has marked the head dirty and is durable, every one after marks it again.
 	var head *envelope.StoreHead
 	var data []byte
-	if force || s.headDirty.Load() {
+	switch {
+	case !force && s.headDirty.Load() && s.headInode() != s.dirtyUnder.Load():
+		// Another head was renamed in after this process's last publication (under
+		// the lock, so after it was durable): it counts it. Writing one more would
+		// raise the seq with no commit, and a copy made with that head (a backup)
+		// would then look rolled back once restored.
+		var disk headState
+		if disk, err = s.readHead(); err == nil {
+			s.setHead(disk)
+			s.headDirty.Store(false)
+			head, data = s.Head()
+		}
+	case force || s.headDirty.Load():
 		head, data, err = s.writeHeadHeld()
-	} else {
+	default:
 		head, data = s.Head()
 	}
 	if uerr := unlock(); err == nil {

@@ -727,3 +727,34 @@ func TestWitnessConcurrent(t *testing.T) {
 		t.Fatalf("witness seq %d, want the highest, 17", got)
 	}
 }
+
+// A head another Store wrote after this Store's last commit counts that commit: this
+// Store's next WriteHead writes none (a backup's forced head, then the daemon's
+// periodic one, must not raise the seq with no commit between, or restoring the
+// backup would look like a rollback). A commit after that head makes it dirty again.
+func TestHeadWrittenElsewhereCountsEarlierCommits(t *testing.T) {
+	home := t.TempDir()
+	opts := store.Options{Home: home}
+	daemon, backup := openStore(t, opts), openStore(t, opts)
+	ctx := context.Background()
+	if _, err := daemon.Enqueue(ctx, sendRequest(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	forced, _, err := backup.WriteHead(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := daemon.WriteHead(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h == nil || h.Seq != forced.Seq {
+		t.Fatalf("after the other Store's head %d, WriteHead left seq %v", forced.Seq, h)
+	}
+	if _, err := daemon.Enqueue(ctx, sendRequest(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if h, _, err = daemon.WriteHead(ctx, false); err != nil || h.Seq != forced.Seq+1 {
+		t.Fatalf("after a later commit: head %v, %v; want seq %d", h, err, forced.Seq+1)
+	}
+}
