@@ -42,6 +42,9 @@ var allowed = map[string][]string{
 	// fsck: envelope only to learn an outbox envelope's blob (envelope.Parse, Blob).
 	"pkg/fsck":    {"pkg/record", "pkg/store", "pkg/envelope", "pkg/identity", "internal/fsx", "internal/lockfile", "internal/dataroot", "pkg/errcode"},
 	"pkg/carrier": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto", "internal/uuid", "golang.org/x/sys"},
+	// reconcile: brings a restored store forward to what its relays hold, with the
+	// carrier's own settle rule (carrier.SettleAccepted); it never posts.
+	"pkg/reconcile": {"pkg/carrier", "pkg/store", "pkg/record", "pkg/envelope", "pkg/errcode", "pkg/identity", "pkg/relayproto"},
 	"pkg/relay": {"pkg/record", "pkg/store", "pkg/envelope", "pkg/identity", "pkg/errcode", "pkg/relayproto", "internal/dataroot", "internal/fsx", "internal/uuid", "internal/bytesize",
 		"pkg/relay/jsstore", "internal/promx", "github.com/nats-io/nats.go", "github.com/prometheus/client_golang"},
 	// relay/jsstore: the relay's JetStream storage; it keeps bytes and fields and
