@@ -213,7 +213,13 @@ func (c *Client) FetchWait(ctx context.Context, id *identity.Identity, after str
 	if wait > 0 {
 		q.Set("wait", min(wait, MaxInboxWait).String())
 	}
-	u := strings.TrimRight(c.BaseURL, "/") + PathInbox
+	return c.getPage(ctx, id, PathInbox, q, "inbox page")
+}
+
+// getPage is a GET of path with query q, signed by id (SignInboxRequest), whose
+// answer is one InboxPage; what names the page in a decoding error.
+func (c *Client) getPage(ctx context.Context, id *identity.Identity, path string, q url.Values, what string) (*InboxPage, error) {
+	u := strings.TrimRight(c.BaseURL, "/") + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
@@ -230,7 +236,7 @@ func (c *Client) FetchWait(ctx context.Context, id *identity.Identity, after str
 	}
 	var page InboxPage
 	if err := json.Unmarshal(body, &page); err != nil {
-		return nil, fmt.Errorf("relay: bad inbox page: %w", err)
+		return nil, fmt.Errorf("relay: bad %s: %w", what, err)
 	}
 	return &page, nil
 }

@@ -203,24 +203,5 @@ func (c *Client) InboxStatuses(ctx context.Context, id *identity.Identity, since
 	if cursor != "" {
 		q.Set("after", cursor)
 	}
-	u := strings.TrimRight(c.BaseURL, "/") + PathInboxStatuses
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := SignInboxRequest(req, id, c.now()); err != nil {
-		return nil, err
-	}
-	body, err := c.do(req, maxPageAnswer)
-	if err != nil {
-		return nil, err
-	}
-	var page InboxPage
-	if err := json.Unmarshal(body, &page); err != nil {
-		return nil, fmt.Errorf("relay: bad statuses page: %w", err)
-	}
-	return &page, nil
+	return c.getPage(ctx, id, PathInboxStatuses, q, "statuses page")
 }

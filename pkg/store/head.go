@@ -61,13 +61,13 @@ type rolledBack struct{ err error }
 
 // headFields are the Store's head fields (embedded in Store).
 type headFields struct {
-	headDirty atomic.Bool                // a publication since the last head write
+	headDirty atomic.Bool // a publication since the last head write
 	// dirtyUnder is the inode of the .head on disk at this process's last
 	// publication (markDirty).
 	dirtyUnder atomic.Uint64
-	rolled    atomic.Pointer[rolledBack] // nil: not rolled back
-	headMu    sync.Mutex                 // guards cur
-	cur       headState
+	rolled     atomic.Pointer[rolledBack] // nil: not rolled back
+	headMu     sync.Mutex                 // guards cur
+	cur        headState
 	// witnessPath is the local witness ("" : none); witnessFS is rooted at its
 	// directory, witnessParent at that directory's parent (to make it).
 	witnessPath   string
