@@ -215,22 +215,32 @@ func (r *Relay) serveStatus(w http.ResponseWriter, req *http.Request) (int, erro
 	return http.StatusOK, nil
 }
 
+// decodeEnvelopeIDs decodes body strictly into v, a request of one field
+// {"envelopeIds":[…]} whose list is *ids, and checks the list: 1..MaxAckIDs
+// lower-case UUIDs. A refusal is a 400 BAD_REQUEST naming what is wrong.
+func decodeEnvelopeIDs(body []byte, v any, ids *[]string) error {
+	if err := envelope.DecodeStrict(body, v); err != nil {
+		return newError(http.StatusBadRequest, relayproto.CodeBadRequest, `body must be one JSON object {"envelopeIds":[…]}: %s`, err)
+	}
+	if len(*ids) == 0 || len(*ids) > relayproto.MaxAckIDs {
+		return newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds must list 1..%d ids", relayproto.MaxAckIDs)
+	}
+	for i, id := range *ids {
+		if !uuid.Valid(id) {
+			return newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds[%d] is not a lower-case UUID", i)
+		}
+	}
+	return nil
+}
+
 func (r *Relay) serveAck(w http.ResponseWriter, req *http.Request) (int, error) {
 	body, did, e := r.signedRequest(w, req)
 	if e != nil {
 		return 0, e
 	}
 	var ack relayproto.AckRequest
-	if err := envelope.DecodeStrict(body, &ack); err != nil {
-		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, `body must be one JSON object {"envelopeIds":[…]}: %s`, err)
-	}
-	if len(ack.EnvelopeIDs) == 0 || len(ack.EnvelopeIDs) > relayproto.MaxAckIDs {
-		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds must list 1..%d ids", relayproto.MaxAckIDs)
-	}
-	for i, id := range ack.EnvelopeIDs {
-		if !uuid.Valid(id) {
-			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds[%d] is not a lower-case UUID", i)
-		}
+	if e := decodeEnvelopeIDs(body, &ack, &ack.EnvelopeIDs); e != nil {
+		return 0, e
 	}
 	n, err := r.Ack(req.Context(), did, ack.EnvelopeIDs)
 	if err != nil {

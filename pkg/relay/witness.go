@@ -28,7 +28,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
 	"github.com/sealbridge/sealbridge/pkg/relayproto"
@@ -221,16 +220,8 @@ func (r *Relay) serveSenderReceipts(w http.ResponseWriter, req *http.Request) (i
 		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "a receipts request has no query")
 	}
 	var q relayproto.SenderReceiptsRequest
-	if err := envelope.DecodeStrict(body, &q); err != nil {
-		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, `body must be one JSON object {"envelopeIds":[…]}: %s`, err)
-	}
-	if len(q.EnvelopeIDs) == 0 || len(q.EnvelopeIDs) > relayproto.MaxAckIDs {
-		return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds must list 1..%d ids", relayproto.MaxAckIDs)
-	}
-	for i, id := range q.EnvelopeIDs {
-		if !uuid.Valid(id) {
-			return 0, newError(http.StatusBadRequest, relayproto.CodeBadRequest, "envelopeIds[%d] is not a lower-case UUID", i)
-		}
+	if e := decodeEnvelopeIDs(body, &q, &q.EnvelopeIDs); e != nil {
+		return 0, e
 	}
 	ans, err := r.SenderReceipts(req.Context(), did, q.EnvelopeIDs)
 	if err != nil {
