@@ -748,10 +748,13 @@ func TestSizeLimit(t *testing.T) {
 		t.Fatalf("MaxSize+1 bytes: %v, want ErrTooLarge", err)
 	}
 	// Refused without decoding: the oversize parse allocates only its error,
-	// where parsing the (valid) envelope one byte shorter allocates much more.
+	// where parsing the (valid) envelope one byte shorter allocates hundreds
+	// of times. The error's own count is not fixed: fmt keeps its printer in
+	// a sync.Pool, which the race detector empties at random (3 without it,
+	// 3 to 5 with it, measured), so the bound leaves room for that.
 	overAllocs := testing.AllocsPerRun(20, func() { envelope.Parse(over) })
 	atAllocs := testing.AllocsPerRun(5, func() { envelope.Parse(atLimit) })
-	if overAllocs > 4 || atAllocs < 20*overAllocs {
+	if overAllocs > 8 || atAllocs < 20*overAllocs {
 		t.Errorf("allocations: %v for MaxSize+1 bytes, %v for MaxSize: the oversize input was decoded", overAllocs, atAllocs)
 	}
 	// Even garbage of MaxSize+1 bytes is ErrTooLarge, not ErrMalformed.
