@@ -829,12 +829,14 @@ func TestBlobShortWriteResumes(t *testing.T) {
 	size := int64(len(sealed))
 	e.postIncomplete(wire, 0, size)
 	part := "bodies/" + en.ID() + ".part"
-	writes := 0
+	// The first write from 5 MiB on: past the first fsync (at 4 MiB and at
+	// most one buffer), before the second (at 8 MiB). Counted in bytes, not
+	// writes: how much one write carries is how much the connection had.
+	injected := false
 	faulty.Inject = func(op fsx.Op) error {
-		if op.Kind == fsx.OpWrite && op.Path == part {
-			if writes++; writes == 20 { // past the first 4 MiB fsync
-				return fsx.ErrShortWrite
-			}
+		if op.Kind == fsx.OpWrite && op.Path == part && op.Offset >= 5<<20 && !injected {
+			injected = true
+			return fsx.ErrShortWrite
 		}
 		return nil
 	}
