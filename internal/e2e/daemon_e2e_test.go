@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -219,7 +220,12 @@ func TestDaemonCrashIdempotentResend(t *testing.T) {
 				break
 			}
 			if m.Status == "closed" || time.Now().After(deadline) {
-				t.Fatalf("message %s is %s (%s)", id, m.Status, m.LastError)
+				// All of it: what the message waits for, and its target's row.
+				mj, _ := json.Marshal(m)
+				targets, err := c.Targets(context.Background())
+				tj, _ := json.Marshal(targets)
+				t.Fatalf("message %s is %s (%s)\nmessage: %s\ntargets (%v): %s\nready: %v",
+					id, m.Status, m.LastError, mj, err, tj, c.Ready(context.Background()))
 			}
 			<-time.After(20 * time.Millisecond)
 		}

@@ -497,37 +497,54 @@ func (d *Daemon) startup(ctx context.Context) {
 	d.car.Kick()
 }
 
-// maintain runs store maintenance every MaintainEvery. A failed pass, or steps
-// that failed, are logged as a condition (when it appears, at most once a minute
-// while it repeats, and when it clears).
+// maintain runs store maintenance once at start, as soon as the operation leases
+// a dead predecessor left are expired (startup), and then every MaintainEvery. The
+// pass at start finishes what a crash left half done — a message record behind its
+// envelopes (the carrier's settlement renames the envelope first), a batch whose
+// members all settled — instead of leaving it so for a whole period. A failed pass,
+// or steps that failed, are logged as a condition (when it appears, at most once a
+// minute while it repeats, and when it clears).
 func (d *Daemon) maintain(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-d.leasesOK:
+	}
 	t := time.NewTicker(d.opts.MaintainEvery)
 	defer t.Stop()
 	for {
+		if !d.maintainOnce(ctx) {
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		rep, err := d.st.Maintain(ctx)
-		if err == nil && len(rep.Errors) > 0 {
-			err = rep.Errors[0]
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			d.m.storeError(err)
-			if writeFailure(err) {
-				d.writeFailed(err)
-				continue
-			}
-			d.cond.warn("maintenance", errClass(err), "daemon: maintenance", "failed_steps", len(rep.Errors), "err", err)
-			continue
-		}
-		d.cond.clear("maintenance", "daemon: maintenance works again")
-		d.log.Debug("daemon: maintenance", "report", fmt.Sprintf("%+v", rep))
 	}
+}
+
+// maintainOnce runs one maintenance pass; it returns false once ctx ended.
+func (d *Daemon) maintainOnce(ctx context.Context) bool {
+	rep, err := d.st.Maintain(ctx)
+	if err == nil && len(rep.Errors) > 0 {
+		err = rep.Errors[0]
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		d.m.storeError(err)
+		if writeFailure(err) {
+			d.writeFailed(err)
+			return true
+		}
+		d.cond.warn("maintenance", errClass(err), "daemon: maintenance", "failed_steps", len(rep.Errors), "err", err)
+		return true
+	}
+	d.cond.clear("maintenance", "daemon: maintenance works again")
+	d.log.Debug("daemon: maintenance", "report", fmt.Sprintf("%+v", rep))
+	return true
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -12,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sealbridge/sealbridge/internal/uuid"
 	"github.com/sealbridge/sealbridge/pkg/client"
+	"github.com/sealbridge/sealbridge/pkg/envelope"
 	"github.com/sealbridge/sealbridge/pkg/identity"
+	"github.com/sealbridge/sealbridge/pkg/record"
 	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
@@ -153,5 +157,64 @@ func TestSdNotify(t *testing.T) {
 	n, err := conn.Read(buf)
 	if err != nil || string(buf[:n]) != "READY=1" {
 		t.Fatalf("got %q %v", buf[:n], err)
+	}
+}
+
+// A message left behind its envelope — the envelope relayed, the message record
+// still queued, as a crash between the two renames of the carrier's settlement
+// leaves it — is brought forward right after the next start, not at the first
+// maintenance period (10 minutes later).
+func TestMessageBehindItsEnvelopeBroughtForwardAtStart(t *testing.T) {
+	home := t.TempDir()
+	id, err := InitIdentity(home, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, _ := identity.Generate()
+	st, err := store.Open(id.Signer(), store.Options{Home: home})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	msgID := uuid.NewString()
+	env, wire, err := envelope.NewMessage(id, peer.DID(), msgID, []byte("hi"), time.Now().Add(time.Hour), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Enqueue(ctx, store.SendRequest{MessageID: msgID, PeerOwnerDID: peer.DID(), RelayURL: "http://127.0.0.1:9",
+		DeliveryDeadline: time.Now().Add(time.Hour), Envelopes: []store.OutgoingEnvelope{
+			{EnvelopeID: env.ID(), Kind: record.EnvelopeMessage, Envelope: wire}}}); err != nil {
+		t.Fatal(err)
+	}
+	// The settlement's first rename only: the envelope relayed, its message not.
+	if err := st.Transaction(ctx, func(tx *store.Tx) error {
+		o, err := store.TxGet[*record.Outbox](tx, env.ID())
+		if err != nil || o == nil {
+			return fmt.Errorf("outbox: %v %v", o, err)
+		}
+		o.State, o.Attempts = record.StateRelayed, 1
+		return tx.Put(o)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{Home: home, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, d)
+	c := client.New(d.SocketPath())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m, err := c.Message(ctx, msgID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Status == record.StatusRelayed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the message is still %s 30 s after the start, its envelope relayed", m.Status)
+		}
+		<-time.After(10 * time.Millisecond)
 	}
 }
