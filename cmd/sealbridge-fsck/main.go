@@ -556,15 +556,26 @@ func changedNote(done int) string {
 }
 
 // repairCommand is the exact command that repairs what a check found.
-func repairCommand(cfg config) string {
+func repairCommand(cfg config) string { return fsckCommand(cfg, "--repair") }
+
+// reconcileCommand is the command that reconciles this store (--reconcile needs
+// an identity's name, never a did:key).
+func reconcileCommand(cfg config) string {
+	if isDID(cfg.identityArg) || !cfg.viaHome && !cfg.identityGiven {
+		return fsckCommand(config{dir: cfg.dir, identityGiven: true, identityArg: "NAME"}, "--reconcile")
+	}
+	return fsckCommand(cfg, "--reconcile")
+}
+
+// fsckCommand is sealbridge-fsck with flag on the store cfg names, as it was named.
+func fsckCommand(cfg config, flag string) string {
+	cmd := "sealbridge-fsck " + flag
 	if cfg.viaHome {
-		cmd := "sealbridge-fsck --repair"
 		if cfg.home != "" {
 			cmd += " --home " + shellQuote(cfg.home)
 		}
 		return cmd + " --identity " + shellQuote(cfg.identityArg)
 	}
-	cmd := "sealbridge-fsck --repair"
 	if cfg.identityGiven {
 		cmd += " --identity " + shellQuote(cfg.identityArg)
 	}
@@ -703,6 +714,15 @@ func writeHuman(w io.Writer, cfg config, before, after *fsck.Report, repairs []f
 	left := final.Problems()
 	if left == 0 {
 		return
+	}
+	// A store behind its witness is reconciled, not repaired: --repair never
+	// touches it (and refuses to write while it is rolled back).
+	if slices.ContainsFunc(final.Findings, func(f fsck.Finding) bool { return f.Code == fsck.CodeStoreRolledBack }) {
+		fmt.Fprintf(w, "the store is behind a head it wrote (restored from an older copy?): bring it forward first: %s\n",
+			reconcileCommand(cfg))
+		if left--; left == 0 {
+			return
+		}
 	}
 	repairable := final.Repairable()
 	switch {

@@ -160,7 +160,15 @@ func stateOf(t *testing.T, s *store.Store, id string) string {
 func TestReconcile(t *testing.T) {
 	relay := newWitnessRelay(t)
 	root, dir, ids := reconcileRoot(t, relay)
-	r := runArgs(t, "--reconcile", "--home", root, "--identity", "alice")
+	// A check first: the problem, and the command that ends it (--reconcile,
+	// not --repair, which never touches it).
+	r := runArgs(t, "--home", root, "--identity", "alice")
+	want := "bring it forward first: sealbridge-fsck --reconcile --home " + shellQuote(root) + " --identity alice\n"
+	if r.code != exitProblems || !strings.Contains(r.stdout, "store-rolled-back") || !strings.Contains(r.stdout, want) ||
+		strings.Contains(r.stdout, "--repair") {
+		t.Fatalf("check of a rolled-back store: exit %d, stdout lacks %q or names --repair:\n%s", r.code, want, r.stdout)
+	}
+	r = runArgs(t, "--reconcile", "--home", root, "--identity", "alice")
 	if r.code != exitClean {
 		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
 	}
