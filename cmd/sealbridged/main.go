@@ -95,11 +95,26 @@ and exits 0. A second daemon for the same identity exits 1 with "already running
 					err = errcode.WithHint(err, "create it with: sealbridge init --home "+cli.ShellQuote(root)+" --identity "+cli.ShellQuote(name))
 				}
 			}
-			return err
+			return reconcileHint(home, name, err)
 		}
-		return d.Run(ctx)
+		return reconcileHint(home, name, d.Run(ctx))
 	}
 	return c
+}
+
+// reconcileHint gives a STORE_ROLLED_BACK refusal the exact command that ends it,
+// naming this daemon's data root and identity (the store's own hint cannot: it
+// knows only its directory).
+func reconcileHint(home, name string, err error) error {
+	if !errors.Is(err, errcode.StoreRolledBack) {
+		return err
+	}
+	root, rerr := dataroot.Resolve(home)
+	if rerr != nil {
+		return err
+	}
+	return errcode.WithHint(err, "the store was restored from an older copy: bring it forward with: sealbridge-fsck --reconcile --home "+
+		cli.ShellQuote(root)+" --identity "+cli.ShellQuote(name)+" (it never sends an envelope twice), then start sealbridged again")
 }
 
 // prog is this binary's conventions (internal/cli).

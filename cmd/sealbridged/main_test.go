@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sealbridge/sealbridge/pkg/daemon"
+	"github.com/sealbridge/sealbridge/pkg/store"
 )
 
 // sbd runs the daemon's command line with a cancelled context (were it to start,
@@ -94,5 +95,39 @@ func TestMissingIdentity(t *testing.T) {
 	code, _, errs = sbd(t, "--home", home)
 	if code != 1 || strings.Count(errs, path) != 1 || strings.Count(errs, "identity:") != 1 || !strings.HasPrefix(errs, "sealbridged: error: ") {
 		t.Fatalf("bad key file: exit %d\n%s", code, errs)
+	}
+}
+
+// A store behind its witness (an older .head put back) stops the daemon with exit
+// 3 and a hint naming the exact reconcile command: this data root, this identity.
+func TestRolledBackStoreExitsThreeWithTheReconcileCommand(t *testing.T) {
+	home := t.TempDir()
+	id, err := daemon.InitIdentity(home, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(id.Signer(), store.Options{Home: home})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.WriteHead(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	headPath := filepath.Join(s.Dir(), store.HeadFile)
+	older, err := os.ReadFile(headPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.WriteHead(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(headPath, older, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := sbd(t, "--home", home, "--identity", "alice")
+	want := "sealbridged: hint: the store was restored from an older copy: bring it forward with: sealbridge-fsck --reconcile --home " +
+		home + " --identity alice"
+	if code != 3 || out != "" || !strings.Contains(errs, "STORE_ROLLED_BACK") || !strings.Contains(errs, want) {
+		t.Fatalf("exit %d (want 3)\nstdout %q\nstderr %q\nwant %q", code, out, errs, want)
 	}
 }
