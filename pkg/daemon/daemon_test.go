@@ -105,19 +105,27 @@ func TestStaleSocketReplacedLiveRefusedAndMode(t *testing.T) {
 	}
 }
 
-// Operations a crashed daemon left in flight are taken over at once by a retry to
-// the next daemon, which finishes the same message.
-func TestCrashedOperationTakenOver(t *testing.T) {
+// homeWithStore makes a data root with the default identity and opens its store
+// (as a daemon that ran before would have left it).
+func homeWithStore(t *testing.T) (string, *identity.Identity, *store.Store) {
+	t.Helper()
 	home := t.TempDir()
 	id, err := InitIdentity(home, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	peer, _ := identity.Generate()
 	st, err := store.Open(id.Signer(), store.Options{Home: home})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return home, id, st
+}
+
+// Operations a crashed daemon left in flight are taken over at once by a retry to
+// the next daemon, which finishes the same message.
+func TestCrashedOperationTakenOver(t *testing.T) {
+	home, _, st := homeWithStore(t)
+	peer, _ := identity.Generate()
 	req := client.SendRequest{To: client.Recipients{string(peer.DID())}, RelayURL: "http://127.0.0.1:9", Body: []byte("hi")}
 	canonical, _ := json.Marshal(req)
 	op, err := st.BeginOperation(context.Background(), "k", canonical)
@@ -165,16 +173,8 @@ func TestSdNotify(t *testing.T) {
 // leaves it — is brought forward right after the next start, not at the first
 // maintenance period (10 minutes later).
 func TestMessageBehindItsEnvelopeBroughtForwardAtStart(t *testing.T) {
-	home := t.TempDir()
-	id, err := InitIdentity(home, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	home, id, st := homeWithStore(t)
 	peer, _ := identity.Generate()
-	st, err := store.Open(id.Signer(), store.Options{Home: home})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 	msgID := uuid.NewString()
 	env, wire, err := envelope.NewMessage(id, peer.DID(), msgID, []byte("hi"), time.Now().Add(time.Hour), time.Now())
