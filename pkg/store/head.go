@@ -78,10 +78,11 @@ type headFields struct {
 
 // markDirty records that a publication happened: the next WriteHead writes a head.
 // Made by the publisher under the lock, it also notes which .head was on disk then
-// (its inode, one lstat): a head renamed in after it, by any process (a backup's
-// final hold), counts this publication, and WriteHead need not write another.
-func (s *Store) markDirty() {
-	s.dirtyUnder.Store(s.headInode())
+// (headIno, its inode, from one lstat per hold): a head renamed in after it, by any
+// process (a backup's final hold), counts this publication, and WriteHead need not
+// write another.
+func (s *Store) markDirty(headIno uint64) {
+	s.dirtyUnder.Store(headIno)
 	s.headDirty.Store(true)
 }
 

@@ -179,7 +179,10 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 			return dirs, writeError(w.path(), err)
 		}
 		dirs[string(w.kind)] = true
-		tx.s.markDirty()
+		if !tx.headInoKnown {
+			tx.headIno, tx.headInoKnown = tx.s.headInode(), true
+		}
+		tx.s.markDirty(tx.headIno)
 		if err := tx.mark(w, before); err != nil {
 			tx.markFailed(w.kind)
 			return dirs, err
