@@ -318,9 +318,10 @@ func rawAccept(b *testing.B, tr *carrier.HTTPTransport, envs [][]byte) float64 {
 // in the full report) to one local reference relay: a Carrier on a store holding
 // them and a head (lease, send with the head, settle per envelope, as the carrier
 // does it) from its start until the last envelope's accepted attempt is settled
-// (send → relayed), reported as env/s; and, measured just before on the same relay, the relay's raw accept rate
-// (raw-env/s): as many other envelopes posted back to back over one connection with
-// the carrier's HTTP transport, each answered with a durable receipt.
+// (send → relayed), reported as env/s; and, measured just before on the same
+// relay, the relay's raw accept rate (raw-env/s): as many other envelopes posted
+// back to back over one connection with the carrier's HTTP transport, each
+// answered with a durable receipt.
 func BenchmarkCarrierDeliverOneRelay(b *testing.B) {
 	n := deliverSize.get()
 	bl := pendingBacklog(b, n)

@@ -144,8 +144,9 @@ func discard(ws []*write) {
 }
 
 // publish renames each staged write into place (or removes the record), in order,
-// under the lock held by tx, marks the head dirty (markDirty) and marks each (mark). The first publish of tx checks
-// that .lock still names the inode it holds (lockfile.Lock.Check). It returns the directories to
+// under the lock held by tx, marks the head dirty (markDirty) and marks each
+// (mark). The first publish of tx checks that .lock still names the inode it holds
+// (lockfile.Lock.Check) and reads .head's inode. It returns the directories to
 // fsync. A failure stops at that write and keeps what was published before it.
 func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 	dirs = map[string]bool{}
@@ -154,6 +155,7 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 			return dirs, lockError(tx.s.dir, err)
 		}
 		tx.lockChecked = true
+		tx.headIno = tx.s.headInode()
 	}
 	for _, w := range ws {
 		if err := tx.marks.ready(); err != nil {
@@ -179,9 +181,6 @@ func (tx *Tx) publish(ws []*write) (dirs map[string]bool, err error) {
 			return dirs, writeError(w.path(), err)
 		}
 		dirs[string(w.kind)] = true
-		if !tx.headInoKnown {
-			tx.headIno, tx.headInoKnown = tx.s.headInode(), true
-		}
 		tx.s.markDirty(tx.headIno)
 		if err := tx.mark(w, before); err != nil {
 			tx.markFailed(w.kind)

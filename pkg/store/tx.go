@@ -41,11 +41,10 @@ type Tx struct {
 	group       *groupWrites
 	marks       marks
 	lockChecked bool // lock.Check passed in this hold
-	// headIno is .head's inode as this hold found it (headInoKnown): no head is
-	// written during a hold (WriteHead holds the lock exclusively), so one lstat
-	// serves every publication of the hold.
-	headIno      uint64
-	headInoKnown bool
+	// headIno is .head's inode as this hold found it, read with lockChecked: no
+	// head is written during a hold (WriteHead holds the lock exclusively), so one
+	// lstat serves every publication of the hold.
+	headIno uint64
 }
 
 // write is one planned or performed publication: a record to write, or (rec nil) one
